@@ -1,0 +1,28 @@
+"""zensync: gradient synchronization that moves only what it must.
+
+Public API::
+
+    zensync.sparse_allreduce(tensor, group=None, *, scheme="zen", average=False) -> Tensor
+    zensync.SimulatedWorld(num_ranks).run(fn)     # p logical ranks in one process
+    zensync.SyncStats, zensync.SyncOptions, zensync.SCHEMES
+"""
+
+from __future__ import annotations
+
+from zensync.api import sparse_allreduce
+from zensync.sync import SCHEMES, SyncOptions
+from zensync.transport import SimulatedWorld, TorchTransport, Transport
+from zensync.types import PhaseTraffic, SyncStats
+
+__all__ = [
+    "SCHEMES",
+    "PhaseTraffic",
+    "SimulatedWorld",
+    "SyncOptions",
+    "SyncStats",
+    "TorchTransport",
+    "Transport",
+    "sparse_allreduce",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,110 @@
+"""``sparse_allreduce``: the user-facing entry point of the sparse sync engine."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from zensync import kernels
+from zensync.sync import SCHEMES, SyncContext, SyncOptions, scheme_registry
+from zensync.sync.base import item_view
+from zensync.sync.validate import LocalRequest, exchange_and_check
+from zensync.transport import TrafficLog, resolve
+from zensync.types import SyncStats
+
+__all__ = ["sparse_allreduce"]
+
+SchemeName = Literal["auto", "dense", "zen", "agsparse", "sparcml", "sparse_ps", "omnireduce"]
+
+
+def sparse_allreduce(
+    tensor: torch.Tensor,
+    group: Any = None,
+    *,
+    scheme: SchemeName = "zen",
+    average: bool = False,
+    granularity: Literal["auto", "element", "row"] = "auto",
+    stats: SyncStats | None = None,
+    options: SyncOptions | None = None,
+) -> torch.Tensor:
+    """Sum (or average) ``tensor`` over all ranks of ``group``, moving only its non-zeros.
+
+    Lossless for every scheme: the result equals ``torch.distributed.all_reduce`` of the dense tensor
+    up to floating-point summation order, is identical on every rank, and NaN/Inf propagate as in
+    all_reduce (NaN counts as non-zero, -0.0 as zero). The input is not modified.
+
+    Args:
+        tensor: A dense float16/bfloat16/float32/float64 tensor, same shape and dtype on every rank.
+            Non-contiguous tensors are accepted (copied); sparse layouts are rejected.
+        group: A torch.distributed ProcessGroup (None: the default group), or a zensync
+            ``Transport`` such as a ``SimulatedWorld`` rank.
+        scheme: "zen" (balanced parallelism, hash-bitmap pull), "dense", "agsparse", "sparcml",
+            "sparse_ps", "omnireduce", or "auto" (lowest predicted time).
+        average: Divide the sum by the group size.
+        granularity: "row" treats dim-0 slices as items (embedding gradients), "element" single
+            elements; "auto" picks rows for 2-D tensors.
+        stats: A ``SyncStats`` to fill with what the call observed and moved.
+        options: Scheme tunables (``SyncOptions``); identical on every rank.
+
+    Returns:
+        A new tensor with the shape, dtype and device of ``tensor``.
+
+    Raises:
+        ValueError: On every rank, when any rank passes an unsupported or mismatched argument
+            (dtype, shape, layout, scheme, granularity, average, seed); raised locally when this
+            process is not a member of ``group``.
+
+    Example::
+
+        out = zensync.sparse_allreduce(embedding.weight.grad, scheme="zen", average=True)
+    """
+    transport = resolve(group)
+    options = options if options is not None else SyncOptions()
+    stats = stats if stats is not None else SyncStats()
+    stats.phases, stats.phase_time_s = {}, {}
+    log = TrafficLog()
+    with transport.recording(log), torch.no_grad():
+        request = LocalRequest(
+            tensor=tensor,
+            scheme=scheme,
+            granularity=granularity,
+            average=average,
+            h0_seed=options.h0_seed,
+            valid_schemes=SCHEMES,
+        )
+        view = item_view(tensor.detach(), request.resolved_granularity) if request.error == 0 else None
+        local_nnz = -1
+        if view is not None and scheme == "auto":
+            local_nnz = kernels.nonzero_items(view.x2d).numel()
+        agreement = exchange_and_check(transport, request, local_nnz)
+        assert view is not None  # a local error raised in exchange_and_check
+        _describe(stats, transport.rank, transport.world_size, scheme, view.granularity, tensor, view)
+        if tensor.numel() == 0:
+            result = tensor.detach().clone()
+        else:
+            ctx = SyncContext(
+                transport=transport,
+                view=view,
+                stats=stats,
+                options=options,
+                h0_seed=agreement.h0_seed,
+                nnz_per_rank=agreement.nnz_per_rank,
+            )
+            result = scheme_registry()[scheme]().run(ctx).view(tensor.shape)
+            if average:
+                result = result / transport.world_size
+    stats.phases = log.phases
+    stats.density = stats.local_nnz / stats.num_items if stats.num_items else 0.0
+    return result
+
+
+def _describe(stats: SyncStats, rank: int, world_size: int, scheme: str, granularity: str, tensor: torch.Tensor, view: Any) -> None:
+    stats.requested_scheme = scheme
+    stats.scheme = scheme
+    stats.rank = rank
+    stats.world_size = world_size
+    stats.numel = tensor.numel()
+    stats.granularity = granularity  # type: ignore[assignment]
+    stats.num_items = view.num_items
+    stats.item_numel = view.item_numel

@@ -1,0 +1,28 @@
+"""Kernels behind one dispatcher: ``reference`` (torch), ``cpu`` (numba), later ``cuda`` (cuda_ext).
+
+Only this package imports numba, torch.cuda and cuda_ext.
+"""
+
+from __future__ import annotations
+
+from zensync.kernels.dispatch import (
+    aggregate,
+    bitmap_decode,
+    bitmap_encode,
+    bucket_nonzero,
+    implementation_for,
+    nonzero_items,
+    permute,
+    unpermute,
+)
+
+__all__ = [
+    "aggregate",
+    "bitmap_decode",
+    "bitmap_encode",
+    "bucket_nonzero",
+    "implementation_for",
+    "nonzero_items",
+    "permute",
+    "unpermute",
+]

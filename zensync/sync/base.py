@@ -1,0 +1,154 @@
+"""What every sync scheme shares: the item view of a tensor, the per-call context, phase timing,
+and the ``SyncScheme`` interface with its registry."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import ClassVar
+
+import torch
+
+from zensync.transport import Transport
+from zensync.types import Granularity, SyncStats
+
+__all__ = [
+    "ItemView",
+    "SyncContext",
+    "SyncOptions",
+    "SyncScheme",
+    "accumulation_dtype",
+    "index_dtype",
+    "item_view",
+    "register_scheme",
+    "scheme_registry",
+]
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SyncOptions:
+    """Tunables of the sparse schemes (all ranks must pass the same values)."""
+
+    h0_seed: int | None = None
+    """Seed of Zen's first-level hash; None: rank 0 draws one at first use of the group."""
+    sparcml_dense_ratio: float = 1.0
+    """SparCML switches a stage to dense once COO bytes exceed this fraction of dense bytes."""
+    omnireduce_block: int = 256
+    """OmniReduce block size in elements."""
+    latency_s: float = 50e-6
+    """auto: per-message latency alpha of the cost model (seconds)."""
+    bandwidth_bytes_per_s: float = 1.25e9
+    """auto: per-rank bandwidth of the cost model (bytes/s; 1.25e9 = 10 Gbit/s)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.sparcml_dense_ratio <= 1.0:
+            raise ValueError(f"sparcml_dense_ratio={self.sparcml_dense_ratio} must be in (0, 1]")
+        if self.omnireduce_block < 1:
+            raise ValueError(f"omnireduce_block={self.omnireduce_block} must be >= 1")
+        if self.latency_s < 0 or self.bandwidth_bytes_per_s <= 0:
+            raise ValueError(
+                f"latency_s={self.latency_s} must be >= 0 and bandwidth_bytes_per_s="
+                f"{self.bandwidth_bytes_per_s} > 0"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ItemView:
+    """A tensor seen as ``num_items`` items of ``item_numel`` elements each."""
+
+    x2d: torch.Tensor
+    """(num_items, item_numel), contiguous."""
+    granularity: Granularity
+
+    @property
+    def num_items(self) -> int:
+        return self.x2d.shape[0]
+
+    @property
+    def item_numel(self) -> int:
+        return self.x2d.shape[1]
+
+    @property
+    def item_bytes(self) -> int:
+        """Value bytes of one item."""
+        return self.x2d.shape[1] * self.x2d.element_size()
+
+
+def item_view(tensor: torch.Tensor, granularity: Granularity) -> ItemView:
+    """Rows (dim 0 slices) as items in row mode, single elements in element mode."""
+    flat = tensor.contiguous()
+    if granularity == "row":
+        x2d = flat.reshape(flat.shape[0], -1)
+    else:
+        x2d = flat.reshape(-1, 1)
+    return ItemView(x2d=x2d, granularity=granularity)
+
+
+def index_dtype(num_items: int) -> torch.dtype:
+    """int32 indices while the item space fits, int64 beyond 2**31 - 1 items."""
+    return torch.int32 if num_items <= _INT32_MAX else torch.int64
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half types are summed in float32 and rounded once; float32/64 in their own precision."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class SyncContext:
+    """Everything one call of a scheme needs."""
+
+    transport: Transport
+    view: ItemView
+    stats: SyncStats
+    options: SyncOptions
+    h0_seed: int
+    """The agreed seed (see ``zensync.sync.validate``)."""
+    nnz_per_rank: list[int] | None = None
+    """Non-zero items of every rank, where the caller measured them before the scheme ran."""
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Attribute traffic to ``name`` and add the enclosed wall time to stats.phase_time_s."""
+        start = time.perf_counter()
+        with self.transport.phase(name):
+            try:
+                yield
+            finally:
+                times = self.stats.phase_time_s
+                times[name] = times.get(name, 0.0) + time.perf_counter() - start
+
+
+class SyncScheme(abc.ABC):
+    """A lossless way to sum a tensor over ranks.
+
+    ``run`` returns the (not averaged) sum as a new (num_items, item_numel) tensor in the input dtype,
+    identical on every rank, and fills what it observes into ``ctx.stats``.
+    """
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def run(self, ctx: SyncContext) -> torch.Tensor:
+        """Sum ``ctx.view`` over the ranks of ``ctx.transport``."""
+
+
+_REGISTRY: dict[str, type[SyncScheme]] = {}
+
+
+def register_scheme(cls: type[SyncScheme]) -> type[SyncScheme]:
+    """Class decorator adding a scheme to the registry under ``cls.name``."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"sync scheme {cls.name!r} is registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def scheme_registry() -> dict[str, type[SyncScheme]]:
+    """The registered schemes by name (a copy)."""
+    return dict(_REGISTRY)

@@ -1,0 +1,22 @@
+"""Dense baseline: one ring allreduce of the whole tensor, zeros included."""
+
+from __future__ import annotations
+
+import torch
+
+from zensync.sync.base import SyncContext, SyncScheme, register_scheme
+
+__all__ = ["DenseScheme"]
+
+
+@register_scheme
+class DenseScheme(SyncScheme):
+    """Plain allreduce (what DDP does): received volume 2(n-1)/n * M per rank."""
+
+    name = "dense"
+
+    def run(self, ctx: SyncContext) -> torch.Tensor:
+        x2d = ctx.view.x2d
+        with ctx.phase("allreduce"):
+            summed = ctx.transport.all_reduce(x2d.reshape(-1))
+        return summed.view(x2d.shape)

@@ -1,0 +1,55 @@
+"""Building Zen's first-level hash h0 (a ``Partition``) from a seed all ranks agreed on."""
+
+from __future__ import annotations
+
+from zensync.types import Partition
+
+__all__ = ["NUM_FEISTEL_ROUNDS", "make_partition"]
+
+NUM_FEISTEL_ROUNDS = 4
+"""Rounds of the Feistel permutation: 3 suffice for a pseudorandom permutation; 4 for margin."""
+_BITMAP_WORD_BITS = 32
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(state: int) -> tuple[int, int]:
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
+def make_partition(num_items: int, num_owners: int, *, seed: int, hashed: bool = True) -> Partition:
+    """h0 over ``num_items`` items for ``num_owners`` owners, keyed by ``seed``.
+
+    Owner ranges are ceil(num_items / num_owners) rounded up to a multiple of 32 positions, so bitmaps
+    of all owners tile ceil(num_items / 32) words exactly. With ``hashed=False`` the permutation is
+    the identity (contiguous even ranges: sparse_ps).
+
+    Example::
+
+        part = make_partition(1000, 4, seed=7)
+        part.range_len  # 256
+    """
+    if num_items < 0 or num_owners < 1:
+        raise ValueError(f"make_partition: num_items={num_items} must be >= 0 and num_owners={num_owners} >= 1")
+    if num_items >= 1 << 62:
+        raise ValueError(f"make_partition: num_items={num_items} exceeds the supported 2**62")
+    per_owner = -(-num_items // num_owners)
+    range_len = max(_BITMAP_WORD_BITS, -(-per_owner // _BITMAP_WORD_BITS) * _BITMAP_WORD_BITS)
+    bits = max(1, (num_items - 1).bit_length()) if num_items > 1 else 1
+    half_bits = max(1, -(-bits // 2))
+    keys = []
+    state = seed & _MASK64
+    for _ in range(NUM_FEISTEL_ROUNDS):
+        state, value = _splitmix64(state)
+        keys.append(value & 0xFFFFFFFF)
+    return Partition(
+        num_items=num_items,
+        num_owners=num_owners,
+        range_len=range_len,
+        half_bits=half_bits,
+        keys=tuple(keys),
+        hashed=hashed,
+    )

@@ -1,0 +1,207 @@
+"""Agreeing on a call before any data moves: every rank checks its own arguments, all ranks exchange a
+small fixed-size descriptor, and either all proceed or all raise the same ``ValueError``.
+
+This is the first collective of every call, so a rank with bad input still takes part in exactly the
+collectives its peers expect, and no rank hangs waiting for a peer that gave up. The same exchange
+agrees on Zen's hash seed (rank 0's proposal wins at first use of a group) and, for ``auto``, carries
+every rank's non-zero count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+
+import torch
+
+from zensync.transport import Transport
+
+__all__ = [
+    "MAX_NDIM",
+    "SUPPORTED_DTYPES",
+    "Agreement",
+    "LocalRequest",
+    "exchange_and_check",
+]
+
+MAX_NDIM = 8
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_DTYPE_TABLE = (
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
+_GRANULARITIES = ("auto", "element", "row")
+_MAGIC = 0x5A454E01  # "ZEN" + descriptor version 1
+
+# Descriptor slots (int64 each).
+_F_MAGIC, _F_SCHEME, _F_GRAN, _F_AVG, _F_DTYPE, _F_DEVICE, _F_ERROR, _F_NNZ, _F_SEED, _F_PROPOSAL, _F_NDIM = range(11)
+_F_SHAPE = 11
+_SIZE = _F_SHAPE + MAX_NDIM
+
+_ERR_OK = 0
+_ERRORS = {
+    1: "dtype {dtype} is not supported (supported: float16, bfloat16, float32, float64)",
+    2: "tensor has layout {layout}; pass a dense (strided) tensor, e.g. tensor.to_dense()",
+    3: "tensor has {ndim} dimensions; at most {max_ndim} are supported",
+    4: "scheme {scheme!r} is unknown (valid: {valid})",
+    5: "granularity {granularity!r} is unknown (valid: 'auto', 'element', 'row')",
+    6: "granularity 'row' needs a tensor with at least 2 dimensions, got shape {shape}",
+    7: "argument is a {type_name}, not a torch.Tensor",
+}
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class LocalRequest:
+    """One rank's view of the call, checked locally."""
+
+    tensor: torch.Tensor | None
+    scheme: str
+    granularity: str
+    average: bool
+    h0_seed: int | None
+    valid_schemes: tuple[str, ...]
+    error: int = _ERR_OK
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        self.error, self.message = self._check()
+
+    def _check(self) -> tuple[int, str]:
+        tensor = self.tensor
+        if not isinstance(tensor, torch.Tensor):
+            return 7, _ERRORS[7].format(type_name=type(tensor).__name__)
+        if tensor.layout != torch.strided:
+            return 2, _ERRORS[2].format(layout=tensor.layout)
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            return 1, _ERRORS[1].format(dtype=tensor.dtype)
+        if tensor.dim() > MAX_NDIM:
+            return 3, _ERRORS[3].format(ndim=tensor.dim(), max_ndim=MAX_NDIM)
+        if self.scheme not in self.valid_schemes:
+            return 4, _ERRORS[4].format(scheme=self.scheme, valid=", ".join(self.valid_schemes))
+        if self.granularity not in _GRANULARITIES:
+            return 5, _ERRORS[5].format(granularity=self.granularity)
+        if self.granularity == "row" and tensor.dim() < 2:
+            return 6, _ERRORS[6].format(shape=tuple(tensor.shape))
+        return _ERR_OK, ""
+
+    @property
+    def resolved_granularity(self) -> str:
+        """'auto' resolved by shape: rows for 2-D tensors (embedding gradients), elements otherwise."""
+        if self.granularity != "auto":
+            return self.granularity
+        assert self.tensor is not None
+        return "row" if self.tensor.dim() == 2 else "element"
+
+    def descriptor(self, local_nnz: int) -> torch.Tensor:
+        desc = [-1] * _SIZE
+        desc[_F_MAGIC] = _MAGIC
+        desc[_F_ERROR] = self.error
+        desc[_F_SCHEME] = self.valid_schemes.index(self.scheme) if self.scheme in self.valid_schemes else -1
+        desc[_F_GRAN] = _GRANULARITIES.index(self.granularity) if self.granularity in _GRANULARITIES else -1
+        desc[_F_AVG] = int(bool(self.average))
+        desc[_F_NNZ] = local_nnz
+        desc[_F_SEED] = -1 if self.h0_seed is None else self.h0_seed & (2**62 - 1)
+        desc[_F_PROPOSAL] = secrets.randbits(62)
+        tensor = self.tensor
+        if isinstance(tensor, torch.Tensor):
+            desc[_F_DTYPE] = _DTYPE_TABLE.index(tensor.dtype) if tensor.dtype in _DTYPE_TABLE else -2
+            desc[_F_DEVICE] = 0 if tensor.device.type == "cpu" else 1
+            desc[_F_NDIM] = tensor.dim()
+            for i, size in enumerate(tensor.shape[:MAX_NDIM]):
+                desc[_F_SHAPE + i] = size
+        return torch.tensor(desc, dtype=torch.int64)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Agreement:
+    """What all ranks agreed on."""
+
+    h0_seed: int
+    nnz_per_rank: list[int] | None
+
+
+def _describe_mismatch(field: str, values: list[int]) -> str:
+    return f"{field} differs across ranks: " + ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+
+
+def _remote_error(code: int, desc: list[int]) -> str:
+    """A description of another rank's local error from its descriptor alone."""
+    dtype_index = desc[_F_DTYPE]
+    dtype = str(_DTYPE_TABLE[dtype_index]) if 0 <= dtype_index < len(_DTYPE_TABLE) else "an unknown dtype"
+    shape = tuple(desc[_F_SHAPE : _F_SHAPE + max(0, min(desc[_F_NDIM], MAX_NDIM))])
+    summaries = {
+        1: f"dtype {dtype} is not supported (supported: float16, bfloat16, float32, float64)",
+        2: "tensor is not dense (strided); pass tensor.to_dense()",
+        3: f"tensor has {desc[_F_NDIM]} dimensions; at most {MAX_NDIM} are supported",
+        4: "unknown scheme",
+        5: "unknown granularity (valid: 'auto', 'element', 'row')",
+        6: f"granularity 'row' needs at least 2 dimensions, got shape {shape}",
+        7: "argument is not a torch.Tensor",
+    }
+    return summaries.get(code, f"error code {code}")
+
+
+def _first_problem(descs: list[list[int]]) -> str | None:
+    for rank, desc in enumerate(descs):
+        if desc[_F_ERROR] != _ERR_OK:
+            return f"rank {rank}: {_remote_error(desc[_F_ERROR], desc)}"
+    checks = (
+        ("scheme", _F_SCHEME),
+        ("granularity", _F_GRAN),
+        ("average", _F_AVG),
+        ("dtype", _F_DTYPE),
+        ("device type", _F_DEVICE),
+        ("h0_seed", _F_SEED),
+    )
+    for name, index in checks:
+        values = [d[index] for d in descs]
+        if any(v != values[0] for v in values):
+            if name == "dtype":
+                values = [str(_DTYPE_TABLE[v]) if 0 <= v < len(_DTYPE_TABLE) else "unknown" for v in values]
+            return _describe_mismatch(name, values)
+    shapes = [tuple(d[_F_SHAPE : _F_SHAPE + d[_F_NDIM]]) for d in descs]
+    if any(s != shapes[0] for s in shapes):
+        return _describe_mismatch("shape", shapes)
+    return None
+
+
+def exchange_and_check(transport: Transport, request: LocalRequest, local_nnz: int) -> Agreement:
+    """All-gather every rank's descriptor and raise the same ``ValueError`` on every rank on any problem.
+
+    Args:
+        transport: The group.
+        request: This rank's checked arguments (a rank with a local error still calls this).
+        local_nnz: This rank's non-zero item count, or -1 when not measured.
+
+    Returns:
+        The agreed hash seed and, when every rank measured it, the per-rank non-zero counts.
+    """
+    tensor = request.tensor
+    device = tensor.device if isinstance(tensor, torch.Tensor) and request.error == _ERR_OK else torch.device("cpu")
+    desc = request.descriptor(local_nnz).to(device)
+    with transport.phase("validate"):
+        descs = [d.tolist() for d in transport.all_gather(desc)]
+    if any(d[_F_MAGIC] != _MAGIC for d in descs):
+        raise ValueError(
+            "zensync descriptor exchange failed: another rank is running a different zensync version or "
+            "a different collective at this point"
+        )
+    problem = _first_problem(descs)
+    if problem is not None:
+        own = f" (this rank, {transport.rank}: {request.message})" if request.error != _ERR_OK else ""
+        raise ValueError(f"zensync.sparse_allreduce: invalid call: {problem}{own}")
+    if transport.h0_seed is None:
+        transport.h0_seed = descs[0][_F_PROPOSAL]
+    seed = descs[0][_F_SEED] if descs[0][_F_SEED] >= 0 else transport.h0_seed
+    nnz = [d[_F_NNZ] for d in descs]
+    return Agreement(h0_seed=seed, nnz_per_rank=nnz if min(nnz) >= 0 else None)

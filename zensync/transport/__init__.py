@@ -1,0 +1,32 @@
+"""Transports: the only package that imports torch.distributed (and, later, mpi4py).
+
+Every sync algorithm is written against ``Transport``; ``resolve`` turns what a user passes as
+``group`` (a ProcessGroup, None for the default group, or a Transport) into one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zensync.transport.base import CONTROL_BYTES_PER_COUNT, TrafficLog, Transport
+from zensync.transport.simulated import SimulatedTransport, SimulatedWorld, WorldAborted
+from zensync.transport.torch_dist import TorchTransport, transport_for_group
+
+__all__ = [
+    "CONTROL_BYTES_PER_COUNT",
+    "SimulatedTransport",
+    "SimulatedWorld",
+    "TorchTransport",
+    "TrafficLog",
+    "Transport",
+    "WorldAborted",
+    "resolve",
+    "transport_for_group",
+]
+
+
+def resolve(group: Any) -> Transport:
+    """A Transport for ``group``: a Transport as is, else a torch.distributed group (None = default)."""
+    if isinstance(group, Transport):
+        return group
+    return transport_for_group(group)

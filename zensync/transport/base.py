@@ -1,0 +1,242 @@
+"""The one interface every sync algorithm is written against, and its byte accounting.
+
+A ``Transport`` is one rank's handle on a group of ``world_size`` ranks. It offers the collectives the
+engine needs on 1-D tensors (any dtype the backend moves; byte tensors for packed payloads):
+
+    all_reduce(x)                  -> sum over ranks (new tensor)
+    all_gather(x)                  -> list of every rank's x (equal sizes)
+    all_gather_v(x)                -> list of every rank's x (sizes may differ)
+    all_to_all_v(x, send_counts)   -> (received, recv_counts); x is cut into world_size chunks
+    broadcast(x, src)              -> src's x
+    send_recv(x, dst, src)         -> sends bytes x to dst while receiving bytes from src
+    barrier()
+
+Byte accounting is done here, once, with one logical model, so that every implementation (the
+in-process simulated world, torch.distributed, and MPI later) reports the same numbers for the same
+inputs. With n ranks, rank r, and B the byte size of a tensor:
+
+    all_reduce:    ring. The numel is cut into n chunks (sizes as torch.tensor_split); rank r sends
+                   and receives 2 * (numel - chunk_r) elements, in 2(n-1) messages.
+    all_gather(_v): rank r sends its B_r to each of the n-1 others and receives sum_{j!=r} B_j.
+                   all_gather_v first exchanges sizes: 8 control bytes to and from each peer.
+    all_to_all_v:  rank r sends chunk j to rank j (j != r) and receives rank j's chunk r. Counts are
+                   exchanged first: 8 control bytes to and from each peer.
+    broadcast:     the root sends B to each of the n-1 others; each other rank receives B.
+    send_recv:     B_send sent, B_recv received, plus 8 control bytes each way for the size.
+
+A rank's own chunk never crosses the network and is not counted. Traffic is attributed to the phase
+set with ``phase(name)`` and accumulated into the ``TrafficLog`` installed with ``recording()``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from zensync.types import PhaseTraffic
+
+__all__ = ["Transport", "TrafficLog", "CONTROL_BYTES_PER_COUNT"]
+
+CONTROL_BYTES_PER_COUNT = 8
+"""Size exchanges move one int64 per count."""
+
+
+class TrafficLog:
+    """Per-phase traffic of one rank, filled by the transport while it is installed."""
+
+    __slots__ = ("phases",)
+
+    def __init__(self) -> None:
+        self.phases: dict[str, PhaseTraffic] = {}
+
+    def get(self, phase: str) -> PhaseTraffic:
+        """The record for ``phase``, created empty on first use."""
+        record = self.phases.get(phase)
+        if record is None:
+            record = self.phases[phase] = PhaseTraffic()
+        return record
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _ring_chunk(numel: int, world_size: int, rank: int) -> int:
+    """Size of chunk ``rank`` when ``numel`` elements are split as torch.tensor_split does."""
+    return numel // world_size + (1 if rank < numel % world_size else 0)
+
+
+class Transport(abc.ABC):
+    """One rank's view of a group; see the module docstring for the contract and byte model."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self._phase = "other"
+        self._log: TrafficLog | None = None
+        self.h0_seed: int | None = None
+        """Seed of Zen's first-level hash, agreed on at first use (see zensync.sync.partition)."""
+
+    # ----------------------------------------------------------------------------------------------
+    # Phase and recording control
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Attribute the traffic of the enclosed collectives to ``name``."""
+        previous, self._phase = self._phase, name
+        try:
+            yield
+        finally:
+            self._phase = previous
+
+    @contextlib.contextmanager
+    def recording(self, log: TrafficLog) -> Iterator[TrafficLog]:
+        """Install ``log`` to receive this rank's traffic for the enclosed calls."""
+        previous, self._log = self._log, log
+        try:
+            yield log
+        finally:
+            self._log = previous
+
+    def _account(
+        self, sent: int, recv: int, control: int, messages: int, seconds: float, control_recv: int | None = None
+    ) -> None:
+        if self._log is None:
+            return
+        record = self._log.get(self._phase)
+        record.bytes_sent += sent
+        record.bytes_recv += recv
+        record.control_bytes_sent += control
+        record.control_bytes_recv += control if control_recv is None else control_recv
+        record.messages_sent += messages
+        record.num_calls += 1
+        record.comm_time_s += seconds
+
+    # ----------------------------------------------------------------------------------------------
+    # Public collectives: validate, time, call the backend, account.
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over ranks of a 1-D tensor; returns a new tensor."""
+        start = time.perf_counter()
+        out = self._all_reduce(tensor.contiguous())
+        n = self.world_size
+        elems = 2 * (tensor.numel() - _ring_chunk(tensor.numel(), n, self.rank)) if n > 1 else 0
+        nbytes = elems * tensor.element_size()
+        self._account(nbytes, nbytes, 0, 2 * (n - 1) if nbytes else 0, time.perf_counter() - start)
+        return out
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's 1-D tensor, in rank order; all ranks must pass the same size."""
+        start = time.perf_counter()
+        out = self._all_gather(tensor.contiguous())
+        self._account_gather(tensor, out, control=0, start=start)
+        return out
+
+    def all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's 1-D tensor, in rank order; sizes may differ (dtype may not)."""
+        start = time.perf_counter()
+        out = self._all_gather_v(tensor.contiguous())
+        control = CONTROL_BYTES_PER_COUNT * (self.world_size - 1)
+        self._account_gather(tensor, out, control=control, start=start)
+        return out
+
+    def _account_gather(
+        self, tensor: torch.Tensor, out: list[torch.Tensor], control: int, start: float
+    ) -> None:
+        sent = _nbytes(tensor) * (self.world_size - 1)
+        recv = sum(_nbytes(t) for j, t in enumerate(out) if j != self.rank)
+        messages = (self.world_size - 1) if tensor.numel() else 0
+        self._account(sent, recv, control, messages, time.perf_counter() - start)
+
+    def all_to_all_v(
+        self, tensor: torch.Tensor, send_counts: Sequence[int]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Send ``tensor[offset_j : offset_j + send_counts[j]]`` to rank j; receive likewise.
+
+        Returns the concatenation of the chunks received (in source-rank order) and their counts.
+        """
+        counts = [int(c) for c in send_counts]
+        if len(counts) != self.world_size or sum(counts) != tensor.numel() or min(counts, default=0) < 0:
+            raise ValueError(
+                f"all_to_all_v: send_counts={counts} must have world_size={self.world_size} "
+                f"non-negative entries summing to tensor.numel()={tensor.numel()}"
+            )
+        start = time.perf_counter()
+        out, recv_counts = self._all_to_all_v(tensor.contiguous(), counts)
+        esize = tensor.element_size()
+        sent = sum(c for j, c in enumerate(counts) if j != self.rank) * esize
+        recv = sum(c for j, c in enumerate(recv_counts) if j != self.rank) * esize
+        messages = sum(1 for j, c in enumerate(counts) if j != self.rank and c)
+        control = CONTROL_BYTES_PER_COUNT * (self.world_size - 1)
+        self._account(sent, recv, control, messages, time.perf_counter() - start)
+        return out, recv_counts
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """``src``'s tensor on every rank (others pass a tensor of the same size and dtype)."""
+        start = time.perf_counter()
+        out = self._broadcast(tensor.contiguous(), src)
+        nbytes = _nbytes(tensor)
+        if self.rank == src:
+            sent, recv, messages = nbytes * (self.world_size - 1), 0, self.world_size - 1
+        else:
+            sent, recv, messages = 0, nbytes, 0
+        self._account(sent, recv, 0, messages if nbytes else 0, time.perf_counter() - start)
+        return out
+
+    def send_recv(
+        self, tensor: torch.Tensor | None, dst: int | None, src: int | None, *, device: torch.device
+    ) -> torch.Tensor | None:
+        """Send the byte tensor ``tensor`` to ``dst`` while receiving a byte tensor from ``src``.
+
+        Either side may be None (send only, or receive only). Sizes may differ: the size travels
+        first. Payloads are uint8 (pack typed data with ``zensync.sync.packing``). The received
+        tensor lives on ``device``. Returns None when ``src`` is None.
+        """
+        if (dst is None) != (tensor is None):
+            raise ValueError("send_recv: pass both tensor and dst, or neither")
+        if tensor is not None and tensor.dtype != torch.uint8:
+            raise ValueError(f"send_recv moves uint8 payloads, got dtype={tensor.dtype}")
+        start = time.perf_counter()
+        out = self._send_recv(None if tensor is None else tensor.contiguous(), dst, src, device)
+        sent = 0 if tensor is None else _nbytes(tensor)
+        recv = 0 if out is None else _nbytes(out)
+        self._account(
+            sent,
+            recv,
+            CONTROL_BYTES_PER_COUNT * (dst is not None),
+            int(sent > 0),
+            time.perf_counter() - start,
+            control_recv=CONTROL_BYTES_PER_COUNT * (src is not None),
+        )
+        return out
+
+    def barrier(self) -> None:
+        """Wait until every rank reaches this point."""
+        self._barrier()
+
+    # ----------------------------------------------------------------------------------------------
+    # Backend hooks
+    @abc.abstractmethod
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]: ...
+
+    @abc.abstractmethod
+    def _all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]: ...
+
+    @abc.abstractmethod
+    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]: ...
+
+    @abc.abstractmethod
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def _send_recv(
+        self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
+    ) -> torch.Tensor | None: ...
+
+    @abc.abstractmethod
+    def _barrier(self) -> None: ...

@@ -1,0 +1,209 @@
+"""An in-process world of p logical ranks: threads running the same SPMD function.
+
+Used by the tests (world sizes 1..8 in one process, no sockets) and by the scale experiments
+(p = 64..1024 on one machine). Collectives are real data exchanges between the threads through
+shared slots and a barrier, so every algorithm runs exactly the code it runs on torch.distributed;
+byte accounting is the transport's logical model (``zensync.transport.base``).
+
+Example::
+
+    world = SimulatedWorld(num_ranks=4)
+    results = world.run(lambda t: zensync.sparse_allreduce(x[t.rank], group=t))
+
+A rank that raises aborts the world: the others fail at their next collective instead of waiting,
+and ``run`` re-raises the first root-cause exception (or returns every rank's outcome with
+``return_exceptions=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from zensync.transport.base import Transport
+
+__all__ = ["SimulatedWorld", "SimulatedTransport", "WorldAborted"]
+
+T = TypeVar("T")
+
+
+class WorldAborted(RuntimeError):
+    """Raised in a rank whose collective was interrupted because another rank failed."""
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Shared:
+    num_ranks: int
+    timeout_s: float
+    barrier: threading.Barrier
+    slots: list[Any]
+    mailboxes: dict[tuple[int, int], queue.Queue[torch.Tensor]]
+    mailbox_lock: threading.Lock
+    aborted: threading.Event
+
+
+class SimulatedTransport(Transport):
+    """One logical rank of a ``SimulatedWorld``."""
+
+    def __init__(self, shared: _Shared, rank: int) -> None:
+        super().__init__(rank, shared.num_ranks)
+        self._shared = shared
+
+    # One rendezvous: deposit, wait, read everyone's deposit, wait again before slots are reused.
+    def _exchange(self, item: Any) -> list[Any]:
+        shared = self._shared
+        shared.slots[self.rank] = item
+        self._wait()
+        items = list(shared.slots)
+        self._wait()
+        return items
+
+    def _wait(self) -> None:
+        try:
+            self._shared.barrier.wait(timeout=self._shared.timeout_s)
+        except threading.BrokenBarrierError:
+            self._shared.aborted.set()
+            raise WorldAborted(
+                f"rank {self.rank}: collective interrupted (another rank failed, or a rank did not "
+                f"reach the collective within {self._shared.timeout_s} s)"
+            ) from None
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        inputs = self._exchange(tensor)
+        # Step 1: reduce-scatter. Rank r sums chunk r over ranks in rank order (deterministic).
+        chunks = [t.tensor_split(self.world_size) for t in inputs]
+        mine = chunks[0][self.rank].clone()
+        for other in chunks[1:]:
+            mine += other[self.rank]
+        # Step 2: all-gather of the reduced chunks.
+        return torch.cat(self._exchange(mine))
+
+    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        items = self._exchange(tensor)
+        if any(t.shape != tensor.shape or t.dtype != tensor.dtype for t in items):
+            raise ValueError(
+                f"all_gather needs equal shapes and dtypes on every rank, got "
+                f"{[(tuple(t.shape), t.dtype) for t in items]}"
+            )
+        return items
+
+    def _all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        # Received tensors are shared with their owners: callers must not modify them in place.
+        return self._exchange(tensor)
+
+    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
+        items = self._exchange((tensor, counts))
+        received, recv_counts = [], []
+        for src_tensor, src_counts in items:
+            offset = sum(src_counts[: self.rank])
+            received.append(src_tensor[offset : offset + src_counts[self.rank]])
+            recv_counts.append(src_counts[self.rank])
+        return torch.cat(received), recv_counts
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        return self._exchange(tensor)[src].clone()
+
+    def _mailbox(self, src: int, dst: int) -> queue.Queue[torch.Tensor]:
+        shared = self._shared
+        with shared.mailbox_lock:
+            box = shared.mailboxes.get((src, dst))
+            if box is None:
+                box = shared.mailboxes[(src, dst)] = queue.Queue()
+            return box
+
+    def _send_recv(
+        self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
+    ) -> torch.Tensor | None:
+        if tensor is not None and dst is not None:
+            self._mailbox(self.rank, dst).put(tensor.clone())
+        if src is None:
+            return None
+        box = self._mailbox(src, self.rank)
+        waited = 0.0
+        while True:
+            if self._shared.aborted.is_set():
+                raise WorldAborted(f"rank {self.rank}: receive from rank {src} interrupted (another rank failed)")
+            try:
+                return box.get(timeout=0.05).to(device)
+            except queue.Empty:
+                waited += 0.05
+                if waited >= self._shared.timeout_s:
+                    self._shared.aborted.set()
+                    self._shared.barrier.abort()
+                    raise TimeoutError(
+                        f"rank {self.rank}: no message from rank {src} within {self._shared.timeout_s} s"
+                    ) from None
+
+    def _barrier(self) -> None:
+        self._wait()
+
+
+class SimulatedWorld:
+    """Runs an SPMD function on ``num_ranks`` logical ranks, one thread each.
+
+    Args:
+        num_ranks: Number of logical ranks (1..4096).
+        timeout_s: How long a rank waits at a collective before the world is declared hung.
+        single_thread_torch: Run torch with one intra-op thread while the world runs (restored
+            afterwards): p ranks are already p threads, and more would only contend.
+    """
+
+    def __init__(self, num_ranks: int, *, timeout_s: float = 120.0, single_thread_torch: bool = True) -> None:
+        if not 1 <= num_ranks <= 4096:
+            raise ValueError(f"num_ranks={num_ranks} must be in 1..4096")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s} must be positive")
+        self.num_ranks = num_ranks
+        self.timeout_s = timeout_s
+        self.single_thread_torch = single_thread_torch
+
+    def run(
+        self,
+        fn: Callable[[SimulatedTransport], T],
+        *,
+        return_exceptions: bool = False,
+    ) -> list[T] | list[T | BaseException]:
+        """Call ``fn(transport)`` on every rank concurrently; return the per-rank results in rank order.
+
+        With ``return_exceptions=True`` a rank's exception is returned in its place instead of raised.
+        """
+        shared = _Shared(
+            num_ranks=self.num_ranks,
+            timeout_s=self.timeout_s,
+            barrier=threading.Barrier(self.num_ranks),
+            slots=[None] * self.num_ranks,
+            mailboxes={},
+            mailbox_lock=threading.Lock(),
+            aborted=threading.Event(),
+        )
+        outcomes: list[Any] = [None] * self.num_ranks
+        failed = [False] * self.num_ranks
+
+        def body(rank: int) -> None:
+            try:
+                outcomes[rank] = fn(SimulatedTransport(shared, rank))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by run() below
+                outcomes[rank], failed[rank] = exc, True
+                shared.aborted.set()
+                shared.barrier.abort()
+
+        previous_threads = torch.get_num_threads()
+        if self.single_thread_torch:
+            torch.set_num_threads(1)
+        try:
+            threads = [threading.Thread(target=body, args=(r,), name=f"sim-rank-{r}") for r in range(self.num_ranks)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            torch.set_num_threads(previous_threads)
+        if return_exceptions or not any(failed):
+            return outcomes
+        root_causes = [o for o, f in zip(outcomes, failed) if f and not isinstance(o, WorldAborted)]
+        raise (root_causes or [o for o, f in zip(outcomes, failed) if f])[0]

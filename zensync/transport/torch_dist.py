@@ -1,0 +1,129 @@
+"""The torch.distributed transport: gloo on CPU, NCCL on GPU, one device-agnostic code path.
+
+Every buffer (payloads and the int64 size exchanges) is allocated on the device of the tensor being
+moved, so the same code drives gloo with CPU tensors and NCCL with CUDA tensors.
+
+gloo has no uneven all_gather, so ``all_gather_v`` with unequal sizes is an ``all_to_all_single``
+in which each rank sends its payload to every peer: exactly the bytes of an all-gather-v, and no
+padding on the wire.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from zensync.transport.base import Transport
+
+__all__ = ["TorchTransport", "transport_for_group"]
+
+
+class TorchTransport(Transport):
+    """``Transport`` over a torch.distributed process group.
+
+    Args:
+        group: The process group; None means the default group. The caller must be a member.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialized: call torch.distributed.init_process_group(...) "
+                "first, or pass a zensync Transport (e.g. from SimulatedWorld) as group"
+            )
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError(
+                f"this process (global rank {dist.get_rank()}) is not a member of the process group "
+                f"passed as group; call zensync collectives only on ranks of that group"
+            )
+        super().__init__(rank, dist.get_world_size(group))
+        self.group = group
+
+    def _global(self, group_rank: int) -> int:
+        """Global rank of ``group_rank`` (older torch releases address peers by global rank only)."""
+        if self.group is None:
+            return group_rank
+        return dist.get_global_rank(self.group, group_rank)
+
+    def _exchange_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=self.group)
+        return received
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.clone()
+        dist.all_reduce(out, group=self.group)
+        return out
+
+    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        out = torch.empty(self.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather_into_tensor(out, tensor, group=self.group)
+        return list(out.chunk(self.world_size)) if tensor.numel() else [out[:0]] * self.world_size
+
+    def _all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        n = self.world_size
+        size = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
+        sizes = torch.cat(self._all_gather(size)).tolist()  # host-device sync
+        if all(s == sizes[0] for s in sizes):
+            return self._all_gather(tensor)
+        out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device)
+        send = tensor.repeat(n)
+        dist.all_to_all_single(out, send, output_split_sizes=sizes, input_split_sizes=[tensor.numel()] * n, group=self.group)
+        return list(out.split(sizes))
+
+    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
+        send_counts = torch.tensor(counts, dtype=torch.int64, device=tensor.device)
+        recv_counts = self._exchange_counts(send_counts).tolist()  # host-device sync
+        out = torch.empty(sum(recv_counts), dtype=tensor.dtype, device=tensor.device)
+        dist.all_to_all_single(out, tensor, output_split_sizes=recv_counts, input_split_sizes=counts, group=self.group)
+        return out, recv_counts
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        out = tensor.clone()
+        dist.broadcast(out, src=self._global(src), group=self.group)
+        return out
+
+    def _send_recv(
+        self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
+    ) -> torch.Tensor | None:
+        ops = []
+        if tensor is not None and dst is not None:
+            size = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
+            ops.append(dist.P2POp(dist.isend, size, group=self.group, peer=self._global(dst)))
+        recv_size = None
+        if src is not None:
+            recv_size = torch.empty(1, dtype=torch.int64, device=device)
+            ops.append(dist.P2POp(dist.irecv, recv_size, group=self.group, peer=self._global(src)))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        ops = []
+        if tensor is not None and dst is not None and tensor.numel():
+            ops.append(dist.P2POp(dist.isend, tensor, group=self.group, peer=self._global(dst)))
+        received = None
+        if recv_size is not None:
+            received = torch.empty(int(recv_size.item()), dtype=torch.uint8, device=device)
+            if received.numel():
+                ops.append(dist.P2POp(dist.irecv, received, group=self.group, peer=self._global(src)))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        return received
+
+    def _barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+
+_TRANSPORTS: dict[object, TorchTransport] = {}
+
+
+def transport_for_group(group: dist.ProcessGroup | None) -> TorchTransport:
+    """The cached transport of ``group`` (None = the default group), created on first use.
+
+    Caching keeps per-group state that must survive across calls, such as Zen's agreed hash seed.
+    """
+    key = group if group is not None else dist.group.WORLD
+    transport = _TRANSPORTS.get(key)
+    if transport is None:
+        transport = _TRANSPORTS[key] = TorchTransport(group)
+    return transport
