@@ -4,6 +4,7 @@ and the ``SyncScheme`` interface with its registry."""
 from __future__ import annotations
 
 import abc
+import math
 import contextlib
 import dataclasses
 import time
@@ -83,7 +84,7 @@ def item_view(tensor: torch.Tensor, granularity: Granularity) -> ItemView:
     """Rows (dim 0 slices) as items in row mode, single elements in element mode."""
     flat = tensor.contiguous()
     if granularity == "row":
-        x2d = flat.reshape(flat.shape[0], -1)
+        x2d = flat.reshape(flat.shape[0], math.prod(flat.shape[1:]))
     else:
         x2d = flat.reshape(-1, 1)
     return ItemView(x2d=x2d, granularity=granularity)

@@ -133,11 +133,11 @@ class ZenScheme(SyncScheme):
         payloads = transport.all_gather_v(self._encode_partition(ctx, part, pushed))
         idx_dtype = index_dtype(part.range_len)
         device = view.x2d.device
+        out = torch.zeros_like(view.x2d)
         headers: list[list[int]] = []
-        all_positions: list[torch.Tensor] = []
-        all_values: list[torch.Tensor] = []
         encodings = dict.fromkeys(PULL_ENCODINGS, 0)
         bitmap_words = 0
+        # Decode owner by owner straight into the output: peak memory stays one partition's worth.
         for owner, payload in enumerate(payloads):
             reader = ByteReader(payload)
             header = reader.take(torch.int64, _HEADER_FIELDS).tolist()  # host-device sync
@@ -147,20 +147,14 @@ class ZenScheme(SyncScheme):
             encodings[encoding] += 1
             if encoding == "coo":
                 positions = reader.take(idx_dtype, num_unique).to(torch.int64)
-                values = reader.take(view.x2d.dtype, num_unique * view.item_numel)
             elif encoding == "bitmap":
                 words = reader.take(torch.int32, (range_len + 31) // 32)
                 bitmap_words += words.numel()
                 positions = kernels.bitmap_decode(words, range_len)
-                values = reader.take(view.x2d.dtype, num_unique * view.item_numel)
             else:
                 positions = torch.arange(range_len, dtype=torch.int64, device=device)
-                values = reader.take(view.x2d.dtype, range_len * view.item_numel)
-            all_positions.append(positions + base)
-            all_values.append(values.view(-1, view.item_numel))
-        out = torch.zeros_like(view.x2d)
-        items = kernels.unpermute(torch.cat(all_positions), part)
-        out[items] = torch.cat(all_values)
+            values = reader.take(view.x2d.dtype, positions.numel() * view.item_numel)
+            out[kernels.unpermute(positions + base, part)] = values.view(-1, view.item_numel)
         self._record(ctx, headers, [p.numel() for p in payloads], encodings, bitmap_words)
         return out
 

@@ -18,6 +18,7 @@ and ``run`` re-raises the first root-cause exception (or returns every rank's ou
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import queue
 import threading
 from collections.abc import Callable
@@ -36,11 +37,49 @@ class WorldAborted(RuntimeError):
     """Raised in a rank whose collective was interrupted because another rank failed."""
 
 
+class _Barrier:
+    """A reusable barrier whose abort breaks only waits that have not completed.
+
+    (threading.Barrier.abort also breaks threads already released but not yet woken up, so a rank
+    that fails right after a completed rendezvous would wrongly interrupt its peers.)
+    """
+
+    def __init__(self, parties: int) -> None:
+        self._parties = parties
+        self._cond = threading.Condition()
+        self._arrived = 0
+        self._generation = 0
+        self._broken = False
+
+    def wait(self, timeout: float) -> None:
+        with self._cond:
+            if self._broken:
+                raise threading.BrokenBarrierError
+            generation = self._generation
+            self._arrived += 1
+            if self._arrived == self._parties:
+                self._arrived = 0
+                self._generation += 1
+                self._cond.notify_all()
+                return
+            self._cond.wait_for(lambda: self._generation != generation or self._broken, timeout)
+            if self._generation != generation:
+                return
+            self._broken = True
+            self._cond.notify_all()
+            raise threading.BrokenBarrierError
+
+    def abort(self) -> None:
+        with self._cond:
+            self._broken = True
+            self._cond.notify_all()
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class _Shared:
     num_ranks: int
     timeout_s: float
-    barrier: threading.Barrier
+    barrier: _Barrier
     slots: list[Any]
     mailboxes: dict[tuple[int, int], queue.Queue[torch.Tensor]]
     mailbox_lock: threading.Lock
@@ -75,11 +114,14 @@ class SimulatedTransport(Transport):
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         inputs = self._exchange(tensor)
-        # Step 1: reduce-scatter. Rank r sums chunk r over ranks in rank order (deterministic).
-        chunks = [t.tensor_split(self.world_size) for t in inputs]
-        mine = chunks[0][self.rank].clone()
-        for other in chunks[1:]:
-            mine += other[self.rank]
+        # Step 1: reduce-scatter. Rank r sums chunk r over ranks in rank order (deterministic);
+        # chunk bounds as torch.tensor_split, computed directly (O(1) per input, not O(n)).
+        numel, n, r = tensor.numel(), self.world_size, self.rank
+        start = r * (numel // n) + min(r, numel % n)
+        stop = start + numel // n + (1 if r < numel % n else 0)
+        mine = inputs[0][start:stop].clone()
+        for other in inputs[1:]:
+            mine += other[start:stop]
         # Step 2: all-gather of the reduced chunks.
         return torch.cat(self._exchange(mine))
 
@@ -97,10 +139,11 @@ class SimulatedTransport(Transport):
         return self._exchange(tensor)
 
     def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
-        items = self._exchange((tensor, counts))
+        offsets = list(itertools.accumulate(counts, initial=0))
+        items = self._exchange((tensor, counts, offsets))
         received, recv_counts = [], []
-        for src_tensor, src_counts in items:
-            offset = sum(src_counts[: self.rank])
+        for src_tensor, src_counts, src_offsets in items:
+            offset = src_offsets[self.rank]
             received.append(src_tensor[offset : offset + src_counts[self.rank]])
             recv_counts.append(src_counts[self.rank])
         return torch.cat(received), recv_counts
@@ -175,7 +218,7 @@ class SimulatedWorld:
         shared = _Shared(
             num_ranks=self.num_ranks,
             timeout_s=self.timeout_s,
-            barrier=threading.Barrier(self.num_ranks),
+            barrier=_Barrier(self.num_ranks),
             slots=[None] * self.num_ranks,
             mailboxes={},
             mailbox_lock=threading.Lock(),

@@ -1,0 +1,133 @@
+"""Architecture rules from STYLE.md that import-linter cannot express, checked with ``ast``.
+
+``lint-imports`` (contracts in pyproject.toml) checks the arrows between zensync's own packages, but it
+sees an external package only at its top level (``torch``), so it cannot confine ``torch.distributed``
+or ``torch.cuda``. This test walks zensync/**/*.py and checks:
+
+1. only zensync/transport/ imports torch.distributed or mpi4py;
+2. only zensync/kernels/ imports numba, torch.cuda or cuda_ext;
+3. nothing in zensync imports experiments/ (experiments import zensync, never the reverse).
+
+"Imports" covers ``import a.b [as c]``, ``from a import b``, relative imports, ``importlib.import_module``
+or ``__import__`` with a literal name, and attribute use such as ``torch.cuda.synchronize()`` after a
+plain ``import torch``. It runs without any extra tool.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_PACKAGE_DIR = _REPO_ROOT / "zensync"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    forbidden: tuple[str, ...]
+    """Module names; a module matches one if it equals it or is inside it."""
+    allowed_in: str | None
+    """The one subpackage of zensync (a folder name) that may import them; None for nowhere."""
+    fix: str
+
+
+_RULES = {
+    "transport_only": _Rule(
+        forbidden=("torch.distributed", "mpi4py"),
+        allowed_in="transport",
+        fix="Use the zensync.transport.Transport interface; only zensync/transport/ talks to the network.",
+    ),
+    "kernels_only": _Rule(
+        forbidden=("numba", "torch.cuda", "cuda_ext"),
+        allowed_in="kernels",
+        fix="Call the kernel through zensync.kernels (dispatch.py picks reference/cpu/cuda by device).",
+    ),
+    "no_experiments": _Rule(
+        forbidden=("experiments",),
+        allowed_in=None,
+        fix="experiments/ imports zensync, never the reverse: move the shared code into zensync.",
+    ),
+}
+
+
+def _matches(module: str, forbidden: str) -> bool:
+    if forbidden == "cuda_ext":  # the built extension may sit anywhere, e.g. zensync._cuda_ext
+        return any(part.lstrip("_") == "cuda_ext" for part in module.split("."))
+    return module == forbidden or module.startswith(forbidden + ".")
+
+
+def _package_of(path: Path) -> list[str]:
+    """Dotted package that relative imports in ``path`` resolve against, as parts."""
+    parts = list(path.relative_to(_REPO_ROOT).with_suffix("").parts)
+    return parts if path.name == "__init__.py" else parts[:-1]
+
+
+def imported_modules(source: str, package: list[str]) -> list[tuple[int, str]]:
+    """Every (line, dotted module name) that ``source`` imports or reaches as ``torch.<sub>``."""
+    found: list[tuple[int, str]] = []
+    torch_names: set[str] = set()  # local names bound to the torch module itself
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append((node.lineno, alias.name))
+                if alias.name == "torch" or (alias.asname is None and alias.name.startswith("torch.")):
+                    torch_names.add(alias.asname or "torch")
+        elif isinstance(node, ast.ImportFrom):
+            base_parts = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join([*base_parts, *([node.module] if node.module else [])])
+            found.append((node.lineno, base))
+            found.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func_name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if func_name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                found.append((node.lineno, node.args[0].value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in torch_names:
+            found.append((node.lineno, f"torch.{node.attr}"))
+    return found
+
+
+def _library_files() -> list[Path]:
+    return sorted(_PACKAGE_DIR.rglob("*.py"))
+
+
+def test_library_files_are_found() -> None:
+    assert _library_files(), f"no Python files under {_PACKAGE_DIR}"
+
+
+def test_detector_sees_every_import_form() -> None:
+    source = "\n".join(
+        [
+            "import torch",
+            "import torch.distributed as dist",
+            "from torch import cuda",
+            "from mpi4py import MPI",
+            "import numba.cuda",
+            "from .. import cuda_ext",
+            "import importlib; importlib.import_module('experiments.bench')",
+            "torch.cuda.synchronize()",
+        ]
+    )
+    modules = {name for _, name in imported_modules(source, ["zensync", "sync"])}
+    expected = {"torch.distributed", "torch.cuda", "mpi4py", "numba.cuda", "zensync.cuda_ext", "experiments.bench"}
+    assert expected <= modules
+
+
+@pytest.mark.parametrize("rule_name", sorted(_RULES))
+def test_import_rule(rule_name: str) -> None:
+    rule = _RULES[rule_name]
+    violations = []
+    for path in _library_files():
+        rel = path.relative_to(_PACKAGE_DIR)
+        if rule.allowed_in is not None and rel.parts[0] == rule.allowed_in:
+            continue
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), _package_of(path)):
+            if any(_matches(module, forbidden) for forbidden in rule.forbidden):
+                violations.append(f"zensync/{rel.as_posix()}:{line}: uses {module}")
+    who = f"Only zensync/{rule.allowed_in}/" if rule.allowed_in else "Nothing in zensync"
+    header = f"{who} may import {', '.join(rule.forbidden)}. {rule.fix}"
+    assert not violations, "\n".join([header, *sorted(set(violations))])

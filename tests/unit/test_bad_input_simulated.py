@@ -1,0 +1,98 @@
+"""Bad input raises the same clear ValueError on every rank (simulated world; gloo in tests/distributed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import zensync
+
+WORLD = 3
+
+
+def _outcomes(make_input: Callable[[int], object], **kwargs: object) -> list[object]:
+    def body(t: zensync.Transport) -> torch.Tensor:
+        per_rank = {k: (v(t.rank) if callable(v) else v) for k, v in kwargs.items()}
+        return zensync.sparse_allreduce(make_input(t.rank), group=t, **per_rank)  # type: ignore[arg-type]
+
+    return zensync.SimulatedWorld(WORLD, timeout_s=20).run(body, return_exceptions=True)
+
+
+def _assert_all_raise(outcomes: list[object], *fragments: str) -> None:
+    for rank, outcome in enumerate(outcomes):
+        assert isinstance(outcome, ValueError), f"rank {rank} returned {outcome!r}"
+        for fragment in fragments:
+            assert fragment in str(outcome), f"rank {rank}: {fragment!r} not in {outcome}"
+
+
+def test_shape_mismatch() -> None:
+    _assert_all_raise(_outcomes(lambda r: torch.zeros(10 + (r == 2))), "shape differs", "rank 2: (11,)")
+
+
+def test_dtype_mismatch() -> None:
+    _assert_all_raise(
+        _outcomes(lambda r: torch.zeros(10, dtype=torch.float64 if r else torch.float32)), "dtype differs"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64, torch.uint8])
+def test_unsupported_dtype_on_one_rank(dtype: torch.dtype) -> None:
+    outcomes = _outcomes(lambda r: torch.zeros(4, dtype=dtype if r == 1 else torch.float32))
+    _assert_all_raise(outcomes, "rank 1", "not supported", str(dtype))
+
+
+def test_sparse_layout() -> None:
+    outcomes = _outcomes(lambda r: torch.zeros(4).to_sparse() if r == 0 else torch.zeros(4))
+    _assert_all_raise(outcomes, "rank 0", "not dense")
+    assert "to_dense" in str(outcomes[0])
+
+
+def test_not_a_tensor() -> None:
+    _assert_all_raise(_outcomes(lambda r: [1.0, 2.0] if r == 2 else torch.zeros(2)), "rank 2", "not a torch.Tensor")
+
+
+def test_unknown_scheme_and_granularity() -> None:
+    _assert_all_raise(_outcomes(lambda r: torch.zeros(4), scheme=lambda r: "zenn" if r == 1 else "zen"), "rank 1")
+    outcomes = _outcomes(lambda r: torch.zeros(4), granularity="rows")
+    _assert_all_raise(outcomes, "unknown granularity")
+
+
+def test_row_granularity_needs_two_dims() -> None:
+    _assert_all_raise(_outcomes(lambda r: torch.zeros(4), granularity="row"), "at least 2 dimensions")
+
+
+def test_options_mismatch() -> None:
+    _assert_all_raise(_outcomes(lambda r: torch.zeros(4), average=lambda r: r == 0), "average differs")
+    seeds = lambda r: zensync.SyncOptions(h0_seed=r)  # noqa: E731
+    _assert_all_raise(_outcomes(lambda r: torch.zeros(4), options=seeds), "h0_seed differs")
+
+
+def test_too_many_dims() -> None:
+    _assert_all_raise(_outcomes(lambda r: torch.zeros((1,) * 9)), "9 dimensions")
+
+
+def test_group_usable_after_error() -> None:
+    def body(t: zensync.Transport) -> torch.Tensor:
+        with pytest.raises(ValueError, match="shape differs"):
+            zensync.sparse_allreduce(torch.zeros(3 + t.rank), group=t)
+        return zensync.sparse_allreduce(torch.full((5,), float(t.rank + 1)), group=t)
+
+    for result in zensync.SimulatedWorld(WORLD, timeout_s=20).run(body):
+        assert torch.equal(result, torch.full((5,), 6.0))
+
+
+def test_empty_tensor() -> None:
+    for scheme in zensync.SCHEMES:
+        results = zensync.SimulatedWorld(2).run(
+            lambda t, s=scheme: zensync.sparse_allreduce(torch.zeros(0, 4), group=t, scheme=s)
+        )
+        assert all(r.shape == (0, 4) for r in results)
+
+
+def test_options_validation() -> None:
+    with pytest.raises(ValueError, match="sparcml_dense_ratio"):
+        zensync.SyncOptions(sparcml_dense_ratio=0.0)
+    with pytest.raises(ValueError, match="omnireduce_block"):
+        zensync.SyncOptions(omnireduce_block=0)

@@ -1,0 +1,111 @@
+"""The simulated world's collectives move the right data and account bytes with the documented model."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from zensync.transport import SimulatedWorld, TrafficLog, Transport, WorldAborted
+
+WORLD_SIZES = [1, 2, 3, 5, 8]
+
+
+def _run_logged(n: int, fn):  # noqa: ANN001, ANN202 - test helper
+    def body(t: Transport):  # noqa: ANN202
+        log = TrafficLog()
+        with t.recording(log), t.phase("p"):
+            result = fn(t)
+        return result, log.get("p")
+
+    return SimulatedWorld(n, timeout_s=30).run(body)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_all_reduce_sums_and_counts_ring_bytes(n: int) -> None:
+    numel = 103
+    outs = _run_logged(n, lambda t: t.all_reduce(torch.full((numel,), float(t.rank + 1))))
+    for rank, (out, traffic) in enumerate(outs):
+        assert torch.equal(out, torch.full((numel,), n * (n + 1) / 2))  # rank r gives r+1
+        chunk = numel // n + (1 if rank < numel % n else 0)
+        assert traffic.bytes_recv == traffic.bytes_sent == (2 * (numel - chunk) * 4 if n > 1 else 0)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_all_gather_v_uneven(n: int) -> None:
+    outs = _run_logged(n, lambda t: t.all_gather_v(torch.arange(t.rank + 1, dtype=torch.int32)))
+    for rank, (gathered, traffic) in enumerate(outs):
+        assert [g.tolist() for g in gathered] == [list(range(j + 1)) for j in range(n)]
+        assert traffic.bytes_sent == 4 * (rank + 1) * (n - 1)
+        assert traffic.bytes_recv == 4 * sum(j + 1 for j in range(n) if j != rank)
+        assert traffic.control_bytes_recv == 8 * (n - 1)
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_all_to_all_v_uneven(n: int) -> None:
+    # rank r sends (r + j) copies of value 100*r + j to rank j
+    def body(t: Transport):  # noqa: ANN202
+        counts = [t.rank + j for j in range(n)]
+        data = torch.cat([torch.full((c,), 100 * t.rank + j) for j, c in enumerate(counts)])
+        return t.all_to_all_v(data, counts)
+
+    outs = _run_logged(n, body)
+    for rank, ((received, recv_counts), traffic) in enumerate(outs):
+        assert recv_counts == [j + rank for j in range(n)]
+        expected = torch.cat([torch.full((j + rank,), 100 * j + rank) for j in range(n)])
+        assert torch.equal(received, expected)
+        assert traffic.bytes_recv == 8 * sum(j + rank for j in range(n) if j != rank)
+        assert traffic.bytes_sent == 8 * sum(rank + j for j in range(n) if j != rank)
+
+
+def test_all_to_all_v_rejects_bad_counts() -> None:
+    world = SimulatedWorld(2, timeout_s=5)
+    with pytest.raises(ValueError, match="send_counts"):
+        world.run(lambda t: t.all_to_all_v(torch.zeros(3), [1, 1]))
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+def test_broadcast_and_send_recv(n: int) -> None:
+    def body(t: Transport):  # noqa: ANN202
+        value = t.broadcast(torch.tensor([t.rank + 7]), src=n - 1)
+        right, left = (t.rank + 1) % n, (t.rank - 1) % n
+        got = t.send_recv(torch.full((t.rank + 1,), t.rank, dtype=torch.uint8), right, left, device=torch.device("cpu"))
+        t.barrier()
+        return value, got
+
+    for rank, ((value, got), traffic) in enumerate(_run_logged(n, body)):
+        assert value.item() == n - 1 + 7
+        left = (rank - 1) % n
+        assert got is not None and got.tolist() == [left] * (left + 1)
+        root_sent = 8 * (n - 1) if rank == n - 1 else 0
+        assert traffic.bytes_sent == root_sent + rank + 1
+
+
+def test_failing_rank_aborts_the_others_without_hanging() -> None:
+    def body(t: Transport) -> None:
+        if t.rank == 1:
+            raise KeyError("boom")
+        t.barrier()
+
+    world = SimulatedWorld(4, timeout_s=30)
+    with pytest.raises(KeyError, match="boom"):
+        world.run(body)
+    outcomes = world.run(body, return_exceptions=True)
+    assert isinstance(outcomes[1], KeyError)
+    assert all(isinstance(o, WorldAborted) for i, o in enumerate(outcomes) if i != 1)
+
+
+def test_missing_rank_times_out() -> None:
+    def body(t: Transport) -> None:
+        if t.rank != 0:
+            t.barrier()
+
+    outcomes = SimulatedWorld(3, timeout_s=0.5).run(body, return_exceptions=True)
+    assert all(isinstance(o, WorldAborted) for o in outcomes[1:])
+
+
+def test_many_ranks() -> None:
+    outs = SimulatedWorld(256, timeout_s=60).run(lambda t: t.all_reduce(torch.ones(3)))
+    assert all(torch.equal(o, torch.full((3,), 256.0)) for o in outs)
+    assert threading.active_count() < 50  # threads were joined
