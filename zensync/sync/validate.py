@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from collections.abc import Sequence
 
 import torch
 
 from zensync.transport import Transport
+from zensync.types import Granularity
 
 __all__ = [
     "MAX_NDIM",
@@ -95,10 +97,12 @@ class LocalRequest:
         return _ERR_OK, ""
 
     @property
-    def resolved_granularity(self) -> str:
+    def resolved_granularity(self) -> Granularity:
         """'auto' resolved by shape: rows for 2-D tensors (embedding gradients), elements otherwise."""
-        if self.granularity != "auto":
-            return self.granularity
+        if self.granularity == "row":
+            return "row"
+        if self.granularity == "element":
+            return "element"
         assert self.tensor is not None
         return "row" if self.tensor.dim() == 2 else "element"
 
@@ -130,14 +134,17 @@ class Agreement:
     nnz_per_rank: list[int] | None
 
 
-def _describe_mismatch(field: str, values: list[int]) -> str:
+def _dtype_name(index: int) -> str:
+    return str(_DTYPE_TABLE[index]) if 0 <= index < len(_DTYPE_TABLE) else "an unknown dtype"
+
+
+def _describe_mismatch(field: str, values: Sequence[object]) -> str:
     return f"{field} differs across ranks: " + ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
 
 
 def _remote_error(code: int, desc: list[int]) -> str:
     """A description of another rank's local error from its descriptor alone."""
-    dtype_index = desc[_F_DTYPE]
-    dtype = str(_DTYPE_TABLE[dtype_index]) if 0 <= dtype_index < len(_DTYPE_TABLE) else "an unknown dtype"
+    dtype = _dtype_name(desc[_F_DTYPE])
     shape = tuple(desc[_F_SHAPE : _F_SHAPE + max(0, min(desc[_F_NDIM], MAX_NDIM))])
     summaries = {
         1: f"dtype {dtype} is not supported (supported: float16, bfloat16, float32, float64)",
@@ -167,7 +174,7 @@ def _first_problem(descs: list[list[int]]) -> str | None:
         values = [d[index] for d in descs]
         if any(v != values[0] for v in values):
             if name == "dtype":
-                values = [str(_DTYPE_TABLE[v]) if 0 <= v < len(_DTYPE_TABLE) else "unknown" for v in values]
+                return _describe_mismatch(name, [_dtype_name(v) for v in values])
             return _describe_mismatch(name, values)
     shapes = [tuple(d[_F_SHAPE : _F_SHAPE + d[_F_NDIM]]) for d in descs]
     if any(s != shapes[0] for s in shapes):

@@ -101,7 +101,7 @@ class TorchTransport(Transport):
         if tensor is not None and dst is not None and tensor.numel():
             ops.append(dist.P2POp(dist.isend, tensor, group=self.group, peer=self._global(dst)))
         received = None
-        if recv_size is not None:
+        if recv_size is not None and src is not None:
             received = torch.empty(int(recv_size.item()), dtype=torch.uint8, device=device)
             if received.numel():
                 ops.append(dist.P2POp(dist.irecv, received, group=self.group, peer=self._global(src)))
