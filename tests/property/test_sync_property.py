@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 import hypothesis.strategies as st
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
@@ -147,3 +148,22 @@ def test_non_contiguous_input(n: int, seed: int, scheme: str) -> None:
     )
     for result in results:
         assert torch.equal(result, expected)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize("scheme", zensync.SCHEMES)
+def test_every_world_size_and_scheme(n: int, scheme: str) -> None:
+    """Deterministic coverage of each (world size, scheme) pair, 1-D and 2-D, all float dtypes."""
+    for dtype in DTYPES:
+        for shape in ((997,), (61, 5)):
+            case = {
+                "n": n, "shape": shape, "dtype": dtype, "pattern": "random", "density": 0.1,
+                "seed": n * 100 + len(shape), "special": "none", "average": False, "granularity": "auto",
+            }
+            xs = _inputs(case)
+            expected = torch.stack([x.to(torch.float64) for x in xs]).sum(0).to(dtype)
+            results = zensync.SimulatedWorld(n, timeout_s=60).run(
+                lambda t: zensync.sparse_allreduce(xs[t.rank], group=t, scheme=scheme, options=OPTIONS)
+            )
+            for result in results:
+                assert torch.equal(result, expected), (dtype, shape)

@@ -142,7 +142,7 @@ def _describe_mismatch(field: str, values: Sequence[object]) -> str:
     return f"{field} differs across ranks: " + ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
 
 
-def _remote_error(code: int, desc: list[int]) -> str:
+def _remote_error(code: int, desc: list[int], valid_schemes: Sequence[str]) -> str:
     """A description of another rank's local error from its descriptor alone."""
     dtype = _dtype_name(desc[_F_DTYPE])
     shape = tuple(desc[_F_SHAPE : _F_SHAPE + max(0, min(desc[_F_NDIM], MAX_NDIM))])
@@ -150,7 +150,7 @@ def _remote_error(code: int, desc: list[int]) -> str:
         1: f"dtype {dtype} is not supported (supported: float16, bfloat16, float32, float64)",
         2: "tensor is not dense (strided); pass tensor.to_dense()",
         3: f"tensor has {desc[_F_NDIM]} dimensions; at most {MAX_NDIM} are supported",
-        4: "unknown scheme",
+        4: f"unknown scheme (valid: {', '.join(valid_schemes)})",
         5: "unknown granularity (valid: 'auto', 'element', 'row')",
         6: f"granularity 'row' needs at least 2 dimensions, got shape {shape}",
         7: "argument is not a torch.Tensor",
@@ -158,10 +158,10 @@ def _remote_error(code: int, desc: list[int]) -> str:
     return summaries.get(code, f"error code {code}")
 
 
-def _first_problem(descs: list[list[int]]) -> str | None:
+def _first_problem(descs: list[list[int]], valid_schemes: Sequence[str]) -> str | None:
     for rank, desc in enumerate(descs):
         if desc[_F_ERROR] != _ERR_OK:
-            return f"rank {rank}: {_remote_error(desc[_F_ERROR], desc)}"
+            return f"rank {rank}: {_remote_error(desc[_F_ERROR], desc, valid_schemes)}"
     checks = (
         ("scheme", _F_SCHEME),
         ("granularity", _F_GRAN),
@@ -203,7 +203,7 @@ def exchange_and_check(transport: Transport, request: LocalRequest, local_nnz: i
             "zensync descriptor exchange failed: another rank is running a different zensync version or "
             "a different collective at this point"
         )
-    problem = _first_problem(descs)
+    problem = _first_problem(descs, request.valid_schemes)
     if problem is not None:
         own = f" (this rank, {transport.rank}: {request.message})" if request.error != _ERR_OK else ""
         raise ValueError(f"zensync.sparse_allreduce: invalid call: {problem}{own}")

@@ -17,6 +17,9 @@ from zensync.transport.base import Transport
 
 __all__ = ["TorchTransport", "transport_for_group"]
 
+# torch >= 2.13 renames all_gather_into_tensor (deprecated) to all_gather_single.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 class TorchTransport(Transport):
     """``Transport`` over a torch.distributed process group.
@@ -58,7 +61,7 @@ class TorchTransport(Transport):
 
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = torch.empty(self.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-        dist.all_gather_into_tensor(out, tensor, group=self.group)
+        _all_gather_single(out, tensor, group=self.group)
         return list(out.chunk(self.world_size)) if tensor.numel() else [out[:0]] * self.world_size
 
     def _all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
