@@ -8,9 +8,9 @@ import torch
 
 from zensync import kernels
 from zensync.sync import SCHEMES, SyncContext, SyncOptions, scheme_registry
-from zensync.sync.base import item_view
+from zensync.sync.base import ItemView, item_view
 from zensync.sync.validate import LocalRequest, exchange_and_check
-from zensync.transport import TrafficLog, resolve
+from zensync.transport import TrafficLog, Transport, resolve
 from zensync.types import SyncStats
 
 __all__ = ["sparse_allreduce"]
@@ -79,7 +79,7 @@ def sparse_allreduce(
             local_nnz = kernels.nonzero_items(view.x2d).numel()
         agreement = exchange_and_check(transport, request, local_nnz)
         assert view is not None  # a local error raised in exchange_and_check
-        _describe(stats, transport.rank, transport.world_size, scheme, view.granularity, tensor, view)
+        _describe(stats, transport, scheme, view)
         if tensor.numel() == 0:
             result = tensor.detach().clone()
         else:
@@ -99,12 +99,12 @@ def sparse_allreduce(
     return result
 
 
-def _describe(stats: SyncStats, rank: int, world_size: int, scheme: str, granularity: str, tensor: torch.Tensor, view: Any) -> None:
+def _describe(stats: SyncStats, transport: Transport, scheme: str, view: ItemView) -> None:
     stats.requested_scheme = scheme
     stats.scheme = scheme
-    stats.rank = rank
-    stats.world_size = world_size
-    stats.numel = tensor.numel()
-    stats.granularity = granularity  # type: ignore[assignment]
+    stats.rank = transport.rank
+    stats.world_size = transport.world_size
+    stats.numel = view.x2d.numel()
+    stats.granularity = view.granularity
     stats.num_items = view.num_items
     stats.item_numel = view.item_numel

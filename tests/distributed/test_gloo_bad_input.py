@@ -133,7 +133,8 @@ class TestGlooBadInput:
     world_size = [2, 4]
 
     @pytest.fixture(scope="class")
-    def outcomes(self, world_size, tmp_path_factory):
+    @classmethod
+    def outcomes(cls, world_size, tmp_path_factory):
         names = list(BAD_CASES)
         return launch(_bad_input_worker, world_size, (names,), tmp_path_factory.mktemp(f"bad{world_size}"))
 

@@ -227,7 +227,8 @@ class TestGlooSparseAllreduce:
     world_size = [2, 4]
 
     @pytest.fixture(scope="class")
-    def battery(self, world_size, tmp_path_factory):
+    @classmethod
+    def battery(cls, world_size, tmp_path_factory):
         cases = _battery_cases()
         start = time.monotonic()
         results = launch(_battery_worker, world_size, (cases,), tmp_path_factory.mktemp(f"battery{world_size}"))

@@ -157,13 +157,20 @@ def test_every_world_size_and_scheme(n: int, scheme: str) -> None:
     for dtype in DTYPES:
         for shape in ((997,), (61, 5)):
             case = {
-                "n": n, "shape": shape, "dtype": dtype, "pattern": "random", "density": 0.1,
-                "seed": n * 100 + len(shape), "special": "none", "average": False, "granularity": "auto",
+                "n": n,
+                "shape": shape,
+                "dtype": dtype,
+                "pattern": "random",
+                "density": 0.1,
+                "seed": n * 100 + len(shape),
+                "special": "none",
+                "average": False,
+                "granularity": "auto",
             }
             xs = _inputs(case)
             expected = torch.stack([x.to(torch.float64) for x in xs]).sum(0).to(dtype)
             results = zensync.SimulatedWorld(n, timeout_s=60).run(
-                lambda t: zensync.sparse_allreduce(xs[t.rank], group=t, scheme=scheme, options=OPTIONS)
+                lambda t, xs=xs: zensync.sparse_allreduce(xs[t.rank], group=t, scheme=scheme, options=OPTIONS)
             )
             for result in results:
                 assert torch.equal(result, expected), (dtype, shape)

@@ -77,7 +77,7 @@ def test_balanced_parallelism_bytes(scheme: str, n: int, shape: tuple[int, ...],
     part = make_partition(shape[0] if len(shape) == 2 else xs[0].numel(), n, seed=SEED, hashed=scheme == "zen")
     owners = [reference.permute(_items(x), part) // part.range_len for x in xs]
     union_per_owner = [
-        torch.unique(torch.cat([_items(x)[o == j] for x, o in zip(xs, owners)])).numel() for j in range(n)
+        torch.unique(torch.cat([_items(x)[o == j] for x, o in zip(xs, owners, strict=True)])).numel() for j in range(n)
     ]
     pull_bodies = [
         min(

@@ -12,8 +12,8 @@ from zensync.transport import SimulatedWorld, TrafficLog, Transport, WorldAborte
 WORLD_SIZES = [1, 2, 3, 5, 8]
 
 
-def _run_logged(n: int, fn):  # noqa: ANN001, ANN202 - test helper
-    def body(t: Transport):  # noqa: ANN202
+def _run_logged(n: int, fn):
+    def body(t: Transport):
         log = TrafficLog()
         with t.recording(log), t.phase("p"):
             result = fn(t)
@@ -45,7 +45,7 @@ def test_all_gather_v_uneven(n: int) -> None:
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_all_to_all_v_uneven(n: int) -> None:
     # rank r sends (r + j) copies of value 100*r + j to rank j
-    def body(t: Transport):  # noqa: ANN202
+    def body(t: Transport):
         counts = [t.rank + j for j in range(n)]
         data = torch.cat([torch.full((c,), 100 * t.rank + j) for j, c in enumerate(counts)])
         return t.all_to_all_v(data, counts)
@@ -67,7 +67,7 @@ def test_all_to_all_v_rejects_bad_counts() -> None:
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 def test_broadcast_and_send_recv(n: int) -> None:
-    def body(t: Transport):  # noqa: ANN202
+    def body(t: Transport):
         value = t.broadcast(torch.tensor([t.rank + 7]), src=n - 1)
         right, left = (t.rank + 1) % n, (t.rank - 1) % n
         got = t.send_recv(torch.full((t.rank + 1,), t.rank, dtype=torch.uint8), right, left, device=torch.device("cpu"))

@@ -42,9 +42,7 @@ class AutoScheme(SyncScheme):
             index_bytes=torch.empty((), dtype=index_dtype(view.num_items)).element_size(),
             nnz=sum(ctx.nnz_per_rank) / len(ctx.nnz_per_rank),
         )
-        model = CostModel(
-            latency_s=ctx.options.latency_s, bandwidth_bytes_per_s=ctx.options.bandwidth_bytes_per_s
-        )
+        model = CostModel(latency_s=ctx.options.latency_s, bandwidth_bytes_per_s=ctx.options.bandwidth_bytes_per_s)
         union = independent_union(shape)
         predicted = {name: predict_time(name, shape, union, model) for name in AUTO_CANDIDATES}
         ctx.stats.predicted_s = predicted

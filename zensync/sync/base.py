@@ -4,9 +4,9 @@ and the ``SyncScheme`` interface with its registry."""
 from __future__ import annotations
 
 import abc
-import math
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Iterator
 from typing import ClassVar
@@ -53,8 +53,7 @@ class SyncOptions:
             raise ValueError(f"omnireduce_block={self.omnireduce_block} must be >= 1")
         if self.latency_s < 0 or self.bandwidth_bytes_per_s <= 0:
             raise ValueError(
-                f"latency_s={self.latency_s} must be >= 0 and bandwidth_bytes_per_s="
-                f"{self.bandwidth_bytes_per_s} > 0"
+                f"latency_s={self.latency_s} must be >= 0 and bandwidth_bytes_per_s={self.bandwidth_bytes_per_s} > 0"
             )
 
 

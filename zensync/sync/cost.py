@@ -97,6 +97,7 @@ def _messages(scheme: str, n: int) -> float:
 
 def predict_time(scheme: str, shape: TensorShape, union: Callable[[int], float], model: CostModel) -> float:
     """alpha * messages + bytes / bandwidth, in seconds."""
-    return model.latency_s * _messages(scheme, shape.world_size) + predict_bytes(
-        scheme, shape, union
-    ) / model.bandwidth_bytes_per_s
+    return (
+        model.latency_s * _messages(scheme, shape.world_size)
+        + predict_bytes(scheme, shape, union) / model.bandwidth_bytes_per_s
+    )

@@ -91,9 +91,7 @@ class OmniReduceScheme(SyncScheme):
             for owner, payload in enumerate(payloads):
                 headers.append(ByteReader(payload[:16]).take(torch.int64, 2).tolist())
                 owner_first, owner_count = ranges[owner]
-                ids, values = _decode_blocks(
-                    payload[16:], owner_first, owner_count, numel, block, dtype
-                )
+                ids, values = _decode_blocks(payload[16:], owner_first, owner_count, numel, block, dtype)
                 out[ids] = values
         stats.push_imbalance = imbalance([h[0] for h in headers])
         total = sum(p.numel() for p in payloads)

@@ -97,7 +97,9 @@ class ZenScheme(SyncScheme):
         push_bytes_recv = sum(c for j, c in enumerate(recv_counts) if j != transport.rank)
         # Step 2: owner-side aggregation (sum by position), in source-rank order.
         recv_positions, recv_values = decode_records(received, idx_dtype, view.x2d.dtype, view.item_numel)
-        unique, sums, multiplicity = kernels.aggregate(recv_positions, recv_values.to(accumulation_dtype(view.x2d.dtype)))
+        unique, sums, multiplicity = kernels.aggregate(
+            recv_positions, recv_values.to(accumulation_dtype(view.x2d.dtype))
+        )
         return _Pushed(
             positions=unique,
             sums=sums.to(view.x2d.dtype),
@@ -129,7 +131,7 @@ class ZenScheme(SyncScheme):
         return pack(header, dense)
 
     def _pull(self, ctx: SyncContext, part: Partition, pushed: _Pushed) -> torch.Tensor:
-        view, transport, stats = ctx.view, ctx.transport, ctx.stats
+        view, transport = ctx.view, ctx.transport
         payloads = transport.all_gather_v(self._encode_partition(ctx, part, pushed))
         idx_dtype = index_dtype(part.range_len)
         device = view.x2d.device

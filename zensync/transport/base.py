@@ -39,7 +39,7 @@ import torch
 
 from zensync.types import PhaseTraffic
 
-__all__ = ["Transport", "TrafficLog", "CONTROL_BYTES_PER_COUNT"]
+__all__ = ["CONTROL_BYTES_PER_COUNT", "TrafficLog", "Transport"]
 
 CONTROL_BYTES_PER_COUNT = 8
 """Size exchanges move one int64 per count."""
@@ -142,17 +142,13 @@ class Transport(abc.ABC):
         self._account_gather(tensor, out, control=control, start=start)
         return out
 
-    def _account_gather(
-        self, tensor: torch.Tensor, out: list[torch.Tensor], control: int, start: float
-    ) -> None:
+    def _account_gather(self, tensor: torch.Tensor, out: list[torch.Tensor], control: int, start: float) -> None:
         sent = _nbytes(tensor) * (self.world_size - 1)
         recv = sum(_nbytes(t) for j, t in enumerate(out) if j != self.rank)
         messages = (self.world_size - 1) if tensor.numel() else 0
         self._account(sent, recv, control, messages, time.perf_counter() - start)
 
-    def all_to_all_v(
-        self, tensor: torch.Tensor, send_counts: Sequence[int]
-    ) -> tuple[torch.Tensor, list[int]]:
+    def all_to_all_v(self, tensor: torch.Tensor, send_counts: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
         """Send ``tensor[offset_j : offset_j + send_counts[j]]`` to rank j; receive likewise.
 
         Returns the concatenation of the chunks received (in source-rank order) and their counts.

@@ -28,7 +28,7 @@ import torch
 
 from zensync.transport.base import Transport
 
-__all__ = ["SimulatedWorld", "SimulatedTransport", "WorldAborted"]
+__all__ = ["SimulatedTransport", "SimulatedWorld", "WorldAborted"]
 
 T = TypeVar("T")
 
@@ -248,5 +248,5 @@ class SimulatedWorld:
             torch.set_num_threads(previous_threads)
         if return_exceptions or not any(failed):
             return outcomes
-        root_causes = [o for o, f in zip(outcomes, failed) if f and not isinstance(o, WorldAborted)]
-        raise (root_causes or [o for o, f in zip(outcomes, failed) if f])[0]
+        root_causes = [o for o, f in zip(outcomes, failed, strict=True) if f and not isinstance(o, WorldAborted)]
+        raise (root_causes or [o for o, f in zip(outcomes, failed, strict=True) if f])[0]

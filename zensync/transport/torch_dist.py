@@ -72,7 +72,9 @@ class TorchTransport(Transport):
             return self._all_gather(tensor)
         out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device)
         send = tensor.repeat(n)
-        dist.all_to_all_single(out, send, output_split_sizes=sizes, input_split_sizes=[tensor.numel()] * n, group=self.group)
+        dist.all_to_all_single(
+            out, send, output_split_sizes=sizes, input_split_sizes=[tensor.numel()] * n, group=self.group
+        )
         return list(out.split(sizes))
 
     def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
