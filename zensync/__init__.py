@@ -3,6 +3,7 @@
 Public API::
 
     zensync.sparse_allreduce(tensor, group=None, *, scheme="zen", average=False) -> Tensor
+    zensync.register(ddp_model, strategy="auto")  # DDP comm hook, one line
     zensync.SimulatedWorld(num_ranks).run(fn)     # p logical ranks in one process
     zensync.SyncStats, zensync.SyncOptions, zensync.SCHEMES
 """
@@ -10,19 +11,24 @@ Public API::
 from __future__ import annotations
 
 from zensync.api import sparse_allreduce
+from zensync.hooks import HookConfig, ZenSyncState, register, zensync_hook
 from zensync.sync import SCHEMES, SyncOptions
 from zensync.transport import SimulatedWorld, TorchTransport, Transport
 from zensync.types import PhaseTraffic, SyncStats
 
 __all__ = [
     "SCHEMES",
+    "HookConfig",
     "PhaseTraffic",
     "SimulatedWorld",
     "SyncOptions",
     "SyncStats",
     "TorchTransport",
     "Transport",
+    "ZenSyncState",
+    "register",
     "sparse_allreduce",
+    "zensync_hook",
 ]
 
 __version__ = "0.1.0"

@@ -15,14 +15,12 @@ from zensync.types import SyncStats
 
 __all__ = ["sparse_allreduce"]
 
-SchemeName = Literal["auto", "dense", "zen", "agsparse", "sparcml", "sparse_ps", "omnireduce"]
-
 
 def sparse_allreduce(
     tensor: torch.Tensor,
     group: Any = None,
     *,
-    scheme: SchemeName = "zen",
+    scheme: str = "zen",
     average: bool = False,
     granularity: Literal["auto", "element", "row"] = "auto",
     stats: SyncStats | None = None,

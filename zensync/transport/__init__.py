@@ -10,10 +10,11 @@ from typing import Any
 
 from zensync.transport.base import CONTROL_BYTES_PER_COUNT, TrafficLog, Transport
 from zensync.transport.simulated import SimulatedTransport, SimulatedWorld, WorldAborted
-from zensync.transport.torch_dist import TorchTransport, transport_for_group
+from zensync.transport.torch_dist import GradBucket, TorchTransport, transport_for_group
 
 __all__ = [
     "CONTROL_BYTES_PER_COUNT",
+    "GradBucket",
     "SimulatedTransport",
     "SimulatedWorld",
     "TorchTransport",

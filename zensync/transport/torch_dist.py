@@ -15,7 +15,10 @@ import torch.distributed as dist
 
 from zensync.transport.base import Transport
 
-__all__ = ["TorchTransport", "transport_for_group"]
+__all__ = ["GradBucket", "TorchTransport", "transport_for_group"]
+
+GradBucket = dist.GradBucket
+"""DDP's bucket type, re-exported so hooks can name it without importing torch.distributed."""
 
 # torch >= 2.13 renames all_gather_into_tensor (deprecated) to all_gather_single.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -42,6 +45,16 @@ class TorchTransport(Transport):
             )
         super().__init__(rank, dist.get_world_size(group))
         self.group = group
+
+    def duplicate(self) -> TorchTransport:
+        """A transport on a new process group with the same ranks (a collective of those ranks).
+
+        Collectives on separate groups never interleave: a comm hook that talks on its own group
+        from another thread cannot collide with DDP's own collectives on the model's group (for
+        example the unused-parameter map allreduce of find_unused_parameters=True).
+        """
+        ranks = dist.get_process_group_ranks(self.group if self.group is not None else dist.group.WORLD)
+        return TorchTransport(dist.new_group(ranks=ranks, use_local_synchronization=True))
 
     def _global(self, group_rank: int) -> int:
         """Global rank of ``group_rank`` (older torch releases address peers by global rank only)."""

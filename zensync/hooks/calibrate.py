@@ -1,0 +1,54 @@
+"""Measuring the group's alpha-beta parameters with a few ring allreduces (reference/backends.md).
+
+A ring allreduce of B bytes over n ranks takes T(B) = 2(n-1) * alpha + 2(n-1)/n * B / beta. Timing
+a few sizes and fitting T = a + b * B by least squares gives alpha = a / (2(n-1)) and
+beta = 2(n-1)/n / b. Every rank takes the mean over ranks of each timing (one extra allreduce),
+so all ranks fit the same numbers and later make the same decisions.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from zensync.sync.cost import CostModel
+from zensync.transport import Transport
+
+__all__ = ["CALIBRATION_BYTES", "calibrate"]
+
+CALIBRATION_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024)
+"""Payload sizes timed: one latency-bound, two bandwidth-bound."""
+_MIN_LATENCY_S = 1e-7
+_MIN_BANDWIDTH = 1e6
+
+
+def calibrate(transport: Transport, device: torch.device, repeats: int = 3) -> CostModel:
+    """Fit alpha (s) and beta (bytes/s) on ``transport``; collective: every rank must call it.
+
+    Returns the model with the median of ``repeats`` timings per size (after one warm-up).
+    """
+    n = transport.world_size
+    if n == 1:
+        return CostModel(latency_s=0.0, bandwidth_bytes_per_s=float("inf"))
+    medians = []
+    for nbytes in CALIBRATION_BYTES:
+        payload = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        transport.all_reduce(payload)  # warm-up: connection setup, allocator
+        times = []
+        for _ in range(repeats):
+            transport.barrier()
+            start = time.perf_counter()
+            transport.all_reduce(payload)
+            times.append(time.perf_counter() - start)
+        medians.append(sorted(times)[len(times) // 2])
+    # The mean over ranks: identical on every rank, so every rank fits the same model.
+    summed = transport.all_reduce(torch.tensor(medians, dtype=torch.float64, device=device)) / n
+    timings = summed.cpu().tolist()
+    sizes = torch.tensor(CALIBRATION_BYTES, dtype=torch.float64)
+    values = torch.tensor(timings, dtype=torch.float64)
+    design = torch.stack([torch.ones_like(sizes), sizes], dim=1)
+    intercept, slope = torch.linalg.lstsq(design, values.unsqueeze(1)).solution.squeeze(1).tolist()
+    latency = max(_MIN_LATENCY_S, intercept / (2 * (n - 1)))
+    bandwidth = max(_MIN_BANDWIDTH, 2 * (n - 1) / n / max(slope, 1e-15))
+    return CostModel(latency_s=latency, bandwidth_bytes_per_s=bandwidth)

@@ -1,0 +1,222 @@
+"""The DDP comm hook: per-parameter sparsity detection, scheme choice, and one Future per bucket.
+
+``zensync.register(ddp_model, strategy="auto")`` is all a user writes. For each bucket the hook
+
+1. splits the bucket into its parameters' views (DDP lays them out contiguously, in the order of
+   ``bucket.parameters()``), and divides by the world size first, as DDP does without a hook;
+2. counts each parameter's non-zero items (rows of 2-D parameters, elements otherwise) and
+   all-gathers the counts (one small collective per bucket), so every rank sees the same densities;
+3. chooses per parameter, with the alpha-beta cost model, the measured density and the previous
+   step's gamma, between dense and the strategy's sparse scheme(s) (``hooks.decide``);
+4. syncs the dense parameters in one fused allreduce and each sparse parameter with
+   ``sparse_allreduce``, and returns the averaged bucket.
+
+Everything after step 1 runs on the state's communication thread, so it overlaps the rest of
+backward; DDP waits for the futures at the end of backward.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import torch
+
+from zensync import kernels
+from zensync.api import sparse_allreduce
+from zensync.hooks.decide import choose_scheme
+from zensync.hooks.state import HookConfig, ZenSyncState
+from zensync.sync.auto import AUTO_CANDIDATES
+from zensync.sync.base import index_dtype
+from zensync.sync.cost import TensorShape
+from zensync.transport import GradBucket, TrafficLog
+from zensync.types import SyncStats
+
+__all__ = ["register", "zensync_hook"]
+
+
+class GradBucketLike(Protocol):
+    """What the hook uses of ``torch.distributed.GradBucket``."""
+
+    def buffer(self) -> torch.Tensor: ...
+
+    def parameters(self) -> list[torch.Tensor]: ...
+
+    def is_last(self) -> bool: ...
+
+
+def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncState:
+    """Register zensync's comm hook on a DistributedDataParallel model; returns the hook state.
+
+    Args:
+        ddp_model: A ``torch.nn.parallel.DistributedDataParallel`` model.
+        strategy: "auto" (cost model per parameter), "dense", or a sparse scheme name ("zen",
+            "agsparse", "sparcml", "sparse_ps", "omnireduce") used for parameters where the cost
+            model predicts it beats dense.
+        **options: ``HookConfig`` fields (warmup_steps, latency_s, bandwidth_bytes_per_s,
+            switch_margin, history_size, jsonl_path, sync_options).
+
+    Returns:
+        The ``ZenSyncState``: per-step statistics (``history``, ``last_step()``), checkpoints
+        (``state_dict()`` / ``load_state_dict()``).
+
+    Example::
+
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        state = zensync.register(ddp, strategy="auto")
+    """
+    config = HookConfig.from_options(strategy, options)
+    state = ZenSyncState(ddp_model.process_group, ddp_model.module.named_parameters(), config)
+    device = next(ddp_model.module.parameters()).device
+    # Collectives: every rank registers at the same point.
+    state.verify_consistent(device)
+    if config.strategy != "dense":
+        state.ensure_cost_model(device)
+    ddp_model.register_comm_hook(state, zensync_hook)
+    return state
+
+
+def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: ``ddp_model.register_comm_hook(state, zensync_hook)``; see the module docstring."""
+    buffer = bucket.buffer()
+    params = list(bucket.parameters())
+    is_last = bucket.is_last()
+    return state.worker.submit(lambda: _sync_bucket(state, buffer, params, is_last))
+
+
+# DDP.register_comm_hook compares the annotations with the real GradBucket and Future types, and this
+# module's annotations are strings (``from __future__ import annotations``): give it the objects.
+zensync_hook.__annotations__ = {
+    "state": ZenSyncState,
+    "bucket": GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
+
+
+def _param_views(buffer: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    views, offset = [], 0
+    for param in params:
+        views.append(buffer[offset : offset + param.numel()].view(param.shape))
+        offset += param.numel()
+    if offset != buffer.numel():
+        raise RuntimeError(
+            f"DDP bucket layout unexpected: parameters hold {offset} elements, the buffer {buffer.numel()}"
+        )
+    return views
+
+
+def _items(view: torch.Tensor) -> torch.Tensor:
+    """The item view the sparse schemes use: rows of a 2-D parameter, elements otherwise."""
+    return view if view.dim() == 2 else view.reshape(-1, 1)
+
+
+def _sync_bucket(state: ZenSyncState, buffer: torch.Tensor, params: list[torch.Tensor], is_last: bool) -> torch.Tensor:
+    start = time.perf_counter()
+    transport = state.transport
+    names = [state.name_of(p) for p in params]
+    views = _param_views(buffer, params)
+    buffer.div_(transport.world_size)  # Step 1: average first, as DDP does (no fp16 overflow)
+    log = TrafficLog()
+    with transport.recording(log):
+        if state.in_warmup or state.config.strategy == "dense":
+            schemes = ["dense"] * len(views)
+        else:
+            schemes = _decide(state, names, views)
+        out = _sync_dense(state, buffer, views, schemes, names)
+        _sync_sparse(state, out, views, schemes, names)
+    elapsed = time.perf_counter() - start
+    current = state.current
+    current["comm_time_s"] += elapsed
+    current["bytes_sent"] += sum(p.bytes_sent + p.control_bytes_sent for p in log.phases.values())
+    current["bytes_recv"] += sum(p.bytes_recv + p.control_bytes_recv for p in log.phases.values())
+    if is_last:
+        state.finish_step()
+    return out
+
+
+def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) -> list[str]:
+    """Steps 2 and 3: gathered non-zero counts -> one scheme per parameter, identical on all ranks."""
+    transport = state.transport
+    local = torch.tensor([kernels.nonzero_items(_items(v)).numel() for v in views], dtype=torch.int64)
+    with transport.phase("detect"):
+        gathered = transport.all_gather(local.to(views[0].device))
+    totals = torch.stack(gathered).sum(0).tolist()  # host-device sync
+    model = state.ensure_cost_model(views[0].device)
+    candidates = AUTO_CANDIDATES if state.config.strategy == "auto" else ("dense", state.config.strategy)
+    schemes = []
+    for name, view, total in zip(names, views, totals, strict=True):
+        items = _items(view)
+        shape = TensorShape(
+            world_size=transport.world_size,
+            num_items=items.shape[0],
+            item_bytes=items.shape[1] * items.element_size(),
+            index_bytes=torch.empty((), dtype=index_dtype(items.shape[0])).element_size(),
+            nnz=total / transport.world_size,
+        )
+        record = state.record(name)
+        record.mean_density = shape.nnz / shape.num_items if shape.num_items else 0.0
+        scheme, predicted = choose_scheme(shape, candidates, model, record, state.config.switch_margin)
+        record.scheme, record.predicted_s = scheme, predicted
+        schemes.append(scheme)
+    return schemes
+
+
+def _sync_dense(
+    state: ZenSyncState, buffer: torch.Tensor, views: list[torch.Tensor], schemes: list[str], names: list[str]
+) -> torch.Tensor:
+    """Step 4a: one fused allreduce for every dense parameter; returns the output buffer."""
+    transport = state.transport
+    dense = [i for i, s in enumerate(schemes) if s == "dense"]
+    start = time.perf_counter()
+    with transport.phase("dense"):
+        if len(dense) == len(views):
+            out = transport.all_reduce(buffer)
+        else:
+            out = torch.empty_like(buffer)
+            if dense:
+                summed = transport.all_reduce(torch.cat([views[i].reshape(-1) for i in dense]))
+                offset = 0
+                out_views = _param_views(out, views)
+                for i in dense:
+                    numel = views[i].numel()
+                    out_views[i].view(-1).copy_(summed[offset : offset + numel])
+                    offset += numel
+    elapsed = time.perf_counter() - start
+    total = sum(views[i].numel() for i in dense) or 1
+    for i in dense:
+        record = state.record(names[i])
+        record.scheme = "dense"
+        record.measured_s = elapsed * views[i].numel() / total
+        record.steps += 1
+        state.current["params"][names[i]] = {"scheme": "dense", "density": record.mean_density}
+    return out
+
+
+def _sync_sparse(
+    state: ZenSyncState, out: torch.Tensor, views: list[torch.Tensor], schemes: list[str], names: list[str]
+) -> None:
+    """Step 4b: each sparse parameter through sparse_allreduce, written into ``out``."""
+    out_views = _param_views(out, views)
+    for i, scheme in enumerate(schemes):
+        if scheme == "dense":
+            continue
+        stats = SyncStats()
+        result = sparse_allreduce(
+            views[i], group=state.transport, scheme=scheme, stats=stats, options=state.config.sync_options
+        )
+        out_views[i].copy_(result)
+        record = state.record(names[i])
+        if stats.densification is not None:
+            record.gamma = stats.densification
+        record.measured_s = stats.total_time_s
+        record.bytes_sent, record.bytes_recv = stats.bytes_sent, stats.bytes_recv
+        record.steps += 1
+        state.current["params"][names[i]] = {
+            "scheme": scheme,
+            "density": record.mean_density,
+            "gamma": record.gamma,
+            "bytes_sent": stats.bytes_sent,
+            "bytes_recv": stats.bytes_recv,
+            "predicted_s": record.predicted_s.get(scheme),
+            "measured_s": stats.total_time_s,
+        }

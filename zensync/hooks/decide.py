@@ -1,0 +1,74 @@
+"""Per-parameter scheme choice from the cost model, the measured density and the last measured gamma.
+
+Inputs are identical on every rank (the non-zero counts are all-gathered, gamma comes from the
+previous step's statistics, which every rank computed from the same data), so every rank makes the
+same choice without further agreement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+from zensync.sync.cost import CostModel, TensorShape, independent_union, predict_time
+
+__all__ = ["ParamRecord", "choose_scheme", "measured_union"]
+
+
+@dataclasses.dataclass(slots=True)
+class ParamRecord:
+    """What the hook remembers about one parameter (keyed by its name)."""
+
+    scheme: str = "dense"
+    """Scheme chosen at the last decision."""
+    mean_density: float = 1.0
+    """Mean over ranks of the item density, last step."""
+    gamma: float | None = None
+    """Densification gamma_n measured by the last sparse sync of this parameter."""
+    predicted_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Predicted time per candidate at the last decision."""
+    measured_s: float = 0.0
+    """Measured sync time of the last step."""
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    steps: int = 0
+    """Steps this parameter was synchronized."""
+
+    def as_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def measured_union(shape: TensorShape, gamma: float) -> Callable[[int], float]:
+    """union(m) consistent with a measured union gamma * K at m = n.
+
+    Models each rank's items as drawn with per-item probability d' chosen so that the union of n
+    ranks matches the measurement: union(m) = N * (1 - (1 - d')^m), never below K.
+    """
+    n, items, nnz = shape.world_size, shape.num_items, shape.nnz
+    if items == 0 or nnz == 0:
+        return lambda m: 0.0
+    union_n = min(float(items), gamma * nnz)
+    fraction = min(union_n / items, 1.0 - 1e-12)
+    per_rank = 1.0 - (1.0 - fraction) ** (1.0 / n)
+    return lambda m: max(nnz, items * (1.0 - (1.0 - per_rank) ** m)) if m > 1 else nnz
+
+
+def choose_scheme(
+    shape: TensorShape,
+    candidates: Sequence[str],
+    model: CostModel,
+    previous: ParamRecord,
+    margin: float,
+) -> tuple[str, dict[str, float]]:
+    """The candidate with the lowest predicted time; keeps the previous choice within ``margin``.
+
+    Hysteresis: a parameter whose density hovers at a crossover would otherwise flip every step.
+    """
+    union = measured_union(shape, previous.gamma) if previous.gamma else independent_union(shape)
+    predicted = {name: predict_time(name, shape, union, model) for name in candidates}
+    best = min(candidates, key=lambda name: predicted[name])
+    keep = previous.scheme in predicted and math.isfinite(predicted[previous.scheme])
+    if keep and predicted[previous.scheme] <= (1.0 + margin) * predicted[best]:
+        return previous.scheme, predicted
+    return best, predicted

@@ -1,0 +1,248 @@
+"""The comm hook's configuration and state: per-parameter records keyed by name, step history, checkpoints."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from zensync.hooks.calibrate import calibrate
+from zensync.hooks.decide import ParamRecord
+from zensync.hooks.worker import CommWorker
+from zensync.sync import SCHEMES, SyncOptions
+from zensync.sync.cost import CostModel
+from zensync.transport import TorchTransport, Transport, resolve
+
+__all__ = ["STRATEGIES", "HookConfig", "ZenSyncState"]
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = SCHEMES
+"""Strategies the hook accepts: every sync scheme name (``auto`` decides per parameter)."""
+_STATE_DICT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HookConfig:
+    """Options of ``zensync.register`` (all ranks must pass the same values)."""
+
+    strategy: str = "auto"
+    """'auto' (cost model per parameter), 'dense', or a sparse scheme used where it beats dense."""
+    warmup_steps: int = 0
+    """Steps of plain averaged allreduce before sparse syncs start."""
+    switch_margin: float = 0.1
+    """Keep a parameter's previous scheme unless another is predicted more than this fraction faster."""
+    latency_s: float | None = None
+    """Per-message latency alpha; None: measured at registration."""
+    bandwidth_bytes_per_s: float | None = None
+    """Per-rank bandwidth beta; None: measured at registration."""
+    history_size: int = 1000
+    """Step records kept in memory (oldest dropped)."""
+    jsonl_path: str | None = None
+    """Append one JSON line per step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
+    sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)
+    """Tunables of the sparse schemes."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy={self.strategy!r} is unknown (valid: {', '.join(STRATEGIES)})")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.switch_margin < 0:
+            raise ValueError(f"switch_margin={self.switch_margin} must be >= 0")
+        if self.history_size < 1:
+            raise ValueError(f"history_size={self.history_size} must be >= 1")
+        for name in ("latency_s", "bandwidth_bytes_per_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name}={value} must be positive (or None to measure it)")
+
+    @classmethod
+    def from_options(cls, strategy: str, options: dict[str, Any]) -> HookConfig:
+        """Build from ``register``'s keyword options, naming any unknown option."""
+        valid = [f.name for f in dataclasses.fields(cls) if f.name != "strategy"]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown zensync.register option(s) {unknown} (valid: {', '.join(valid)})")
+        return cls(strategy=strategy, **options)
+
+
+class ZenSyncState:
+    """State of ``zensync_hook`` for one DDP model.
+
+    Records are keyed by parameter name, so they survive DDP's bucket rebuild after the first
+    iteration. Construct it on every rank (it is a collective when it calibrates), or let
+    ``zensync.register`` do it.
+
+    Args:
+        process_group: The DDP model's process group (None: the default group), or a Transport.
+        named_parameters: The model's ``named_parameters()`` (unwrapped names, no ``module.``).
+        config: Hook options.
+    """
+
+    __slots__ = (
+        # Configuration.
+        "config",
+        # Communication: the group, its transport, the fitted alpha-beta model, the comm thread.
+        "process_group",
+        "transport",
+        "cost_model",
+        "worker",
+        # Parameters: name of each parameter, and what the hook remembers about it.
+        "param_names",
+        "records",
+        # Progress and statistics.
+        "step",
+        "history",
+        "current",
+        "_jsonl",
+    )
+
+    def __init__(
+        self, process_group: Any, named_parameters: Iterable[tuple[str, torch.nn.Parameter]], config: HookConfig
+    ) -> None:
+        self.config = config
+        self.process_group = process_group
+        transport = resolve(process_group)
+        # A group of its own: the comm thread's collectives must not interleave with DDP's.
+        self.transport: Transport = transport.duplicate() if isinstance(transport, TorchTransport) else transport
+        self.cost_model: CostModel | None = None
+        if config.latency_s is not None and config.bandwidth_bytes_per_s is not None:
+            self.cost_model = CostModel(latency_s=config.latency_s, bandwidth_bytes_per_s=config.bandwidth_bytes_per_s)
+        self.worker = CommWorker()
+        self.param_names: dict[torch.nn.Parameter, str] = {p: name for name, p in named_parameters}
+        self.records: dict[str, ParamRecord] = {}
+        self.step = 0
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history_size)
+        self.current: dict[str, Any] = self._new_step_record()
+        self._jsonl = self._jsonl_target()
+        if self.transport.rank == 0:
+            logger.info("zensync hook: %s on %d ranks", config, self.transport.world_size)
+
+    # -- agreement ----------------------------------------------------------------------------------
+    def verify_consistent(self, device: torch.device) -> None:
+        """Raise the same ValueError on every rank unless all ranks have the same options and model.
+
+        A collective. Ranks that disagree on the strategy would issue different collectives and
+        hang; ranks whose models differ would sum unrelated gradients.
+        """
+        described = json.dumps(
+            {
+                "config": repr(self.config),
+                "params": sorted((name, list(p.shape), str(p.dtype)) for p, name in self.param_names.items()),
+            },
+            sort_keys=True,
+        )
+        local = torch.tensor([zlib.crc32(described.encode())], dtype=torch.int64, device=device)
+        with self.transport.phase("setup"):
+            fingerprints = [int(t.item()) for t in self.transport.all_gather(local)]
+        differing = [rank for rank, value in enumerate(fingerprints) if value != fingerprints[0]]
+        if differing:
+            raise ValueError(
+                f"zensync.register: ranks {differing} differ from rank 0 in their hook options or in "
+                f"their model's parameters (names, shapes, dtypes); every rank must register the same "
+                f"model with the same options"
+            )
+
+    # -- calibration -------------------------------------------------------------------------------
+    def ensure_cost_model(self, device: torch.device) -> CostModel:
+        """The alpha-beta model: user-given parts, the rest measured (a collective, done once)."""
+        if self.cost_model is None:
+            measured = calibrate(self.transport, device)
+            self.cost_model = CostModel(
+                latency_s=self.config.latency_s or measured.latency_s,
+                bandwidth_bytes_per_s=self.config.bandwidth_bytes_per_s or measured.bandwidth_bytes_per_s,
+            )
+            if self.transport.rank == 0:
+                logger.info("zensync hook: calibrated %s", self.cost_model)
+        return self.cost_model
+
+    # -- names and records --------------------------------------------------------------------------
+    def name_of(self, param: torch.Tensor) -> str:
+        """The name of a bucket parameter (a stable key across bucket rebuilds)."""
+        name = self.param_names.get(param)  # type: ignore[call-overload]  # Parameters hash by identity
+        if name is None:
+            raise ValueError(
+                "a DDP bucket holds a parameter that is not among the named_parameters given to the "
+                "zensync hook state; build the state from the same model DDP wraps (ddp.module)"
+            )
+        return name
+
+    def record(self, name: str) -> ParamRecord:
+        """The record of parameter ``name``, created on first use."""
+        record = self.records.get(name)
+        if record is None:
+            record = self.records[name] = ParamRecord()
+        return record
+
+    @property
+    def in_warmup(self) -> bool:
+        return self.step < self.config.warmup_steps
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def _new_step_record(self) -> dict[str, Any]:
+        return {"step": self.step, "comm_time_s": 0.0, "bytes_sent": 0, "bytes_recv": 0, "params": {}}
+
+    def finish_step(self) -> None:
+        """Close the current step's record (called after the last bucket of a backward pass)."""
+        record = self.current
+        self.history.append(record)
+        if self._jsonl is not None:
+            with open(self._jsonl, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        self.step += 1
+        self.current = self._new_step_record()
+
+    def last_step(self) -> dict[str, Any] | None:
+        """The most recent finished step record, or None before the first step."""
+        return self.history[-1] if self.history else None
+
+    def _jsonl_target(self) -> str | None:
+        path = self.config.jsonl_path
+        if path is None:
+            return None
+        if "{rank}" in path:
+            return path.format(rank=self.transport.rank)
+        return path if self.transport.rank == 0 else None
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Step counter, per-parameter records and the cost model (no process group)."""
+        model = self.cost_model
+        return {
+            "version": _STATE_DICT_VERSION,
+            "step": self.step,
+            "records": {name: r.as_dict() for name, r in self.records.items()},
+            "cost_model": None if model is None else dataclasses.asdict(model),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` saved."""
+        if state.get("version") != _STATE_DICT_VERSION:
+            raise ValueError(f"zensync hook state_dict version {state.get('version')!r} is not {_STATE_DICT_VERSION}")
+        self.step = int(state["step"])
+        self.records = {name: ParamRecord(**fields) for name, fields in state["records"].items()}
+        model = state["cost_model"]
+        self.cost_model = None if model is None else CostModel(**model)
+        self.current = self._new_step_record()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling keeps the configuration and the records; the process group and thread are dropped."""
+        logger.warning("zensync hook state pickled: the process group is not included; re-register after loading")
+        return {"config": self.config, "state_dict": self.state_dict()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        raise TypeError(
+            "a pickled ZenSyncState cannot be revived without its process group: create a new state "
+            "with zensync.register(...) and call load_state_dict(saved['state_dict'])"
+        )
+
+    def close(self) -> None:
+        """Stop the communication thread."""
+        self.worker.close()
