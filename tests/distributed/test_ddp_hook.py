@@ -179,3 +179,40 @@ def test_unknown_option_and_strategy() -> None:
     with pytest.raises(ValueError, match=r"strategy='zenn' is unknown"):
         zensync.HookConfig(strategy="zenn")
     assert dist.is_available()
+
+
+class _Table(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4000, 8))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].sum()
+
+
+def _drift_worker(rank: int, world_size: int) -> list[str]:
+    """Full-density steps, then 0.5 %-density steps: auto must go dense, then switch to a sparse scheme."""
+    torch.manual_seed(0)
+    model = _Table()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    # A fixed 1 Gbit/s model and no adaptation: the switch must follow the density alone.
+    state = zensync.register(
+        ddp, strategy="auto", latency_s=50e-6, bandwidth_bytes_per_s=1.25e8, recheck_every=1, adapt=False
+    )
+    for step in range(8):
+        gen = torch.Generator().manual_seed(step * 10 + rank)
+        count = 4000 if step < 4 else 20
+        model.zero_grad()
+        ddp(torch.randperm(4000, generator=gen)[:count]).backward()
+    schemes = [h["params"]["weight"]["scheme"] for h in state.history]
+    state.close()
+    return schemes
+
+
+class TestAutoFollowsDensity:
+    world_size = [2]
+
+    def test_dense_when_dense_then_sparse(self, world_size: int, tmp_path: Any) -> None:
+        for schemes in launch(_drift_worker, world_size, (), tmp_path):
+            assert schemes[:4] == ["dense"] * 4, schemes
+            assert all(s != "dense" for s in schemes[5:]), schemes

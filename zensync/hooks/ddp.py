@@ -34,6 +34,9 @@ from zensync.types import SyncStats
 
 __all__ = ["register", "zensync_hook"]
 
+_CLEARLY_DENSE_FACTOR = 2.0
+"""A bucket skips detection while every sparse candidate was predicted at least this much slower."""
+
 
 class GradBucketLike(Protocol):
     """What the hook uses of ``torch.distributed.GradBucket``."""
@@ -118,7 +121,7 @@ def _sync_bucket(state: ZenSyncState, buffer: torch.Tensor, params: list[torch.T
     buffer.div_(transport.world_size)  # Step 1: average first, as DDP does (no fp16 overflow)
     log = TrafficLog()
     with transport.recording(log):
-        if state.in_warmup or state.config.strategy == "dense":
+        if state.in_warmup or state.config.strategy == "dense" or _clearly_dense(state, names):
             schemes = ["dense"] * len(views)
         else:
             schemes = _decide(state, names, views)
@@ -134,13 +137,40 @@ def _sync_bucket(state: ZenSyncState, buffer: torch.Tensor, params: list[torch.T
     return out
 
 
+def _clearly_dense(state: ZenSyncState, names: list[str]) -> bool:
+    """Skip detection for a bucket whose parameters all went dense by a wide margin last time.
+
+    Such buckets (the layers of a dense model) are re-checked every ``recheck_every`` steps instead of
+    paying a count pass and a small collective each step. The step counter and the records are the
+    same on every rank, so every rank skips the same buckets.
+    """
+    if state.step % state.config.recheck_every == 0:
+        return False
+    for name in names:
+        record = state.records.get(name)
+        if record is None or record.scheme != "dense" or "dense" not in record.predicted_s:
+            return False
+        fastest_sparse = min((t for s, t in record.predicted_s.items() if s != "dense"), default=float("inf"))
+        if fastest_sparse < _CLEARLY_DENSE_FACTOR * record.predicted_s["dense"]:
+            return False
+    return True
+
+
 def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) -> list[str]:
     """Steps 2 and 3: gathered non-zero counts -> one scheme per parameter, identical on all ranks."""
     transport = state.transport
-    local = torch.tensor([kernels.nonzero_items(_items(v)).numel() for v in views], dtype=torch.int64)
+    # One small all-gather carries this step's non-zero counts and the last step's measured sync
+    # times (microseconds), so every rank decides on the same numbers.
+    counts = [kernels.nonzero_items(_items(v)).numel() for v in views]
+    measured_us = [round(state.record(name).measured_s * 1e6) for name in names]
+    local = torch.tensor(counts + measured_us, dtype=torch.int64, device=views[0].device)
     with transport.phase("detect"):
-        gathered = transport.all_gather(local.to(views[0].device))
-    totals = torch.stack(gathered).sum(0).tolist()  # host-device sync
+        gathered = transport.all_gather(local)
+    summed = torch.stack(gathered).sum(0).tolist()  # host-device sync
+    totals, measured_sum = summed[: len(views)], summed[len(views) :]
+    if state.config.adapt:
+        for name, total_us in zip(names, measured_sum, strict=True):
+            state.record(name).learn(total_us / transport.world_size * 1e-6)
     model = state.ensure_cost_model(views[0].device)
     candidates = AUTO_CANDIDATES if state.config.strategy == "auto" else ("dense", state.config.strategy)
     schemes = []
@@ -170,11 +200,11 @@ def _sync_dense(
     start = time.perf_counter()
     with transport.phase("dense"):
         if len(dense) == len(views):
-            out = transport.all_reduce(buffer)
+            out = transport.all_reduce(buffer, inplace=True)
         else:
             out = torch.empty_like(buffer)
             if dense:
-                summed = transport.all_reduce(torch.cat([views[i].reshape(-1) for i in dense]))
+                summed = transport.all_reduce(torch.cat([views[i].reshape(-1) for i in dense]), inplace=True)
                 offset = 0
                 out_views = _param_views(out, views)
                 for i in dense:

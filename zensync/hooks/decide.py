@@ -15,6 +15,11 @@ from zensync.sync.cost import CostModel, TensorShape, independent_union, predict
 
 __all__ = ["ParamRecord", "choose_scheme", "measured_union"]
 
+_MAX_CORRECTION = 20.0
+"""Bound on a correction factor, so one disturbed step cannot rule a scheme out for long."""
+_SMOOTHING = 0.5
+"""Weight of the newest measurement in a correction factor."""
+
 
 @dataclasses.dataclass(slots=True)
 class ParamRecord:
@@ -29,7 +34,9 @@ class ParamRecord:
     predicted_s: dict[str, float] = dataclasses.field(default_factory=dict)
     """Predicted time per candidate at the last decision."""
     measured_s: float = 0.0
-    """Measured sync time of the last step."""
+    """Measured sync time of the last step (this rank)."""
+    correction: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Per scheme: measured / predicted time, averaged over ranks and smoothed over steps."""
     bytes_sent: int = 0
     bytes_recv: int = 0
     steps: int = 0
@@ -37,6 +44,20 @@ class ParamRecord:
 
     def as_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+    def learn(self, measured_s: float) -> None:
+        """Fold the rank-averaged measured time of the last scheme used into its correction factor.
+
+        The alpha-beta model ignores local compute (hashing, sorting, decoding) and contention;
+        scaling each scheme's prediction by how it actually did makes auto move away from a scheme
+        that is slower than its formula says.
+        """
+        predicted = self.predicted_s.get(self.scheme)
+        if not predicted or measured_s <= 0 or not math.isfinite(predicted):
+            return
+        ratio = min(_MAX_CORRECTION, max(1.0 / _MAX_CORRECTION, measured_s / predicted))
+        previous = self.correction.get(self.scheme)
+        self.correction[self.scheme] = ratio if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * ratio
 
 
 def measured_union(shape: TensorShape, gamma: float) -> Callable[[int], float]:
@@ -61,14 +82,16 @@ def choose_scheme(
     previous: ParamRecord,
     margin: float,
 ) -> tuple[str, dict[str, float]]:
-    """The candidate with the lowest predicted time; keeps the previous choice within ``margin``.
+    """The candidate with the lowest expected time; keeps the previous choice within ``margin``.
 
-    Hysteresis: a parameter whose density hovers at a crossover would otherwise flip every step.
+    Expected time = alpha-beta prediction x the scheme's measured correction factor (``learn``); the
+    returned dict holds the uncorrected predictions. Hysteresis: a parameter whose density hovers at a crossover would otherwise flip every step.
     """
     union = measured_union(shape, previous.gamma) if previous.gamma else independent_union(shape)
     predicted = {name: predict_time(name, shape, union, model) for name in candidates}
-    best = min(candidates, key=lambda name: predicted[name])
-    keep = previous.scheme in predicted and math.isfinite(predicted[previous.scheme])
-    if keep and predicted[previous.scheme] <= (1.0 + margin) * predicted[best]:
+    expected = {name: t * previous.correction.get(name, 1.0) for name, t in predicted.items()}
+    best = min(candidates, key=lambda name: expected[name])
+    keep = previous.scheme in expected and math.isfinite(expected[previous.scheme])
+    if keep and expected[previous.scheme] <= (1.0 + margin) * expected[best]:
         return previous.scheme, predicted
     return best, predicted

@@ -42,6 +42,10 @@ class HookConfig:
     """Per-message latency alpha; None: measured at registration."""
     bandwidth_bytes_per_s: float | None = None
     """Per-rank bandwidth beta; None: measured at registration."""
+    adapt: bool = True
+    """Scale each scheme's predicted time by how it measured against the prediction (``ParamRecord.learn``)."""
+    recheck_every: int = 10
+    """Buckets that were clearly dense re-measure their density only every this many steps."""
     history_size: int = 1000
     """Step records kept in memory (oldest dropped)."""
     jsonl_path: str | None = None
@@ -56,6 +60,8 @@ class HookConfig:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
         if self.switch_margin < 0:
             raise ValueError(f"switch_margin={self.switch_margin} must be >= 0")
+        if self.recheck_every < 1:
+            raise ValueError(f"recheck_every={self.recheck_every} must be >= 1")
         if self.history_size < 1:
             raise ValueError(f"history_size={self.history_size} must be >= 1")
         for name in ("latency_s", "bandwidth_bytes_per_s"):

@@ -117,10 +117,15 @@ class Transport(abc.ABC):
 
     # ----------------------------------------------------------------------------------------------
     # Public collectives: validate, time, call the backend, account.
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Element-wise sum over ranks of a 1-D tensor; returns a new tensor."""
+    def all_reduce(self, tensor: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
+        """Element-wise sum over ranks of a 1-D tensor: a new tensor, or ``tensor`` itself if ``inplace``.
+
+        ``inplace`` needs a contiguous tensor and saves a copy of it (the DDP hook's bucket buffer).
+        """
         start = time.perf_counter()
-        out = self._all_reduce(tensor.contiguous())
+        if inplace and not tensor.is_contiguous():
+            raise ValueError("all_reduce(inplace=True) needs a contiguous tensor")
+        out = self._all_reduce(tensor if inplace else tensor.contiguous().clone())
         n = self.world_size
         elems = 2 * (tensor.numel() - _ring_chunk(tensor.numel(), n, self.rank)) if n > 1 else 0
         nbytes = elems * tensor.element_size()
@@ -215,7 +220,8 @@ class Transport(abc.ABC):
     # ----------------------------------------------------------------------------------------------
     # Backend hooks
     @abc.abstractmethod
-    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over ranks in place and return it (the caller owns ``tensor``)."""
 
     @abc.abstractmethod
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]: ...

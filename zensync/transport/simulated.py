@@ -122,8 +122,9 @@ class SimulatedTransport(Transport):
         mine = inputs[0][start:stop].clone()
         for other in inputs[1:]:
             mine += other[start:stop]
-        # Step 2: all-gather of the reduced chunks.
-        return torch.cat(self._exchange(mine))
+        # Step 2: all-gather of the reduced chunks, written back in place.
+        torch.cat(self._exchange(mine), out=tensor)
+        return tensor
 
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         items = self._exchange(tensor)

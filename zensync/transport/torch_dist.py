@@ -68,9 +68,8 @@ class TorchTransport(Transport):
         return received
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.clone()
-        dist.all_reduce(out, group=self.group)
-        return out
+        dist.all_reduce(tensor, group=self.group)
+        return tensor
 
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = torch.empty(self.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
