@@ -92,7 +92,7 @@ def _sweep(args: argparse.Namespace, rank: int) -> list[dict[str, Any]]:
                 state = zensync.register(ddp, strategy=strategy)
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
                 step_s[strategy] += _timed_steps(
-                    ddp, optimizer, lambda s: _batch(args.rows, density, rank, s), args.steps, args.warmup
+                    ddp, optimizer, lambda s, d=density: _batch(args.rows, d, rank, s), args.steps, args.warmup
                 )
                 comm[strategy] += [h["comm_time_s"] for h in list(state.history)[args.warmup :]]
                 if strategy == "auto":

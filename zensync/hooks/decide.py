@@ -57,7 +57,8 @@ class ParamRecord:
             return
         ratio = min(_MAX_CORRECTION, max(1.0 / _MAX_CORRECTION, measured_s / predicted))
         previous = self.correction.get(self.scheme)
-        self.correction[self.scheme] = ratio if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * ratio
+        smoothed = ratio if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * ratio
+        self.correction[self.scheme] = smoothed
 
 
 def measured_union(shape: TensorShape, gamma: float) -> Callable[[int], float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from zensync.transport import launch
 from zensync.transport.base import CONTROL_BYTES_PER_COUNT, TrafficLog, Transport
 from zensync.transport.simulated import SimulatedTransport, SimulatedWorld, WorldAborted
 from zensync.transport.torch_dist import GradBucket, TorchTransport, transport_for_group
@@ -21,6 +22,7 @@ __all__ = [
     "TrafficLog",
     "Transport",
     "WorldAborted",
+    "launch",
     "resolve",
     "transport_for_group",
 ]
