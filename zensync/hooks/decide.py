@@ -86,7 +86,8 @@ def choose_scheme(
     """The candidate with the lowest expected time; keeps the previous choice within ``margin``.
 
     Expected time = alpha-beta prediction x the scheme's measured correction factor (``learn``); the
-    returned dict holds the uncorrected predictions. Hysteresis: a parameter whose density hovers at a crossover would otherwise flip every step.
+    returned dict holds the uncorrected predictions. Hysteresis: a parameter whose density hovers at
+    a crossover would otherwise flip every step.
     """
     union = measured_union(shape, previous.gamma) if previous.gamma else independent_union(shape)
     predicted = {name: predict_time(name, shape, union, model) for name in candidates}
