@@ -7,10 +7,11 @@ from typing import Any, Literal
 import torch
 
 from zensync import kernels
-from zensync.sync import SCHEMES, SyncContext, SyncOptions, scheme_registry
-from zensync.sync.base import ItemView, item_view
+from zensync.sync import SCHEMES, SyncOptions
+from zensync.sync.base import item_view
+from zensync.sync.run import run_agreed
 from zensync.sync.validate import LocalRequest, exchange_and_check
-from zensync.transport import TrafficLog, Transport, resolve
+from zensync.transport import TrafficLog, resolve
 from zensync.types import SyncStats
 
 __all__ = ["sparse_allreduce"]
@@ -62,6 +63,7 @@ def sparse_allreduce(
     stats = stats if stats is not None else SyncStats()
     stats.phases, stats.phase_time_s = {}, {}
     log = TrafficLog()
+    log.phases = stats.phases
     with transport.recording(log), torch.no_grad():
         request = LocalRequest(
             tensor=tensor,
@@ -76,33 +78,17 @@ def sparse_allreduce(
         if view is not None and scheme == "auto":
             local_nnz = kernels.nonzero_items(view.x2d).numel()
         agreement = exchange_and_check(transport, request, local_nnz)
-        assert view is not None  # a local error raised in exchange_and_check
-        _describe(stats, transport, scheme, view)
-        if tensor.numel() == 0:
-            result = tensor.detach().clone()
-        else:
-            ctx = SyncContext(
-                transport=transport,
-                view=view,
-                stats=stats,
-                options=options,
-                h0_seed=agreement.h0_seed,
-                nnz_per_rank=agreement.nnz_per_rank,
-            )
-            result = scheme_registry()[scheme]().run(ctx).view(tensor.shape)
-            if average:
-                result = result / transport.world_size
-    stats.phases = log.phases
-    stats.density = stats.local_nnz / stats.num_items if stats.num_items else 0.0
-    return result
-
-
-def _describe(stats: SyncStats, transport: Transport, scheme: str, view: ItemView) -> None:
+    assert view is not None  # a local error raised in exchange_and_check on every rank
     stats.requested_scheme = scheme
-    stats.scheme = scheme
-    stats.rank = transport.rank
-    stats.world_size = transport.world_size
-    stats.numel = view.x2d.numel()
-    stats.granularity = view.granularity
-    stats.num_items = view.num_items
-    stats.item_numel = view.item_numel
+    result = run_agreed(
+        view,
+        transport,
+        scheme=scheme,
+        options=options,
+        h0_seed=agreement.h0_seed,
+        stats=stats,
+        nnz_per_rank=agreement.nnz_per_rank,
+    ).view(tensor.shape)
+    if average:
+        result = result / transport.world_size
+    return result

@@ -55,7 +55,8 @@ def _train(rank: int, strategy: str | None, scenario: str, dtype: torch.dtype) -
         static_graph=scenario == "static_graph",
         bucket_cap_mb=0.01,  # several buckets; DDP rebuilds them after the first step
     )
-    state = zensync.register(ddp, strategy=strategy, latency_s=1e-5, bandwidth_bytes_per_s=1e8) if strategy else None
+    options = {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8, "adapt": False}  # deterministic choices
+    state = zensync.register(ddp, strategy=strategy, **options) if strategy else None
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
     snapshots = []
     for step in range(STEPS):

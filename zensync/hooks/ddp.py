@@ -23,12 +23,12 @@ from typing import Any, Protocol
 import torch
 
 from zensync import kernels
-from zensync.api import sparse_allreduce
 from zensync.hooks.decide import choose_scheme
 from zensync.hooks.state import HookConfig, ZenSyncState
 from zensync.sync.auto import AUTO_CANDIDATES
-from zensync.sync.base import index_dtype
+from zensync.sync.base import index_dtype, item_view
 from zensync.sync.cost import TensorShape
+from zensync.sync.run import run_agreed
 from zensync.transport import GradBucket, TrafficLog
 from zensync.types import SyncStats
 
@@ -231,10 +231,17 @@ def _sync_sparse(
         if scheme == "dense":
             continue
         stats = SyncStats()
-        result = sparse_allreduce(
-            views[i], group=state.transport, scheme=scheme, stats=stats, options=state.config.sync_options
+        view = item_view(views[i], "row" if views[i].dim() == 2 else "element")
+        # Agreement is established (register's check + this step's density exchange): no validation.
+        result = run_agreed(
+            view,
+            state.transport,
+            scheme=scheme,
+            options=state.config.sync_options,
+            h0_seed=state.agreed_seed(views[i].device),
+            stats=stats,
         )
-        out_views[i].copy_(result)
+        out_views[i].copy_(result.view(views[i].shape))
         record = state.record(names[i])
         if stats.densification is not None:
             record.gamma = stats.densification

@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import json
 import logging
+import secrets
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -100,6 +101,7 @@ class ZenSyncState:
         "transport",
         "cost_model",
         "worker",
+        "h0_seed",
         # Parameters: name of each parameter, and what the hook remembers about it.
         "param_names",
         "records",
@@ -122,6 +124,7 @@ class ZenSyncState:
         if config.latency_s is not None and config.bandwidth_bytes_per_s is not None:
             self.cost_model = CostModel(latency_s=config.latency_s, bandwidth_bytes_per_s=config.bandwidth_bytes_per_s)
         self.worker = CommWorker()
+        self.h0_seed: int | None = None
         self.param_names: dict[torch.nn.Parameter, str] = {p: name for name, p in named_parameters}
         self.records: dict[str, ParamRecord] = {}
         self.step = 0
@@ -135,8 +138,8 @@ class ZenSyncState:
     def verify_consistent(self, device: torch.device) -> None:
         """Raise the same ValueError on every rank unless all ranks have the same options and model.
 
-        A collective. Ranks that disagree on the strategy would issue different collectives and
-        hang; ranks whose models differ would sum unrelated gradients.
+        Also agrees on Zen's hash seed. A collective. Ranks that disagree on the strategy would issue
+        different collectives and hang; ranks whose models differ would sum unrelated gradients.
         """
         described = json.dumps(
             {
@@ -145,9 +148,13 @@ class ZenSyncState:
             },
             sort_keys=True,
         )
-        local = torch.tensor([zlib.crc32(described.encode())], dtype=torch.int64, device=device)
+        seed = self.config.sync_options.h0_seed
+        proposal = seed if seed is not None else secrets.randbits(62)
+        local = torch.tensor([zlib.crc32(described.encode()), proposal], dtype=torch.int64, device=device)
         with self.transport.phase("setup"):
-            fingerprints = [int(t.item()) for t in self.transport.all_gather(local)]
+            gathered = [t.tolist() for t in self.transport.all_gather(local)]
+        fingerprints = [g[0] for g in gathered]
+        self.h0_seed = gathered[0][1]  # rank 0's proposal: Zen's hash seed for every parameter
         differing = [rank for rank, value in enumerate(fingerprints) if value != fingerprints[0]]
         if differing:
             raise ValueError(
@@ -157,6 +164,13 @@ class ZenSyncState:
             )
 
     # -- calibration -------------------------------------------------------------------------------
+    def agreed_seed(self, device: torch.device) -> int:
+        """Zen's hash seed, agreed by ``verify_consistent`` (run now, collectively, if it has not been)."""
+        if self.h0_seed is None:
+            self.verify_consistent(device)
+        assert self.h0_seed is not None
+        return self.h0_seed
+
     def ensure_cost_model(self, device: torch.device) -> CostModel:
         """The alpha-beta model: user-given parts, the rest measured (a collective, done once)."""
         if self.cost_model is None:
