@@ -89,6 +89,7 @@ def _equivalence_worker(rank: int, world_size: int, cases: list[tuple[str, str, 
             "steps": state.step,
             "history": len(state.history),
             "bytes": [h["bytes_sent"] for h in state.history],
+            "sparse_bytes": [sum(p.get("bytes_sent", 0) for p in h["params"].values()) for h in state.history],
         }
         state.close()
     return results
@@ -130,6 +131,12 @@ class TestDDPHookEquivalence:
             assert per_rank["zen/plain/float32"]["schemes"]["emb.weight"] == "zen"
             assert per_rank["zen/plain/float32"]["schemes"]["fc1.weight"] == "dense"
             assert per_rank["dense/plain/float32"]["schemes"]["emb.weight"] == "dense"
+
+    def test_step_bytes_include_sparse_syncs(self, results: list[dict[str, Any]]) -> None:
+        for per_rank in results:
+            record = per_rank["zen/plain/float32"]
+            assert all(s > 0 for s in record["sparse_bytes"])
+            assert all(b > s for b, s in zip(record["bytes"], record["sparse_bytes"], strict=True))
 
 
 def _state_dict_worker(rank: int, world_size: int) -> dict[str, Any]:

@@ -77,7 +77,7 @@ class Transport(abc.ABC):
         self.rank = rank
         self.world_size = world_size
         self._phase = "other"
-        self._log: TrafficLog | None = None
+        self._logs: list[TrafficLog] = []
         self.h0_seed: int | None = None
         """Seed of Zen's first-level hash, agreed on at first use (see zensync.sync.partition)."""
 
@@ -94,26 +94,29 @@ class Transport(abc.ABC):
 
     @contextlib.contextmanager
     def recording(self, log: TrafficLog) -> Iterator[TrafficLog]:
-        """Install ``log`` to receive this rank's traffic for the enclosed calls."""
-        previous, self._log = self._log, log
+        """Install ``log`` to receive this rank's traffic for the enclosed calls.
+
+        Recordings nest: traffic goes to every installed log (a hook's per-step log and the per-call
+        log of a sparse sync inside it both see the sync's bytes).
+        """
+        self._logs.append(log)
         try:
             yield log
         finally:
-            self._log = previous
+            self._logs.remove(log)
 
     def _account(
         self, sent: int, recv: int, control: int, messages: int, seconds: float, control_recv: int | None = None
     ) -> None:
-        if self._log is None:
-            return
-        record = self._log.get(self._phase)
-        record.bytes_sent += sent
-        record.bytes_recv += recv
-        record.control_bytes_sent += control
-        record.control_bytes_recv += control if control_recv is None else control_recv
-        record.messages_sent += messages
-        record.num_calls += 1
-        record.comm_time_s += seconds
+        for log in self._logs:
+            record = log.get(self._phase)
+            record.bytes_sent += sent
+            record.bytes_recv += recv
+            record.control_bytes_sent += control
+            record.control_bytes_recv += control if control_recv is None else control_recv
+            record.messages_sent += messages
+            record.num_calls += 1
+            record.comm_time_s += seconds
 
     # ----------------------------------------------------------------------------------------------
     # Public collectives: validate, time, call the backend, account.

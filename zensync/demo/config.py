@@ -1,0 +1,110 @@
+"""``DemoConfig``: everything one ``zensync demo`` run depends on (the CLI maps its flags 1:1 onto the fields)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from zensync.hooks import STRATEGIES as HOOK_STRATEGIES
+from zensync.testbed import parse_rate
+
+__all__ = ["STRATEGIES", "TORCH_STRATEGIES", "DemoConfig"]
+
+TORCH_STRATEGIES = ("ddp", "fp16")
+"""Baselines from torch itself: ``ddp`` = DDP's allreduce (torch's allreduce_hook, same numbers as no
+hook), ``fp16`` = torch's fp16_compress_hook (lossy)."""
+STRATEGIES = (*TORCH_STRATEGIES, *HOOK_STRATEGIES)
+"""Every strategy the demo accepts; names other than the torch baselines go to ``zensync.register``."""
+DEFAULT_STRATEGIES = ("ddp", "fp16", "agsparse", "zen", "auto")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class DemoConfig:
+    """One demo run: cluster, model, data, training length and outputs."""
+
+    workers: int = 4
+    """Worker processes (ranks); with ``net`` each is its own emulated host."""
+    steps: int = 30
+    """Timed training steps per strategy (after ``warmup_steps``)."""
+    warmup_steps: int = 5
+    """Untimed steps first (DDP's bucket rebuild, allocator and cache warm-up)."""
+    vocab_size: int = 50_000
+    """Rows of the input embedding: the corpus's most frequent words plus <unk> (the sparse-gradient table)."""
+    output_vocab_size: int = 2001
+    """Classes of the decoder: the output_vocab_size - 1 most frequent words plus one <unk> class."""
+    embed_dim: int = 64
+    """Embedding width."""
+    hidden_size: int = 128
+    """LSTM hidden width."""
+    batch_size: int = 20
+    """Sequences per worker per step."""
+    seq_len: int = 35
+    """Tokens per sequence."""
+    corpus_bytes: int = 8_000_000
+    """Bytes of Python stdlib source read as the corpus (tokenized once, by the parent)."""
+    lr: float = 0.1
+    """Learning rate of plain SGD (no momentum or weight decay: untouched embedding rows stay unchanged)."""
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    """Strategies to run, in order; 'ddp' is the baseline of speedups and parameter differences."""
+    net: str | None = None
+    """Link rate ('1gbit', '100mbit') of an emulated cluster (needs root); None: local processes on loopback."""
+    latency_s: float | None = None
+    """Per-message latency given to zensync's cost model; None: measured when the hook registers."""
+    bandwidth_bytes_per_s: float | None = None
+    """Per-rank bandwidth given to zensync's cost model; None: measured when the hook registers."""
+    seed: int = 0
+    """Seed of the initial weights (same on every rank) and of the batch positions."""
+    out_dir: str | None = None
+    """Where demo_<hardware>_<date>.{json,md,png} go; None: experiments/results if it exists, else the cwd."""
+    timeout_s: float = 600.0
+    """Wall-clock limit of each strategy's launch; a hung worker fails the demo with every rank's stderr."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategies", tuple(self.strategies))
+        for name, bound in (("workers", 1), ("steps", 1), ("embed_dim", 1), ("hidden_size", 1)):
+            _check_at_least(name, getattr(self, name), bound)
+        for name, bound in (("batch_size", 1), ("seq_len", 1), ("vocab_size", 2), ("corpus_bytes", 1024)):
+            _check_at_least(name, getattr(self, name), bound)
+        _check_at_least("warmup_steps", self.warmup_steps, 0)
+        if not 2 <= self.output_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"output_vocab_size={self.output_vocab_size} must be in [2, vocab_size={self.vocab_size}]: "
+                f"the decoder predicts a subset of the input vocabulary plus <unk>"
+            )
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr!r} must be > 0")
+        for name in ("latency_s", "bandwidth_bytes_per_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"DemoConfig.{name}={value!r} must be > 0 (or omitted to measure it)")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s={self.timeout_s!r} must be > 0 seconds")
+        self._check_strategies()
+        if self.net is not None:
+            parse_rate(self.net)  # raises ValueError naming the rate and the valid units
+
+    def _check_strategies(self) -> None:
+        if not self.strategies:
+            raise ValueError(f"strategies is empty; choose one or more of: {', '.join(STRATEGIES)}")
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown:
+            raise ValueError(f"strategies {unknown} unknown (valid: {', '.join(STRATEGIES)})")
+        if len(set(self.strategies)) != len(self.strategies):
+            raise ValueError(f"strategies={list(self.strategies)} lists a strategy twice")
+
+    def to_json(self) -> str:
+        """The config as a JSON object (``from_json`` inverts it)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DemoConfig:
+        """The config that ``to_json`` wrote."""
+        fields: dict[str, Any] = json.loads(text)
+        fields["strategies"] = tuple(fields["strategies"])
+        return cls(**fields)
+
+
+def _check_at_least(name: str, value: int, bound: int) -> None:
+    if not isinstance(value, int) or value < bound:
+        raise ValueError(f"DemoConfig.{name}={value!r} must be an integer >= {bound}")

@@ -1,0 +1,88 @@
+"""The demo's model: a big input embedding over the corpus vocabulary, a small LSTM, a truncated decoder.
+
+With the defaults (50,000 x 64 embedding, LSTM 64 -> 128, decoder 128 -> 2,001) the embedding holds
+3.2 M of the 3.56 M parameters (90 %), and a step touches only the rows of the few hundred distinct
+words in its batch: the natural sparsity the sparse strategies exploit. The decoder predicts the
+``output_vocab_size - 1`` most frequent words (ids are frequency-ranked) plus one <unk> class, so the
+dense part of the gradient stays small.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from zensync.demo.config import DemoConfig
+from zensync.workloads import lm
+
+__all__ = ["DemoModel", "batch", "lm_config", "output_targets", "parameter_counts"]
+
+
+class DemoModel(nn.Module):
+    """Embedding(vocab_size, embed_dim) -> LSTM(hidden_size) -> Linear(output_vocab_size).
+
+    Built on the meta device and initialised from ``generator`` only, so every rank that passes the
+    same seed holds identical weights (no draw from the global RNG).
+
+    Args:
+        config: Sizes.
+        generator: Seeded generator of the initial weights.
+    """
+
+    def __init__(self, config: DemoConfig, *, generator: torch.Generator) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, device="meta")
+        self.lstm = nn.LSTM(config.embed_dim, config.hidden_size, batch_first=True, device="meta")
+        self.decoder = nn.Linear(config.hidden_size, config.output_vocab_size, device="meta")
+        self.to_empty(device="cpu")
+        self.lstm.flatten_parameters()
+        self.reset_parameters(generator, config.hidden_size)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator, hidden_size: int) -> None:
+        """Uniform(-0.1, 0.1) embedding and decoder, zero decoder bias, LSTM Uniform(+-1/sqrt(hidden))."""
+        self.embedding.weight.uniform_(-0.1, 0.1, generator=generator)
+        self.decoder.weight.uniform_(-0.1, 0.1, generator=generator)
+        self.decoder.bias.zero_()
+        bound = 1.0 / math.sqrt(hidden_size)
+        for param in self.lstm.parameters():
+            param.uniform_(-bound, bound, generator=generator)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Logits (batch, seq_len, output_vocab_size) for int64 ``inputs`` of shape (batch, seq_len)."""
+        hidden, _ = self.lstm(self.embedding(inputs))
+        return self.decoder(hidden)
+
+
+def lm_config(config: DemoConfig) -> lm.Config:
+    """The ``zensync.workloads.lm`` config whose corpus and batches the demo uses."""
+    return lm.Config(
+        vocab_size=config.vocab_size,
+        embed_dim=config.embed_dim,
+        hidden_size=config.hidden_size,
+        seq_len=config.seq_len,
+        batch_size=config.batch_size,
+        max_bytes=config.corpus_bytes,
+        seed=config.seed,
+    )
+
+
+def output_targets(targets: torch.Tensor, output_vocab_size: int) -> torch.Tensor:
+    """Map ids >= output_vocab_size - 1 (rarer words) to the decoder's <unk> class, output_vocab_size - 1."""
+    return targets.clamp(max=output_vocab_size - 1)
+
+
+def batch(corpus: torch.Tensor, config: DemoConfig, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s (inputs, decoder targets) at ``step``: different text per rank, same schedule on reruns."""
+    inputs, targets = lm.batch_for_rank(corpus, lm_config(config), rank, step)
+    return inputs, output_targets(targets, config.output_vocab_size)
+
+
+def parameter_counts(config: DemoConfig) -> dict[str, int]:
+    """Parameters per module (embedding, lstm, decoder) and in total, from the sizes alone."""
+    embedding = config.vocab_size * config.embed_dim
+    lstm_params = 4 * config.hidden_size * (config.embed_dim + config.hidden_size + 2)
+    decoder = config.output_vocab_size * (config.hidden_size + 1)
+    return {"embedding": embedding, "lstm": lstm_params, "decoder": decoder, "total": embedding + lstm_params + decoder}

@@ -1,0 +1,202 @@
+"""Summarise a demo run: one row per strategy against DDP, printed and saved as JSON, Markdown and PNG.
+
+Numbers per strategy (warm-up steps excluded):
+
+- step time: median over timed steps of the slowest rank's barrier-to-barrier step time;
+- comm time: median over steps of the ranks' mean summed bucket communication time;
+- MB sent per worker per step: mean over ranks and steps; *counted* by zensync's hook, *modelled*
+  (ring allreduce, 2(n-1)/n of each bucket) for torch's hooks;
+- wire MB per worker per step (emulated hosts only): each host's interface tx delta over the timed
+  steps / steps, counted by the kernel (includes barriers and TCP/IP headers);
+- speedup: DDP's step time / this step time; max |dparam|: rank 0's final parameters against DDP's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+from typing import Any
+
+import torch
+
+import zensync
+from zensync.demo.config import DemoConfig
+from zensync.demo.model import parameter_counts
+from zensync.demo.runner import DemoResult, StrategyRun, default_out_dir
+
+__all__ = ["format_table", "hardware_tag", "summarize", "write_outputs"]
+
+_MB = 1e6
+_BASELINE = "ddp"
+_MODELLED = ("ddp", "fp16")
+
+
+def _max_param_diff(run: StrategyRun, baseline: StrategyRun | None) -> float | None:
+    if baseline is None:
+        return None
+    return max(float((run.params[k] - baseline.params[k]).abs().max()) for k in baseline.params)
+
+
+def _summarize_run(run: StrategyRun, steps: int) -> dict[str, Any]:
+    per_step = list(zip(*[rank["steps"] for rank in run.ranks], strict=True))
+    step_s = statistics.median(max(r["step_time_s"] for r in ranks) for ranks in per_step)
+    comm_s = statistics.median(statistics.fmean(r["comm_time_s"] for r in ranks) for ranks in per_step)
+    sent = statistics.fmean(r["bytes_sent"] for ranks in per_step for r in ranks)
+    wires = [rank["wire_tx_bytes"] for rank in run.ranks]
+    wire = None if any(w is None for w in wires) else statistics.fmean(wires) / steps
+    schemes = run.ranks[0]["steps"][-1].get("schemes")
+    return {
+        "strategy": run.strategy,
+        "step_ms": step_s * 1e3,
+        "comm_ms": comm_s * 1e3,
+        "mb_sent_per_step": sent / _MB,
+        "bytes_kind": "modelled (ring)" if run.strategy in _MODELLED else "counted (hook)",
+        "wire_mb_per_step": None if wire is None else wire / _MB,
+        "final_loss": statistics.fmean(rank["steps"][-1]["loss"] for rank in run.ranks),
+        "schemes": schemes,
+        "launch_wall_s": run.wall_s,
+    }
+
+
+def summarize(result: DemoResult) -> list[dict[str, Any]]:
+    """One dict per strategy with the table's numbers (see the module docstring)."""
+    baseline = next((r for r in result.runs if r.strategy == _BASELINE), None)
+    rows = [_summarize_run(run, result.config.steps) for run in result.runs]
+    base_row = next((row for row in rows if row["strategy"] == _BASELINE), None)
+    for row, run in zip(rows, result.runs, strict=True):
+        row["max_param_diff"] = _max_param_diff(run, baseline)
+        row["speedup"] = None if base_row is None else base_row["step_ms"] / row["step_ms"]
+        row["comm_vs_ddp"] = (
+            None if base_row is None or not base_row["comm_ms"] else row["comm_ms"] / base_row["comm_ms"]
+        )
+    return rows
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def format_table(rows: list[dict[str, Any]], emulated: bool) -> str:
+    """The comparison as a Markdown table (readable as plain text)."""
+    head = ["strategy", "step ms (median)", "comm ms/step", "comm / ddp", "MB sent/worker/step"]
+    head += ["wire MB/worker/step"] if emulated else []
+    head += ["speedup vs ddp", "max |param - ddp|", "final loss"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        kind = "m" if row["bytes_kind"].startswith("modelled") else "c"
+        cells = [row["strategy"], _fmt(row["step_ms"], ".1f"), _fmt(row["comm_ms"], ".1f")]
+        cells += [_fmt(row["comm_vs_ddp"], ".2f"), f"{row['mb_sent_per_step']:.3f} ({kind})"]
+        cells += [_fmt(row["wire_mb_per_step"], ".3f")] if emulated else []
+        cells += [_fmt(row["speedup"], ".2f") + "x", _fmt(row["max_param_diff"], ".2e"), f"{row['final_loss']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("(m) = modelled by the ring formula 2(n-1)/n x bucket bytes; (c) = counted by zensync's hook.")
+    return "\n".join(lines)
+
+
+def hardware_tag(result: DemoResult) -> str:
+    """e.g. 'cpu2core-loopback' or 'cpu2core-netns4x1gbit'."""
+    cpu = f"cpu{os.cpu_count()}core"
+    if result.emulated:
+        return f"{cpu}-netns{result.config.workers}x{result.config.net}"
+    return f"{cpu}-loopback"
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "zensync": zensync.__version__,
+        "platform": platform.platform(),
+        "cpu_count": str(os.cpu_count()),
+    }
+
+
+def _plot(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = [row["strategy"] for row in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows)), 3.6))
+    ax.bar([x - 0.2 for x in xs], [row["step_ms"] for row in rows], width=0.4, label="step time (median)")
+    ax.bar([x + 0.2 for x in xs], [row["comm_ms"] for row in rows], width=0.4, label="comm time per step")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("ms")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _per_step(result: DemoResult) -> dict[str, Any]:
+    return {
+        run.strategy: {"launch_wall_s": run.wall_s, "interface_tx_bytes": run.interface_tx_bytes, "ranks": run.ranks}
+        for run in result.runs
+    }
+
+
+def write_outputs(result: DemoResult, rows: list[dict[str, Any]], table: str) -> dict[str, pathlib.Path]:
+    """Write demo_<hardware>_<date>.{json,md,png} to the config's out_dir; returns the paths written."""
+    out_dir = pathlib.Path(result.config.out_dir) if result.config.out_dir else default_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"demo_{hardware_tag(result)}_{datetime.date.today().isoformat()}"
+    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
+    setting = (
+        f"{result.config.workers} emulated hosts at {result.config.net}"
+        if result.emulated
+        else f"{result.config.workers} local processes on loopback"
+    )
+    payload = {
+        "config": json.loads(result.config.to_json()),
+        "versions": _versions(),
+        "setting": setting,
+        "parameters": parameter_counts(result.config),
+        "corpus": {"tokens": result.corpus_tokens, "distinct_words": result.corpus_words},
+        "wall_s": result.wall_s,
+        "summary": rows,
+        "per_step": _per_step(result),
+    }
+    paths["json"].write_text(json.dumps(payload, indent=1))
+    md = [
+        f"# zensync demo: {setting}",
+        "",
+        f"Command: `zensync demo {_flags(result)}`",
+        "",
+        f"Versions: {_versions()}",
+        f"Parameters: {parameter_counts(result.config)}",
+        f"Corpus: {result.corpus_tokens:,} tokens, {result.corpus_words:,} distinct words; "
+        f"total wall {result.wall_s:.0f} s",
+        f"Warm-up steps excluded: {result.config.warmup_steps}; timed steps: {result.config.steps}; "
+        f"seed {result.config.seed}",
+        "",
+        table,
+        "",
+    ]
+    paths["md"].write_text("\n".join(md))
+    if not _plot(rows, paths["png"], f"zensync demo: {setting}"):
+        del paths["png"]
+    return paths
+
+
+def _flags(result: DemoResult) -> str:
+    """The ``zensync demo`` flags that reproduce this run (fields that differ from the defaults)."""
+    defaults = DemoConfig()
+    parts = []
+    for field in dataclasses.fields(DemoConfig):
+        value = getattr(result.config, field.name)
+        if field.name == "out_dir" or value == getattr(defaults, field.name):
+            continue
+        flag = "--timeout" if field.name == "timeout_s" else "--" + field.name.replace("_", "-")
+        parts.append(f"{flag} {' '.join(value) if isinstance(value, tuple) else value}")
+    return " ".join(parts)
