@@ -8,6 +8,7 @@ DDP's parameters, and zen must send fewer bytes than DDP's dense ring allreduce.
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -61,8 +62,13 @@ def test_zen_sends_fewer_bytes_than_ddp(demo_json):
     assert rows["ddp"]["bytes_kind"].startswith("modelled") and rows["zen"]["bytes_kind"].startswith("counted")
 
 
-def test_a_hung_or_failing_worker_fails_the_demo(tmp_path, capsys):
-    # 3 s is shorter than a worker's start-up: the launch is killed and the CLI exits 1 with each rank's stderr.
+def test_a_hung_or_failing_worker_fails_the_demo(tmp_path, capsys, monkeypatch):
+    # Workers that hang (a stand-in interpreter that sleeps): the launch is killed at the 3 s
+    # timeout and the CLI exits 1 with each rank's story.
+    hang = tmp_path / "hang.sh"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(hang))
     argv = ["demo", *_TINY_MODEL, "--strategies", "ddp", "--timeout", "3", "--out-dir", str(tmp_path)]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
