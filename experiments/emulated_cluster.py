@@ -80,9 +80,10 @@ def _measure(fn: Any, reps: int, iface: str | None) -> tuple[list[float], float]
 
 def _sparse_input(args: argparse.Namespace, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 + rank)
-    k = int(args.numel * args.density)
-    idx = torch.randperm(args.numel, generator=gen)[:k]
-    x = torch.zeros(args.numel)
+    num_items = args.numel // args.dim  # rows of an embedding gradient when --dim > 1
+    k = int(num_items * args.density)
+    idx = torch.randperm(num_items, generator=gen)[:k]
+    x = torch.zeros(num_items, args.dim) if args.dim > 1 else torch.zeros(args.numel)
     x[idx] = float(rank + 1)
     return x, idx
 
@@ -94,7 +95,8 @@ def worker(args: argparse.Namespace) -> None:
     iface = args.iface or None
     # barrier cost: two fenced reads with nothing between them
     barrier_tx = -_fenced_tx(iface) + _fenced_tx(iface)
-    dense = torch.full((int(args.dense_mb * 1e6) // 4,), float(rank + 1))
+    dense_numel = int(args.dense_mb * 1e6) // 4 if args.dense_mb > 0 else (args.numel // args.dim) * args.dim
+    dense = torch.full((dense_numel,), float(rank + 1))
     dense_s, dense_tx = _measure(lambda: dist.all_reduce(dense.clone()), args.reps, iface)
     chunk = dense.numel() // n + (1 if rank < dense.numel() % n else 0)
     x, idx = _sparse_input(args, rank)
@@ -107,10 +109,10 @@ def worker(args: argparse.Namespace) -> None:
 
     zen_s, zen_tx = _measure(zen, args.reps, iface)
     stats = last["stats"]
-    expected = torch.zeros(args.numel)
+    expected = torch.zeros_like(x)
     for r in range(n):
         expected[_sparse_input(args, r)[1]] += float(r + 1)
-    union = int(torch.count_nonzero(expected))
+    union = int((expected.reshape(expected.shape[0], -1) != 0).any(1).sum())
     result = {
         "rank": rank,
         "barrier_tx": barrier_tx,
@@ -149,7 +151,11 @@ def _summarize(
     out: dict[str, Any] = {}
     k_mean = statistics.mean(r["zen"]["local_nnz"] for r in ranks)
     union = ranks[0]["zen"]["union"]
-    predict = {"dense": 2 * (n - 1) / n * ranks[0]["dense"]["bytes"], "zen": (n - 1) / n * (k_mean + union) * 8}
+    record_bytes = 4 + 4 * args.dim  # int32 index + one item's float32 values
+    predict = {
+        "dense": 2 * (n - 1) / n * ranks[0]["dense"]["bytes"],
+        "zen": (n - 1) / n * (k_mean + union) * record_bytes,
+    }
     for name in ("dense", "zen"):
         med = statistics.median(max(r[name]["seconds"][i] for r in ranks) for i in range(args.reps))
         engine = [r[name]["engine_bytes"] for r in ranks]
@@ -171,6 +177,11 @@ def _summarize(
                 phases_rank0=ranks[0]["zen"]["phases"],
             )
         out[name] = row
+    # Eq. 1 with the bandwidth the dense allreduce achieved (bytes per host / its median time).
+    measured_bw = out["dense"]["predicted_bytes_per_host"] / out["dense"]["median_s"]
+    out["measured_bandwidth_bytes_per_s"] = measured_bw
+    out["zen"]["predicted_s_measured_bw"] = out["zen"]["predicted_bytes_per_host"] / measured_bw
+    out["zen_over_dense_time"] = out["zen"]["median_s"] / out["dense"]["median_s"]
     out["barrier_tx_bytes"] = [r["barrier_tx"] for r in ranks]
     return out
 
@@ -190,7 +201,7 @@ def _markdown(meta: dict[str, Any], res: dict[str, Any]) -> str:
     ]
     for name, label in (
         ("dense", f"gloo allreduce {meta['dense_mb']} MB"),
-        ("zen", f"zen {meta['numel']:,} el @ {meta['density']:.2%}"),
+        ("zen", f"zen {meta['numel']:,} el (item {meta.get('dim', 1)}) @ {meta['density']:.2%}"),
     ):
         r = res[name]
         wire = ", ".join(f"{w:,.0f}" for w in r["wire_tx_bytes_per_host"]) if r["wire_tx_bytes_per_host"] else "n/a"
@@ -206,6 +217,8 @@ def _markdown(meta: dict[str, Any], res: dict[str, Any]) -> str:
         f"zen: K = {z['local_nnz_mean']:,.0f} local non-zeros, U = {z['union']:,} union; Eq. 1 bytes/host "
         f"{z['predicted_bytes_per_host']:,.0f}; comm time inside collectives (max over ranks) "
         f"{z['comm_s_max']:.4f} s; result exact on every rank: {z['exact']}.",
+        f"Measured bandwidth (dense allreduce) {res['measured_bandwidth_bytes_per_s'] / 1e6:.1f} MB/s; Eq. 1 time at "
+        f"that bandwidth {z['predicted_s_measured_bw']:.4f} s; zen / dense time {res['zen_over_dense_time']:.3f}.",
         f"Barrier bytes subtracted per fence: {res['barrier_tx_bytes']}.",
         "",
         f"Wire target: every wire/engine within 1 +- {_WIRE_TOLERANCE:.0%}: {meta['wire_ok']}.",
@@ -221,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dense-mb", type=float, default=32.0)
     p.add_argument("--numel", type=int, default=10_000_000)
     p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--dim", type=int, default=1, help="item size: > 1 syncs rows of an (numel/dim, dim) table")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-offload", action="store_true")
     p.add_argument("--timeout-s", type=float, default=600.0)
@@ -269,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "dense_mb": args.dense_mb,
         "numel": args.numel,
         "density": args.density,
+        "dim": args.dim,
         "reps": args.reps,
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -192,7 +192,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, make_cluster(args.hosts, rate=args.rate) as cluster:
         out = os.path.join(tmp, "result.json")
         argv = [sys.executable, __file__, "--worker", "--out", out, *sys.argv[1:]]
-        cluster.run_workers(lambda r: argv, lambda r: cluster.env_for_torch(r, 29731), timeout_s=1800)
+        # One thread per worker: the hosts share this machine's cores (as torchrun sets OMP_NUM_THREADS=1).
+        env = {"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+        cluster.run_workers(lambda r: argv, lambda r: {**cluster.env_for_torch(r, 29731), **env}, timeout_s=1800)
         result = json.loads(pathlib.Path(out).read_text())
         emulated = cluster.counters() is not None
     report = _report(args, result, emulated, time.perf_counter() - start)

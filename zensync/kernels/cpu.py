@@ -126,7 +126,19 @@ def _kernel(fn: Callable[..., Any]) -> _Kernel:
 
 
 def _use_parallel(size: int, threshold: int) -> bool:
-    return size >= threshold and threading.current_thread() is threading.main_thread()
+    """Parallel only for large inputs, from the main thread, and within torch's intra-op thread budget.
+
+    Processes that share a host (several ranks per machine, as torchrun sets up with
+    OMP_NUM_THREADS=1) keep torch at one thread; numba follows, because spinning OpenMP workers of
+    several processes on the same cores stall each other's collectives by tens of milliseconds.
+    """
+    if size < threshold or threading.current_thread() is not threading.main_thread():
+        return False
+    budget = min(numba.config.NUMBA_NUM_THREADS, torch.get_num_threads())
+    if budget < 2:
+        return False
+    numba.set_num_threads(budget)
+    return True
 
 
 def _chunk_size(num_units: int, min_units: int, parallel: bool) -> int:
