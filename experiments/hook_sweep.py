@@ -84,6 +84,7 @@ def _sweep(args: argparse.Namespace, rank: int) -> list[dict[str, Any]]:
         comm: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         step_s: dict[str, list[float]] = {s: [] for s in STRATEGIES}
         choice = ""
+        auto_steps: list[tuple[str, float]] = []
         for _ in range(args.rounds):
             for strategy in STRATEGIES:
                 torch.manual_seed(0)
@@ -97,6 +98,7 @@ def _sweep(args: argparse.Namespace, rank: int) -> list[dict[str, Any]]:
                 comm[strategy] += [h["comm_time_s"] for h in list(state.history)[args.warmup :]]
                 if strategy == "auto":
                     choice = state.records["weight"].scheme
+                    auto_steps += [(h["params"]["weight"]["scheme"], round(h["comm_time_s"], 4)) for h in state.history]
                 state.close()
         medians = {s: statistics.median(v) for s, v in comm.items()}
         rows.append(
@@ -105,6 +107,7 @@ def _sweep(args: argparse.Namespace, rank: int) -> list[dict[str, Any]]:
                 "comm_s": medians,
                 "step_s": {s: statistics.median(v) for s, v in step_s.items()},
                 "auto_choice": choice,
+                "auto_steps": auto_steps,
                 "auto_over_best": medians["auto"] / min(medians["dense"], medians["zen"]),
             }
         )

@@ -8,6 +8,7 @@ The model mixes an nn.Embedding (dense gradients with natural row sparsity) with
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 import pytest
@@ -46,7 +47,9 @@ def _batch(rank: int, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Te
     return ids, torch.randint(0, 10, (8,), generator=gen)
 
 
-def _train(rank: int, strategy: str | None, scenario: str, dtype: torch.dtype) -> tuple[list[list[torch.Tensor]], Any]:
+def _train(
+    rank: int, strategy: str | None, scenario: str, dtype: torch.dtype, jsonl_path: str | None = None
+) -> tuple[list[list[torch.Tensor]], Any]:
     torch.manual_seed(0)  # tests may seed the global RNG: identical init on every rank and run
     model = _Net(unused=scenario == "unused", dtype=dtype)
     ddp = nn.parallel.DistributedDataParallel(
@@ -56,6 +59,7 @@ def _train(rank: int, strategy: str | None, scenario: str, dtype: torch.dtype) -
         bucket_cap_mb=0.01,  # several buckets; DDP rebuilds them after the first step
     )
     options = {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8, "adapt": False}  # deterministic choices
+    options["jsonl_path"] = jsonl_path
     state = zensync.register(ddp, strategy=strategy, **options) if strategy else None
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
     snapshots = []
@@ -139,8 +143,8 @@ class TestDDPHookEquivalence:
             assert all(b > s for b, s in zip(record["bytes"], record["sparse_bytes"], strict=True))
 
 
-def _state_dict_worker(rank: int, world_size: int) -> dict[str, Any]:
-    _, state = _train(rank, "auto", "plain", torch.float32)
+def _state_dict_worker(rank: int, world_size: int, jsonl: str) -> dict[str, Any]:
+    _, state = _train(rank, "auto", "plain", torch.float32, jsonl_path=jsonl)
     saved = state.state_dict()
     state.close()
     model = nn.parallel.DistributedDataParallel(_Net())
@@ -148,7 +152,14 @@ def _state_dict_worker(rank: int, world_size: int) -> dict[str, Any]:
     fresh.load_state_dict(saved)
     reloaded = fresh.state_dict()
     fresh.close()
-    return {"equal": reloaded == saved, "step": reloaded["step"], "names": sorted(reloaded["records"])}
+    with open(jsonl.format(rank=rank)) as f:
+        lines = [json.loads(line) for line in f]
+    return {
+        "equal": reloaded == saved,
+        "step": reloaded["step"],
+        "names": sorted(reloaded["records"]),
+        "jsonl_steps": [line["step"] for line in lines],
+    }
 
 
 def _mismatch_worker(rank: int, world_size: int, kind: str) -> str:
@@ -169,8 +180,10 @@ class TestDDPHookState:
     world_size = [2]
 
     def test_state_dict_round_trip(self, world_size: int, tmp_path: Any) -> None:
-        for result in launch(_state_dict_worker, world_size, (), tmp_path):
+        jsonl = str(tmp_path / "steps{rank}.jsonl")
+        for result in launch(_state_dict_worker, world_size, (jsonl,), tmp_path):
             assert result["equal"] and result["step"] == STEPS
+            assert result["jsonl_steps"] == list(range(STEPS))
             assert result["names"] == ["emb.weight", "fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
 
     @pytest.mark.parametrize("kind", ["model", "strategy"])

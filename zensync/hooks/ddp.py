@@ -35,7 +35,9 @@ from zensync.types import SyncStats
 __all__ = ["register", "zensync_hook"]
 
 _CLEARLY_DENSE_FACTOR = 2.0
-"""A bucket skips detection while every sparse candidate was predicted at least this much slower."""
+"""A bucket skips detection while every sparse candidate was predicted at least this much slower..."""
+_DENSE_DENSITY = 0.9
+"""... or while its dense parameters are at least this dense (no sparse scheme can win by much)."""
 
 
 class GradBucketLike(Protocol):
@@ -150,6 +152,8 @@ def _clearly_dense(state: ZenSyncState, names: list[str]) -> bool:
         record = state.records.get(name)
         if record is None or record.scheme != "dense" or "dense" not in record.predicted_s:
             return False
+        if record.mean_density >= _DENSE_DENSITY:
+            continue
         fastest_sparse = min((t for s, t in record.predicted_s.items() if s != "dense"), default=float("inf"))
         if fastest_sparse < _CLEARLY_DENSE_FACTOR * record.predicted_s["dense"]:
             return False
