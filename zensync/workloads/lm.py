@@ -34,6 +34,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from zensync.workloads._seeding import mix_seed
+
 __all__ = [
     "UNK_TOKEN",
     "Config",
@@ -56,7 +58,6 @@ UNK_TOKEN = "<unk>"
 _TOKEN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[^\sA-Za-z0-9_]")
 """Identifiers/words, digit runs, and any other single non-space character (punctuation, operators)."""
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
-_MASK64 = (1 << 64) - 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -232,18 +233,6 @@ class LanguageModel(nn.Module):
         return self.decoder(hidden)
 
 
-def _mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (splitmix64 finaliser over a running state)."""
-    state = 0
-    for part in parts:
-        state = (state + (part & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        state = z ^ (z >> 31)
-    return state >> 1
-
-
 def batch_for_rank(
     corpus: torch.Tensor,
     config: Config,
@@ -265,7 +254,7 @@ def batch_for_rank(
         (inputs, targets), both int64 of shape (batch_size, seq_len); targets are inputs shifted by one token.
     """
     if generator is None:
-        generator = torch.Generator().manual_seed(_mix_seed(config.seed, rank, step))
+        generator = torch.Generator().manual_seed(mix_seed(config.seed, rank, step))
     num_starts = corpus.numel() - config.seq_len - 1
     starts = torch.randint(0, num_starts, (config.batch_size, 1), generator=generator)
     positions = starts + torch.arange(config.seq_len + 1)

@@ -26,6 +26,8 @@ import functools
 
 import torch
 
+from zensync.workloads._seeding import mix_seed
+
 __all__ = [
     "ZipfSparse",
     "zipf_gradient",
@@ -33,24 +35,11 @@ __all__ = [
     "zipf_sparse",
 ]
 
-_MASK64 = (1 << 64) - 1
 _SHARED_POOL_STREAM = -1
 """Stream id of the shared pool's generator (ranks use their rank, >= 0)."""
 
 ZipfSparse = tuple[torch.Tensor, torch.Tensor]
 """(item ids: int64 of shape (k,), sorted; values: (k,) or (k, item_numel), all non-zero)."""
-
-
-def _mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (splitmix64 finaliser over a running state)."""
-    state = 0
-    for part in parts:
-        state = (state + (part & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        state = z ^ (z >> 31)
-    return state >> 1
 
 
 def _check(num_items: int, item_numel: int, density: float, zipf_s: float, overlap: float, dtype: torch.dtype) -> None:
@@ -96,7 +85,7 @@ def _zipf_sample(
 @functools.lru_cache(maxsize=4)
 def _shared_pool(num_items: int, num_shared: int, zipf_s: float, seed: int) -> torch.Tensor:
     """The pool every rank draws ``overlap`` of its items from (cached; do not modify)."""
-    generator = torch.Generator().manual_seed(_mix_seed(seed, _SHARED_POOL_STREAM))
+    generator = torch.Generator().manual_seed(mix_seed(seed, _SHARED_POOL_STREAM))
     return _zipf_sample(num_items, num_shared, zipf_s, generator, exclude=None)
 
 
@@ -130,7 +119,7 @@ def zipf_sparse(
     # Step 1: the shared pool: same generator stream on every rank.
     shared = _shared_pool(num_items, num_shared, float(zipf_s), seed)
     # Step 2: this rank's private items, Zipf-drawn from everything outside the pool.
-    rank_gen = torch.Generator().manual_seed(_mix_seed(seed, rank))
+    rank_gen = torch.Generator().manual_seed(mix_seed(seed, rank))
     private = _zipf_sample(num_items, num_nonzero - num_shared, zipf_s, rank_gen, exclude=shared)
     ids = torch.cat([shared, private]).sort().values
     # Step 3: random non-zero values for every element of every chosen item.
