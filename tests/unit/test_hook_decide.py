@@ -61,3 +61,16 @@ def test_measured_union_matches_gamma_at_n() -> None:
     assert union(1) == shape.nnz
     assert shape.nnz <= union(2) <= union(4) <= union(8) <= union(16)
     assert independent_union(shape)(1) == pytest.approx(shape.nnz)
+
+
+def test_exploration_tries_an_unmeasured_scheme_once() -> None:
+    record = ParamRecord()
+    shape = _shape(0.01)
+    first, predicted = choose_scheme(shape, CANDIDATES, GBIT, record, 0.1)
+    record.scheme, record.predicted_s = first, predicted
+    record.learn(predicted[first] * 1.05)  # within the switch margin: no switch without exploring
+    tried = choose_scheme(shape, CANDIDATES, GBIT, record, 0.1, explore=True)[0]
+    assert tried != first and tried not in record.correction
+    assert choose_scheme(shape, CANDIDATES, GBIT, record, 0.1, explore=False)[0] == first
+    record.correction = dict.fromkeys(CANDIDATES, 1.0)  # every scheme measured: nothing left to explore
+    assert choose_scheme(shape, CANDIDATES, GBIT, record, 0.1, explore=True)[0] == first

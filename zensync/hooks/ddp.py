@@ -177,6 +177,7 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
             state.record(name).learn(total_us / transport.world_size * 1e-6)
     model = state.ensure_cost_model(views[0].device)
     candidates = AUTO_CANDIDATES if state.config.strategy == "auto" else ("dense", state.config.strategy)
+    explore = state.config.adapt and state.step > 0 and state.step % state.config.explore_every == 0
     schemes = []
     for name, view, total in zip(names, views, totals, strict=True):
         items = _items(view)
@@ -189,7 +190,7 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
         )
         record = state.record(name)
         record.mean_density = shape.nnz / shape.num_items if shape.num_items else 0.0
-        scheme, predicted = choose_scheme(shape, candidates, model, record, state.config.switch_margin)
+        scheme, predicted = choose_scheme(shape, candidates, model, record, state.config.switch_margin, explore)
         record.scheme, record.predicted_s = scheme, predicted
         schemes.append(scheme)
     return schemes

@@ -17,6 +17,8 @@ __all__ = ["ParamRecord", "choose_scheme", "measured_union"]
 
 _MAX_CORRECTION = 20.0
 """Bound on a correction factor, so one disturbed step cannot rule a scheme out for long."""
+EXPLORE_FACTOR = 3.0
+"""An untried scheme is explored while predicted within this factor of the best expected time."""
 _SMOOTHING = 0.5
 """Weight of the newest measurement in a correction factor."""
 
@@ -82,17 +84,25 @@ def choose_scheme(
     model: CostModel,
     previous: ParamRecord,
     margin: float,
+    explore: bool = False,
 ) -> tuple[str, dict[str, float]]:
     """The candidate with the lowest expected time; keeps the previous choice within ``margin``.
 
     Expected time = alpha-beta prediction x the scheme's measured correction factor (``learn``); the
     returned dict holds the uncorrected predictions. Hysteresis: a parameter whose density hovers at
-    a crossover would otherwise flip every step.
+    a crossover would otherwise flip every step. With ``explore``, a candidate never measured whose
+    expected time is within ``EXPLORE_FACTOR`` of the best is tried once instead: a model that is
+    wrong about an untried scheme (dense, typically) is otherwise never corrected.
     """
     union = measured_union(shape, previous.gamma) if previous.gamma else independent_union(shape)
     predicted = {name: predict_time(name, shape, union, model) for name in candidates}
     expected = {name: t * previous.correction.get(name, 1.0) for name, t in predicted.items()}
     best = min(candidates, key=lambda name: expected[name])
+    if explore and previous.correction:
+        untried = [n for n in candidates if n not in previous.correction and n != previous.scheme]
+        plausible = [n for n in untried if expected[n] <= EXPLORE_FACTOR * expected[best]]
+        if plausible:
+            return min(plausible, key=lambda name: expected[name]), predicted
     keep = previous.scheme in expected and math.isfinite(expected[previous.scheme])
     if keep and expected[previous.scheme] <= (1.0 + margin) * expected[best]:
         return previous.scheme, predicted

@@ -45,6 +45,8 @@ class HookConfig:
     """Per-rank bandwidth beta; None: measured at registration."""
     adapt: bool = True
     """Scale each scheme's predicted time by how it measured against the prediction (``ParamRecord.learn``)."""
+    explore_every: int = 10
+    """With ``adapt``: every this many steps, try one plausible scheme never measured for a parameter."""
     recheck_every: int = 10
     """Buckets that were clearly dense re-measure their density only every this many steps."""
     history_size: int = 1000
@@ -61,6 +63,8 @@ class HookConfig:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
         if self.switch_margin < 0:
             raise ValueError(f"switch_margin={self.switch_margin} must be >= 0")
+        if self.explore_every < 1:
+            raise ValueError(f"explore_every={self.explore_every} must be >= 1")
         if self.recheck_every < 1:
             raise ValueError(f"recheck_every={self.recheck_every} must be >= 1")
         if self.history_size < 1:
