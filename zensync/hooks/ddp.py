@@ -9,7 +9,7 @@
 3. chooses per parameter, with the alpha-beta cost model, the measured density and the previous
    step's gamma, between dense and the strategy's sparse scheme(s) (``hooks.decide``);
 4. syncs the dense parameters in one fused allreduce and each sparse parameter with
-   ``sparse_allreduce``, and returns the averaged bucket.
+   ``run_agreed`` (sparse_allreduce without its per-call validation), and returns the averaged bucket.
 
 Everything after step 1 runs on the state's communication thread, so it overlaps the rest of
 backward; DDP waits for the futures at the end of backward.
@@ -26,7 +26,7 @@ from zensync import kernels
 from zensync.hooks.decide import choose_scheme
 from zensync.hooks.state import HookConfig, ZenSyncState
 from zensync.sync.auto import AUTO_CANDIDATES
-from zensync.sync.base import index_dtype, item_view
+from zensync.sync.base import ItemView, index_dtype, item_view
 from zensync.sync.cost import TensorShape
 from zensync.sync.run import run_agreed
 from zensync.transport import GradBucket, TrafficLog
@@ -110,9 +110,9 @@ def _param_views(buffer: torch.Tensor, params: list[torch.Tensor]) -> list[torch
     return views
 
 
-def _items(view: torch.Tensor) -> torch.Tensor:
-    """The item view the sparse schemes use: rows of a 2-D parameter, elements otherwise."""
-    return view if view.dim() == 2 else view.reshape(-1, 1)
+def _item_view(view: torch.Tensor) -> ItemView:
+    """A parameter as the sparse schemes see it: rows of a 2-D parameter, elements otherwise."""
+    return item_view(view, "row" if view.dim() == 2 else "element")
 
 
 def _sync_bucket(state: ZenSyncState, buffer: torch.Tensor, params: list[torch.Tensor], is_last: bool) -> torch.Tensor:
@@ -165,7 +165,8 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
     transport = state.transport
     # One small all-gather carries this step's non-zero counts and the last step's measured sync
     # times (microseconds), so every rank decides on the same numbers.
-    counts = [kernels.nonzero_items(_items(v)).numel() for v in views]
+    item_views = [_item_view(v) for v in views]
+    counts = [kernels.nonzero_items(v.x2d).numel() for v in item_views]
     measured_us = [round(state.record(name).measured_s * 1e6) for name in names]
     local = torch.tensor(counts + measured_us, dtype=torch.int64, device=views[0].device)
     with transport.phase("detect"):
@@ -179,13 +180,12 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
     candidates = AUTO_CANDIDATES if state.config.strategy == "auto" else ("dense", state.config.strategy)
     explore = state.config.adapt and state.step > 0 and state.step % state.config.explore_every == 0
     schemes = []
-    for name, view, total in zip(names, views, totals, strict=True):
-        items = _items(view)
+    for name, view, total in zip(names, item_views, totals, strict=True):
         shape = TensorShape(
             world_size=transport.world_size,
-            num_items=items.shape[0],
-            item_bytes=items.shape[1] * items.element_size(),
-            index_bytes=torch.empty((), dtype=index_dtype(items.shape[0])).element_size(),
+            num_items=view.num_items,
+            item_bytes=view.item_bytes,
+            index_bytes=index_dtype(view.num_items).itemsize,
             nnz=total / transport.world_size,
         )
         record = state.record(name)
@@ -230,13 +230,15 @@ def _sync_dense(
 def _sync_sparse(
     state: ZenSyncState, out: torch.Tensor, views: list[torch.Tensor], schemes: list[str], names: list[str]
 ) -> None:
-    """Step 4b: each sparse parameter through sparse_allreduce, written into ``out``."""
+    """Step 4b: each sparse parameter through its sparse scheme (``run_agreed``), written into ``out``."""
+    if all(scheme == "dense" for scheme in schemes):
+        return  # the common case of a dense bucket: nothing to split
     out_views = _param_views(out, views)
     for i, scheme in enumerate(schemes):
         if scheme == "dense":
             continue
         stats = SyncStats()
-        view = item_view(views[i], "row" if views[i].dim() == 2 else "element")
+        view = _item_view(views[i])
         # Agreement is established (register's check + this step's density exchange): no validation.
         result = run_agreed(
             view,

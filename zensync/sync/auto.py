@@ -39,7 +39,7 @@ class AutoScheme(SyncScheme):
             world_size=ctx.transport.world_size,
             num_items=view.num_items,
             item_bytes=view.item_bytes,
-            index_bytes=torch.empty((), dtype=index_dtype(view.num_items)).element_size(),
+            index_bytes=index_dtype(view.num_items).itemsize,
             nnz=sum(ctx.nnz_per_rank) / len(ctx.nnz_per_rank),
         )
         model = CostModel(latency_s=ctx.options.latency_s, bandwidth_bytes_per_s=ctx.options.bandwidth_bytes_per_s)

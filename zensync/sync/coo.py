@@ -22,7 +22,7 @@ def encode_records(indices: torch.Tensor, values: torch.Tensor, index_dtype: tor
 
 
 def _empty(dtype: torch.dtype, like: torch.Tensor, count: int = 1) -> torch.Tensor:
-    width = torch.empty((), dtype=dtype).element_size() * count
+    width = dtype.itemsize * count
     return torch.empty((0, width), dtype=torch.uint8, device=like.device)
 
 
@@ -30,8 +30,8 @@ def decode_records(
     block: torch.Tensor, index_dtype: torch.dtype, value_dtype: torch.dtype, item_numel: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of ``encode_records`` on a flat uint8 buffer: (int64 indices (k,), values (k, item_numel))."""
-    index_width = torch.empty((), dtype=index_dtype).element_size()
-    value_width = torch.empty((), dtype=value_dtype).element_size() * item_numel
+    index_width = index_dtype.itemsize
+    value_width = value_dtype.itemsize * item_numel
     record = index_width + value_width
     if block.numel() % record:
         raise ValueError(f"COO block of {block.numel()} bytes is not a whole number of {record}-byte records")

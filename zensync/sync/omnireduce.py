@@ -45,7 +45,7 @@ def _decode_blocks(
     """(global block ids, (k, block) values zero-padded) from ``_encode_blocks``'s payload."""
     reader = ByteReader(payload)
     ids = kernels.bitmap_decode(reader.take(torch.int32, (count + 31) // 32), count)
-    values = reader.take(dtype, reader.remaining // torch.empty((), dtype=dtype).element_size())
+    values = reader.take(dtype, reader.remaining // dtype.itemsize)
     padded = torch.zeros(ids.numel() * block, dtype=dtype, device=payload.device)
     padded[: values.numel()] = values
     return ids + first, padded.view(-1, block)

@@ -19,7 +19,7 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def from_bytes(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Reinterpret a 1-D uint8 tensor as ``dtype`` (copying first when the offset is misaligned)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     if buf.numel() % itemsize:
         raise ValueError(f"{buf.numel()} bytes is not a whole number of {dtype} elements")
     if buf.numel() == 0:
@@ -48,7 +48,7 @@ class ByteReader:
 
     def take(self, dtype: torch.dtype, count: int) -> torch.Tensor:
         """The next ``count`` elements of ``dtype``."""
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = count * dtype.itemsize
         if self._offset + nbytes > self._buf.numel():
             raise ValueError(
                 f"payload too short: need {nbytes} bytes at offset {self._offset}, have {self._buf.numel()}"

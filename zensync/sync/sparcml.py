@@ -94,7 +94,7 @@ def _merge(lower: _State, upper: _State, view: ItemView, dense_ratio: float) -> 
     unique, sums, _ = kernels.aggregate(
         torch.cat([lower.indices, upper.indices]), torch.cat([lower.values, upper.values])
     )
-    index_bytes = torch.empty((), dtype=index_dtype(view.num_items)).element_size()
+    index_bytes = index_dtype(view.num_items).itemsize
     if unique.numel() * (index_bytes + view.item_bytes) > dense_ratio * view.num_items * view.item_bytes:
         return _State(None, _to_dense(_State(unique, sums), view))
     return _State(unique, sums)

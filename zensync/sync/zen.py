@@ -112,7 +112,7 @@ class ZenScheme(SyncScheme):
     def _encode_partition(self, ctx: SyncContext, part: Partition, pushed: _Pushed) -> torch.Tensor:
         view = ctx.view
         idx_dtype = index_dtype(part.range_len)
-        index_bytes = torch.empty((), dtype=idx_dtype).element_size()
+        index_bytes = idx_dtype.itemsize
         _, range_len = part.owner_range(ctx.transport.rank)
         num_unique = pushed.positions.numel()
         sizes = [pull_payload_bytes(e, num_unique, range_len, index_bytes, view.item_bytes) for e in PULL_ENCODINGS]
