@@ -43,6 +43,8 @@ import torch.distributed as dist
 
 import zensync
 from zensync.testbed import EmulatedCluster, make_cluster, parse_rate
+from zensync.transport import transport_for_group
+from zensync.workloads import lm
 
 _PORT = 29533
 _SETTLE_S = 0.3
@@ -78,11 +80,20 @@ def _measure(fn: Any, reps: int, iface: str | None) -> tuple[list[float], float]
     return seconds, (_fenced_tx(iface) - before) / reps
 
 
+def _lm_rows(args: argparse.Namespace, rank: int) -> torch.Tensor:
+    """Embedding rows rank ``rank`` touches in step 0 of the LM workload (its natural density)."""
+    config = lm.Config(vocab_size=args.numel // args.dim, embed_dim=args.dim, batch_size=args.lm_batch)
+    inputs, _ = lm.batch_for_rank(lm.load_corpus(config), config, rank, step=0)
+    return torch.unique(inputs)
+
+
 def _sparse_input(args: argparse.Namespace, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(1000 + rank)
     num_items = args.numel // args.dim  # rows of an embedding gradient when --dim > 1
-    k = int(num_items * args.density)
-    idx = torch.randperm(num_items, generator=gen)[:k]
+    if args.lm_batch:
+        idx = _lm_rows(args, rank)
+    else:
+        gen = torch.Generator().manual_seed(1000 + rank)
+        idx = torch.randperm(num_items, generator=gen)[: int(num_items * args.density)]
     x = torch.zeros(num_items, args.dim) if args.dim > 1 else torch.zeros(args.numel)
     x[idx] = float(rank + 1)
     return x, idx
@@ -109,6 +120,14 @@ def worker(args: argparse.Namespace) -> None:
 
     zen_s, zen_tx = _measure(zen, args.reps, iface)
     stats = last["stats"]
+    # The same calls with every collective fenced by a barrier: transfer time without rank skew.
+    transport = transport_for_group(None)
+    fenced_s = []
+    for _ in range(args.reps):
+        fenced_stats = zensync.SyncStats()
+        with transport.fenced():
+            zensync.sparse_allreduce(x, transport, scheme="zen", stats=fenced_stats)
+        fenced_s.append({k: p.comm_time_s for k, p in fenced_stats.phases.items()})
     expected = torch.zeros_like(x)
     for r in range(n):
         expected[_sparse_input(args, r)[1]] += float(r + 1)
@@ -132,6 +151,7 @@ def worker(args: argparse.Namespace) -> None:
                 for k, p in stats.phases.items()
             },
             "comm_s": sum(p.comm_time_s for p in stats.phases.values()),
+            "fenced_phase_s": fenced_s,
             "local_nnz": int(idx.numel()),
             "union": union,
             "exact": bool(torch.equal(last["out"], expected)),
@@ -170,6 +190,15 @@ def _summarize(
         }
         if name == "zen":
             row["comm_s_max"] = max(r["zen"]["comm_s"] for r in ranks)
+            # Transfer time of push + pull with fenced collectives: max over ranks, median over reps.
+            row["fenced_transfer_s"] = statistics.median(
+                max(
+                    r["zen"]["fenced_phase_s"][i].get("push", 0.0) + r["zen"]["fenced_phase_s"][i].get("pull", 0.0)
+                    for r in ranks
+                )
+                for i in range(args.reps)
+            )
+            row["fenced_phase_s_rank0"] = ranks[0]["zen"]["fenced_phase_s"]
             row.update(
                 local_nnz_mean=k_mean,
                 union=union,
@@ -181,6 +210,8 @@ def _summarize(
     measured_bw = out["dense"]["predicted_bytes_per_host"] / out["dense"]["median_s"]
     out["measured_bandwidth_bytes_per_s"] = measured_bw
     out["zen"]["predicted_s_measured_bw"] = out["zen"]["predicted_bytes_per_host"] / measured_bw
+    out["zen"]["fenced_over_eq1"] = out["zen"]["fenced_transfer_s"] / out["zen"]["predicted_s_measured_bw"]
+    out["zen_transfer_over_dense_time"] = out["zen"]["fenced_transfer_s"] / out["dense"]["median_s"]
     out["zen_over_dense_time"] = out["zen"]["median_s"] / out["dense"]["median_s"]
     out["barrier_tx_bytes"] = [r["barrier_tx"] for r in ranks]
     return out
@@ -219,6 +250,9 @@ def _markdown(meta: dict[str, Any], res: dict[str, Any]) -> str:
         f"{z['comm_s_max']:.4f} s; result exact on every rank: {z['exact']}.",
         f"Measured bandwidth (dense allreduce) {res['measured_bandwidth_bytes_per_s'] / 1e6:.1f} MB/s; Eq. 1 time at "
         f"that bandwidth {z['predicted_s_measured_bw']:.4f} s; zen / dense time {res['zen_over_dense_time']:.3f}.",
+        f"Fenced (every collective after a barrier) push + pull transfer time {z['fenced_transfer_s']:.4f} s = "
+        f"{z['fenced_over_eq1']:.3f} x Eq. 1 at the measured bandwidth; zen transfer / dense time "
+        f"{res['zen_transfer_over_dense_time']:.3f}.",
         f"Barrier bytes subtracted per fence: {res['barrier_tx_bytes']}.",
         "",
         f"Wire target: every wire/engine within 1 +- {_WIRE_TOLERANCE:.0%}: {meta['wire_ok']}.",
@@ -235,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--numel", type=int, default=10_000_000)
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--dim", type=int, default=1, help="item size: > 1 syncs rows of an (numel/dim, dim) table")
+    p.add_argument(
+        "--lm-batch",
+        type=int,
+        default=0,
+        help="> 0: rows touched by this many sequences of the LM workload per rank (natural density; --density unused)",
+    )
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-offload", action="store_true")
     p.add_argument("--timeout-s", type=float, default=600.0)

@@ -26,6 +26,10 @@ inputs. With n ranks, rank r, and B the byte size of a tensor:
 
 A rank's own chunk never crosses the network and is not counted. Traffic is attributed to the phase
 set with ``phase(name)`` and accumulated into the ``TrafficLog`` installed with ``recording()``.
+
+Timing: each collective's ``comm_time_s`` runs from the call to its return, so it includes waiting
+for ranks that arrive later. Benchmarks that want the transfer alone wrap the calls in ``fenced()``:
+every collective then starts with an (unaccounted, untimed) barrier.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Transport(abc.ABC):
         self.world_size = world_size
         self._phase = "other"
         self._logs: list[TrafficLog] = []
+        self._fenced = False
         self.h0_seed: int | None = None
         """Seed of Zen's first-level hash, agreed on at first use (see zensync.sync.partition)."""
 
@@ -105,6 +110,26 @@ class Transport(abc.ABC):
         finally:
             self._logs.remove(log)
 
+    @contextlib.contextmanager
+    def fenced(self) -> Iterator[None]:
+        """Benchmark instrumentation: each enclosed collective starts after a barrier.
+
+        The barrier is neither timed nor counted, so ``comm_time_s`` measures the transfer itself
+        rather than waiting for the slowest rank. Costs one extra round per collective: never for
+        production use.
+        """
+        previous, self._fenced = self._fenced, True
+        try:
+            yield
+        finally:
+            self._fenced = previous
+
+    def _start(self) -> float:
+        """Start time of a collective (after the fence barrier when ``fenced()`` is active)."""
+        if self._fenced:
+            self._barrier()
+        return time.perf_counter()
+
     def _account(
         self, sent: int, recv: int, control: int, messages: int, seconds: float, control_recv: int | None = None
     ) -> None:
@@ -125,7 +150,7 @@ class Transport(abc.ABC):
 
         ``inplace`` needs a contiguous tensor and saves a copy of it (the DDP hook's bucket buffer).
         """
-        start = time.perf_counter()
+        start = self._start()
         if inplace and not tensor.is_contiguous():
             raise ValueError("all_reduce(inplace=True) needs a contiguous tensor")
         out = self._all_reduce(tensor if inplace else tensor.contiguous().clone())
@@ -137,14 +162,14 @@ class Transport(abc.ABC):
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's 1-D tensor, in rank order; all ranks must pass the same size."""
-        start = time.perf_counter()
+        start = self._start()
         out = self._all_gather(tensor.contiguous())
         self._account_gather(tensor, out, control=0, start=start)
         return out
 
     def all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's 1-D tensor, in rank order; sizes may differ (dtype may not)."""
-        start = time.perf_counter()
+        start = self._start()
         out = self._all_gather_v(tensor.contiguous())
         control = CONTROL_BYTES_PER_COUNT * (self.world_size - 1)
         self._account_gather(tensor, out, control=control, start=start)
@@ -167,7 +192,7 @@ class Transport(abc.ABC):
                 f"all_to_all_v: send_counts={counts} must have world_size={self.world_size} "
                 f"non-negative entries summing to tensor.numel()={tensor.numel()}"
             )
-        start = time.perf_counter()
+        start = self._start()
         out, recv_counts = self._all_to_all_v(tensor.contiguous(), counts)
         esize = tensor.element_size()
         sent = sum(c for j, c in enumerate(counts) if j != self.rank) * esize
@@ -179,7 +204,7 @@ class Transport(abc.ABC):
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """``src``'s tensor on every rank (others pass a tensor of the same size and dtype)."""
-        start = time.perf_counter()
+        start = self._start()
         out = self._broadcast(tensor.contiguous(), src)
         nbytes = _nbytes(tensor)
         if self.rank == src:
@@ -202,7 +227,7 @@ class Transport(abc.ABC):
             raise ValueError("send_recv: pass both tensor and dst, or neither")
         if tensor is not None and tensor.dtype != torch.uint8:
             raise ValueError(f"send_recv moves uint8 payloads, got dtype={tensor.dtype}")
-        start = time.perf_counter()
+        start = self._start()
         out = self._send_recv(None if tensor is None else tensor.contiguous(), dst, src, device)
         sent = 0 if tensor is None else _nbytes(tensor)
         recv = 0 if out is None else _nbytes(out)

@@ -6,6 +6,12 @@ moved, so the same code drives gloo with CPU tensors and NCCL with CUDA tensors.
 gloo has no uneven all_gather, so ``all_gather_v`` with unequal sizes is an ``all_to_all_single``
 in which each rank sends its payload to every peer: exactly the bytes of an all-gather-v, and no
 padding on the wire.
+
+gloo's ring all_gather pays one wake-up per ring step: about 3.5 ms for 8 bytes among 4 processes
+on 2 cores, where one ``all_to_all_single`` carrying the same bytes takes about 0.6 ms
+(experiments/results/collective_latency_*). Small all-gathers on gloo (the descriptor, size and
+count exchanges) therefore go through ``all_to_all_single``; large ones keep the ring, which uses
+the links better.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ GradBucket = dist.GradBucket
 
 # torch >= 2.13 renames all_gather_into_tensor (deprecated) to all_gather_single.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+SMALL_GATHER_BYTES = 64 * 1024
+"""On gloo, all-gathers of at most this many bytes per rank go through all_to_all_single."""
 
 
 class TorchTransport(Transport):
@@ -45,6 +54,7 @@ class TorchTransport(Transport):
             )
         super().__init__(rank, dist.get_world_size(group))
         self.group = group
+        self._small_gather_bytes = SMALL_GATHER_BYTES if dist.get_backend(group) == "gloo" else 0
 
     def duplicate(self) -> TorchTransport:
         """A transport on a new process group with the same ranks (a collective of those ranks).
@@ -73,7 +83,10 @@ class TorchTransport(Transport):
 
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = torch.empty(self.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-        _all_gather_single(out, tensor, group=self.group)
+        if tensor.numel() * tensor.element_size() <= self._small_gather_bytes:
+            dist.all_to_all_single(out, tensor.repeat(self.world_size), group=self.group)
+        else:
+            _all_gather_single(out, tensor, group=self.group)
         return list(out.chunk(self.world_size)) if tensor.numel() else [out[:0]] * self.world_size
 
     def _all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
