@@ -140,7 +140,10 @@ def _overhead(args: argparse.Namespace) -> dict[str, Any]:
 def _worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
-    result = {"sweep": _sweep(args, rank), "overhead": _overhead(args)}
+    result = {
+        "sweep": _sweep(args, rank) if args.only != "overhead" else [],
+        "overhead": _overhead(args) if args.only != "sweep" else None,
+    }
     if rank == 0:
         pathlib.Path(args.out).write_text(json.dumps(result))
     dist.destroy_process_group()
@@ -165,6 +168,8 @@ def _report(args: argparse.Namespace, result: dict[str, Any], emulated: bool, wa
             f"{row['auto_choice']} | {row['auto_over_best']:.3f} |"
         )
     over = result["overhead"]
+    if over is None:
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"Hook overhead on a dense MLP (4 x Linear({args.mlp_width}, {args.mlp_width})): DDP default "
@@ -185,6 +190,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--mlp-width", type=int, default=1024)
+    parser.add_argument("--only", choices=("sweep", "overhead"), help="run one of the two parts")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()

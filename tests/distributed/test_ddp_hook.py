@@ -94,6 +94,9 @@ def _equivalence_worker(rank: int, world_size: int, cases: list[tuple[str, str, 
             "history": len(state.history),
             "bytes": [h["bytes_sent"] for h in state.history],
             "sparse_bytes": [sum(p.get("bytes_sent", 0) for p in h["params"].values()) for h in state.history],
+            "recorded": [sorted(h["params"]) for h in state.history],
+            "names": sorted(state.param_names.values()),
+            "elements": sum(p.numel() for p in state.param_names),
         }
         state.close()
     return results
@@ -135,6 +138,17 @@ class TestDDPHookEquivalence:
             assert per_rank["zen/plain/float32"]["schemes"]["emb.weight"] == "zen"
             assert per_rank["zen/plain/float32"]["schemes"]["fc1.weight"] == "dense"
             assert per_rank["dense/plain/float32"]["schemes"]["emb.weight"] == "dense"
+
+    def test_dense_buckets_account_every_parameter(self, results: list[dict[str, Any]]) -> None:
+        # strategy "dense": every bucket but the last is allreduced asynchronously on DDP's group;
+        # each step still records every parameter and the ring bytes of all of them.
+        n = len(results)
+        for per_rank in results:
+            record = per_rank["dense/plain/float32"]
+            assert all(names == record["names"] for names in record["recorded"])
+            ring = 2 * (n - 1) / n * record["elements"] * 4
+            for sent in record["bytes"]:
+                assert abs(sent - ring) <= 8 * len(record["names"]), (sent, ring)
 
     def test_step_bytes_include_sparse_syncs(self, results: list[dict[str, Any]]) -> None:
         for per_rank in results:

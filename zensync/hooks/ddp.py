@@ -85,8 +85,12 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     """DDP comm hook: ``ddp_model.register_comm_hook(state, zensync_hook)``; see the module docstring."""
     buffer = bucket.buffer()
     params = list(bucket.parameters())
+    names = [state.name_of(p) for p in params]
     is_last = bucket.is_last()
-    return state.worker.submit(lambda: _sync_bucket(state, buffer, params, is_last))
+    dense_only = _dense_without_detection(state, names)
+    if dense_only and not is_last and state.dense_transport is not state.transport:
+        return _async_dense(state, buffer, params, names)
+    return state.worker.submit(lambda: _sync_bucket(state, buffer, params, names, is_last, dense_only))
 
 
 # DDP.register_comm_hook compares the annotations with the real GradBucket and Future types, and this
@@ -115,28 +119,82 @@ def _item_view(view: torch.Tensor) -> ItemView:
     return item_view(view, "row" if view.dim() == 2 else "element")
 
 
-def _sync_bucket(state: ZenSyncState, buffer: torch.Tensor, params: list[torch.Tensor], is_last: bool) -> torch.Tensor:
+def _async_dense(
+    state: ZenSyncState, buffer: torch.Tensor, params: list[torch.Tensor], names: list[str]
+) -> torch.futures.Future[torch.Tensor]:
+    """A bucket that needs no detection: one async allreduce on DDP's group, as torch's allreduce hook.
+
+    No thread hop and no split: the cheapest path, taken by every bucket of a dense model between
+    re-checks. The last bucket of a step always goes through the comm thread, which closes the step
+    after the async buckets complete.
+    """
+    transport = state.dense_transport
+    buffer.div_(transport.world_size)
+    log = TrafficLog()
+    start = time.perf_counter()
+    with transport.recording(log), transport.phase("dense"):
+        future = transport.all_reduce_async(buffer)
+    numels = [p.numel() for p in params]
+
+    def done(finished: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        out = finished.value()
+        elapsed = time.perf_counter() - start
+        with state.lock:
+            _note_dense(state, names, numels, elapsed)
+            _note_traffic(state, log, elapsed)
+        return out
+
+    chained = future.then(done)
+    state.add_pending(chained)
+    return chained
+
+
+def _sync_bucket(
+    state: ZenSyncState,
+    buffer: torch.Tensor,
+    params: list[torch.Tensor],
+    names: list[str],
+    is_last: bool,
+    dense_only: bool,
+) -> torch.Tensor:
     start = time.perf_counter()
     transport = state.transport
-    names = [state.name_of(p) for p in params]
     views = _param_views(buffer, params)
     buffer.div_(transport.world_size)  # Step 1: average first, as DDP does (no fp16 overflow)
     log = TrafficLog()
     with transport.recording(log):
-        if state.in_warmup or state.config.strategy == "dense" or _clearly_dense(state, names):
-            schemes = ["dense"] * len(views)
-        else:
-            schemes = _decide(state, names, views)
+        schemes = ["dense"] * len(views) if dense_only else _decide(state, names, views)
         out = _sync_dense(state, buffer, views, schemes, names)
         _sync_sparse(state, out, views, schemes, names)
-    elapsed = time.perf_counter() - start
+    with state.lock:
+        _note_traffic(state, log, time.perf_counter() - start)
+    if is_last:
+        state.finish_step()
+    return out
+
+
+def _note_traffic(state: ZenSyncState, log: TrafficLog, elapsed: float) -> None:
+    """Add one bucket's sync time and bytes to the step record (caller holds ``state.lock``)."""
     current = state.current
     current["comm_time_s"] += elapsed
     current["bytes_sent"] += sum(p.bytes_sent + p.control_bytes_sent for p in log.phases.values())
     current["bytes_recv"] += sum(p.bytes_recv + p.control_bytes_recv for p in log.phases.values())
-    if is_last:
-        state.finish_step()
-    return out
+
+
+def _note_dense(state: ZenSyncState, names: list[str], numels: list[int], elapsed: float) -> None:
+    """Records of parameters synced by one fused dense allreduce taking ``elapsed`` (caller holds the lock)."""
+    total = sum(numels) or 1
+    for name, numel in zip(names, numels, strict=True):
+        record = state.record(name)
+        record.scheme = "dense"
+        record.measured_s = elapsed * numel / total
+        record.steps += 1
+        state.current["params"][name] = {"scheme": "dense", "density": record.mean_density}
+
+
+def _dense_without_detection(state: ZenSyncState, names: list[str]) -> bool:
+    """Whether a bucket is synced densely this step without counting its non-zeros (same on every rank)."""
+    return state.in_warmup or state.config.strategy == "dense" or _clearly_dense(state, names)
 
 
 def _clearly_dense(state: ZenSyncState, names: list[str]) -> bool:
@@ -217,13 +275,8 @@ def _sync_dense(
                     out_views[i].view(-1).copy_(summed[offset : offset + numel])
                     offset += numel
     elapsed = time.perf_counter() - start
-    total = sum(views[i].numel() for i in dense) or 1
-    for i in dense:
-        record = state.record(names[i])
-        record.scheme = "dense"
-        record.measured_s = elapsed * views[i].numel() / total
-        record.steps += 1
-        state.current["params"][names[i]] = {"scheme": "dense", "density": record.mean_density}
+    with state.lock:
+        _note_dense(state, [names[i] for i in dense], [views[i].numel() for i in dense], elapsed)
     return out
 
 
@@ -249,18 +302,24 @@ def _sync_sparse(
             stats=stats,
         )
         out_views[i].copy_(result.view(views[i].shape))
-        record = state.record(names[i])
-        if stats.densification is not None:
-            record.gamma = stats.densification
-        record.measured_s = stats.total_time_s
-        record.bytes_sent, record.bytes_recv = stats.bytes_sent, stats.bytes_recv
-        record.steps += 1
-        state.current["params"][names[i]] = {
-            "scheme": scheme,
-            "density": record.mean_density,
-            "gamma": record.gamma,
-            "bytes_sent": stats.bytes_sent,
-            "bytes_recv": stats.bytes_recv,
-            "predicted_s": record.predicted_s.get(scheme),
-            "measured_s": stats.total_time_s,
-        }
+        with state.lock:
+            _note_sparse(state, names[i], scheme, stats)
+
+
+def _note_sparse(state: ZenSyncState, name: str, scheme: str, stats: SyncStats) -> None:
+    """Record of a parameter synced by a sparse scheme (caller holds ``state.lock``)."""
+    record = state.record(name)
+    if stats.densification is not None:
+        record.gamma = stats.densification
+    record.measured_s = stats.total_time_s
+    record.bytes_sent, record.bytes_recv = stats.bytes_sent, stats.bytes_recv
+    record.steps += 1
+    state.current["params"][name] = {
+        "scheme": scheme,
+        "density": record.mean_density,
+        "gamma": record.gamma,
+        "bytes_sent": stats.bytes_sent,
+        "bytes_recv": stats.bytes_recv,
+        "predicted_s": record.predicted_s.get(scheme),
+        "measured_s": stats.total_time_s,
+    }

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import secrets
+import threading
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -103,6 +104,7 @@ class ZenSyncState:
         # Communication: the group, its transport, the fitted alpha-beta model, the comm thread.
         "process_group",
         "transport",
+        "dense_transport",
         "cost_model",
         "worker",
         "h0_seed",
@@ -113,6 +115,8 @@ class ZenSyncState:
         "step",
         "history",
         "current",
+        "lock",
+        "_pending",
         "_jsonl",
     )
 
@@ -124,6 +128,9 @@ class ZenSyncState:
         transport = resolve(process_group)
         # A group of its own: the comm thread's collectives must not interleave with DDP's.
         self.transport: Transport = transport.duplicate() if isinstance(transport, TorchTransport) else transport
+        self.dense_transport: Transport = transport
+        """DDP's own group: buckets that need no detection are allreduced on it straight from the
+        hook, asynchronously, as torch's allreduce hook does (when it is not ``transport`` itself)."""
         self.cost_model: CostModel | None = None
         if config.latency_s is not None and config.bandwidth_bytes_per_s is not None:
             self.cost_model = CostModel(latency_s=config.latency_s, bandwidth_bytes_per_s=config.bandwidth_bytes_per_s)
@@ -134,6 +141,9 @@ class ZenSyncState:
         self.step = 0
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history_size)
         self.current: dict[str, Any] = self._new_step_record()
+        self.lock = threading.Lock()
+        """Guards ``current`` and ``records``: async dense buckets complete on the backend's thread."""
+        self._pending: list[torch.futures.Future[torch.Tensor]] = []
         self._jsonl = self._jsonl_target()
         if self.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.transport.world_size)
@@ -213,8 +223,21 @@ class ZenSyncState:
     def _new_step_record(self) -> dict[str, Any]:
         return {"step": self.step, "comm_time_s": 0.0, "bytes_sent": 0, "bytes_recv": 0, "params": {}}
 
+    def add_pending(self, future: torch.futures.Future[torch.Tensor]) -> None:
+        """Remember an async bucket of this step; ``finish_step`` waits for it."""
+        with self.lock:
+            self._pending.append(future)
+
     def finish_step(self) -> None:
-        """Close the current step's record (called after the last bucket of a backward pass)."""
+        """Close the current step's record (called after the last bucket of a backward pass).
+
+        Waits for the step's async buckets first (their statistics belong to this step); re-raises
+        the error of a failed one.
+        """
+        with self.lock:
+            pending, self._pending = self._pending, []
+        if pending:
+            torch.futures.wait_all(pending)
         record = self.current
         self.history.append(record)
         if self._jsonl is not None:

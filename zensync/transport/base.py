@@ -3,7 +3,8 @@
 A ``Transport`` is one rank's handle on a group of ``world_size`` ranks. It offers the collectives the
 engine needs on 1-D tensors (any dtype the backend moves; byte tensors for packed payloads):
 
-    all_reduce(x)                  -> sum over ranks (new tensor)
+    all_reduce(x)                  -> sum over ranks (new tensor, or x itself with inplace=True)
+    all_reduce_async(x)            -> Future of x summed in place
     all_gather(x)                  -> list of every rank's x (equal sizes)
     all_gather_v(x)                -> list of every rank's x (sizes may differ)
     all_to_all_v(x, send_counts)   -> (received, recv_counts); x is cut into world_size chunks
@@ -133,8 +134,21 @@ class Transport(abc.ABC):
     def _account(
         self, sent: int, recv: int, control: int, messages: int, seconds: float, control_recv: int | None = None
     ) -> None:
-        for log in self._logs:
-            record = log.get(self._phase)
+        self._account_to(self._logs, self._phase, sent, recv, control, messages, seconds, control_recv)
+
+    @staticmethod
+    def _account_to(
+        logs: list[TrafficLog],
+        phase: str,
+        sent: int,
+        recv: int,
+        control: int,
+        messages: int,
+        seconds: float,
+        control_recv: int | None = None,
+    ) -> None:
+        for log in logs:
+            record = log.get(phase)
             record.bytes_sent += sent
             record.bytes_recv += recv
             record.control_bytes_sent += control
@@ -159,6 +173,29 @@ class Transport(abc.ABC):
         nbytes = elems * tensor.element_size()
         self._account(nbytes, nbytes, 0, 2 * (n - 1) if nbytes else 0, time.perf_counter() - start)
         return out
+
+    def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """Sum the contiguous 1-D ``tensor`` over ranks in place, asynchronously where the backend can.
+
+        Returns a Future holding ``tensor``. Traffic goes to the logs and phase installed at the
+        call, with the time from the call to completion. Callers must issue their async and blocking
+        collectives of a group in the same order on every rank.
+        """
+        if not tensor.is_contiguous():
+            raise ValueError("all_reduce_async needs a contiguous tensor")
+        start = self._start()
+        logs, phase = list(self._logs), self._phase
+        n = self.world_size
+        nbytes = (
+            2 * (tensor.numel() - _ring_chunk(tensor.numel(), n, self.rank)) * tensor.element_size() if n > 1 else 0
+        )
+
+        def account(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            result = done.value()  # re-raises a failed collective
+            self._account_to(logs, phase, nbytes, nbytes, 0, 2 * (n - 1) if nbytes else 0, time.perf_counter() - start)
+            return result
+
+        return self._all_reduce_async(tensor).then(account)
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's 1-D tensor, in rank order; all ranks must pass the same size."""
@@ -250,6 +287,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over ranks in place and return it (the caller owns ``tensor``)."""
+
+    def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """In-place sum as a Future; this default runs ``_all_reduce`` now and returns a done Future."""
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_result(self._all_reduce(tensor))
+        return future
 
     @abc.abstractmethod
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]: ...

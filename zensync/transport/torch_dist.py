@@ -81,6 +81,11 @@ class TorchTransport(Transport):
         dist.all_reduce(tensor, group=self.group)
         return tensor
 
+    def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        assert work is not None
+        return work.get_future().then(lambda _: tensor)
+
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = torch.empty(self.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
         if tensor.numel() * tensor.element_size() <= self._small_gather_bytes:
