@@ -55,10 +55,10 @@ def worker(args: argparse.Namespace) -> None:
         out = torch.empty(x.numel() * n)
         reps = args.reps if nbytes <= 1024 * 1024 else max(3, args.reps // 4)
         ops = {
-            "ring all_gather": lambda: dist.all_gather_into_tensor(out, x),
-            "all_to_all_single": lambda: dist.all_to_all_single(out, x.repeat(n)),
-            "zensync all_gather": lambda: transport.all_gather(x),
-            "all_reduce": lambda: dist.all_reduce(x.clone()),
+            "ring all_gather": lambda out=out, x=x: dist.all_gather_into_tensor(out, x),
+            "all_to_all_single": lambda out=out, x=x: dist.all_to_all_single(out, x.repeat(n)),
+            "zensync all_gather": lambda x=x: transport.all_gather(x),
+            "all_reduce": lambda x=x: dist.all_reduce(x.clone()),
         }
         results[str(nbytes)] = {name: _time(fn, reps) for name, fn in ops.items()}
     pathlib.Path(args.out, f"rank{dist.get_rank()}.json").write_text(json.dumps(results))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zensync.hooks.decide import ParamRecord, choose_scheme, measured_union
+from zensync.hooks.decide import REFRESH_FACTOR, ParamRecord, blend_prior, choose_scheme, measured_union
 from zensync.sync.cost import CostModel, TensorShape, independent_union
 
 GBIT = CostModel(latency_s=50e-6, bandwidth_bytes_per_s=1.25e8)
@@ -74,3 +74,37 @@ def test_exploration_tries_an_unmeasured_scheme_once() -> None:
     assert choose_scheme(shape, CANDIDATES, GBIT, record, 0.1, explore=False)[0] == first
     record.correction = dict.fromkeys(CANDIDATES, 1.0)  # every scheme measured: nothing left to explore
     assert choose_scheme(shape, CANDIDATES, GBIT, record, 0.1, explore=True)[0] == first
+
+
+def test_refresh_re_measures_a_close_runner_up_only() -> None:
+    shape = _shape(0.2)
+    record = ParamRecord(correction={"dense": 1.0, "zen": 1.0})
+    choice, predicted = choose_scheme(shape, ("dense", "zen"), GBIT, record, 0.0)
+    other = "dense" if choice == "zen" else "zen"
+    record.scheme = choice
+    close = predicted[other] / predicted[choice] <= REFRESH_FACTOR
+    refreshed = choose_scheme(shape, ("dense", "zen"), GBIT, record, 0.0, refresh=True)[0]
+    assert refreshed == (other if close else choice)
+    # Make the runner-up look 1.2x / 2x the best through its correction factor.
+    for factor, expect in ((1.2, other), (2.0, choice)):
+        record.correction[other] = factor * predicted[choice] / predicted[other]
+        assert choose_scheme(shape, ("dense", "zen"), GBIT, record, 0.0, refresh=True)[0] == expect
+        assert choose_scheme(shape, ("dense", "zen"), GBIT, record, 0.0, refresh=False)[0] == choice
+
+
+def test_prior_from_other_parameters_steers_an_unmeasured_one() -> None:
+    shape = _shape(0.01)
+    first = choose_scheme(shape, CANDIDATES, GBIT, ParamRecord(), 0.1)[0]
+    prior = {first: 20.0}  # other parameters measured ``first`` 20x slower than its formula
+    steered = choose_scheme(shape, CANDIDATES, GBIT, ParamRecord(), 0.1, prior=prior)[0]
+    assert steered != first
+    own = ParamRecord(correction={first: 1.0})  # the parameter's own measurement wins over the prior
+    assert choose_scheme(shape, CANDIDATES, GBIT, own, 0.1, prior=prior)[0] == first
+
+
+def test_blend_prior_smooths() -> None:
+    prior: dict[str, float] = {}
+    blend_prior(prior, "zen", 4.0)
+    assert prior == {"zen": 4.0}
+    blend_prior(prior, "zen", 2.0)
+    assert prior == {"zen": pytest.approx(3.0)}

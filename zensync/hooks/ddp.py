@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from zensync import kernels
-from zensync.hooks.decide import choose_scheme
+from zensync.hooks.decide import blend_prior, choose_scheme
 from zensync.hooks.state import HookConfig, ZenSyncState
 from zensync.sync.auto import AUTO_CANDIDATES
 from zensync.sync.base import ItemView, index_dtype, item_view
@@ -231,12 +231,16 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
         gathered = transport.all_gather(local)
     summed = torch.stack(gathered).sum(0).tolist()  # host-device sync
     totals, measured_sum = summed[: len(views)], summed[len(views) :]
-    if state.config.adapt:
+    adapt = state.config.adapt
+    if adapt:
         for name, total_us in zip(names, measured_sum, strict=True):
-            state.record(name).learn(total_us / transport.world_size * 1e-6)
+            record = state.record(name)
+            record.learn(total_us / transport.world_size * 1e-6)
+            if record.scheme in record.correction:
+                blend_prior(state.scheme_correction, record.scheme, record.correction[record.scheme])
     model = state.ensure_cost_model(views[0].device)
     candidates = AUTO_CANDIDATES if state.config.strategy == "auto" else ("dense", state.config.strategy)
-    explore = state.config.adapt and state.step > 0 and state.step % state.config.explore_every == 0
+    refresh = adapt and state.step > 0 and state.step % state.config.explore_every == 0
     schemes = []
     for name, view, total in zip(names, item_views, totals, strict=True):
         shape = TensorShape(
@@ -248,7 +252,16 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
         )
         record = state.record(name)
         record.mean_density = shape.nnz / shape.num_items if shape.num_items else 0.0
-        scheme, predicted = choose_scheme(shape, candidates, model, record, state.config.switch_margin, explore)
+        scheme, predicted = choose_scheme(
+            shape,
+            candidates,
+            model,
+            record,
+            state.config.switch_margin,
+            explore=adapt,
+            refresh=refresh,
+            prior=state.scheme_correction,
+        )
         record.scheme, record.predicted_s = scheme, predicted
         schemes.append(scheme)
     return schemes

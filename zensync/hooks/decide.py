@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from zensync.sync.cost import CostModel, TensorShape, independent_union, predict_time
 
-__all__ = ["ParamRecord", "choose_scheme", "measured_union"]
+__all__ = ["ParamRecord", "blend_prior", "choose_scheme", "measured_union"]
 
 _MAX_CORRECTION = 20.0
 """Bound on a correction factor, so one disturbed step cannot rule a scheme out for long."""
 EXPLORE_FACTOR = 3.0
 """An untried scheme is explored while predicted within this factor of the best expected time."""
+REFRESH_FACTOR = 1.5
+"""A refresh re-measures the runner-up only while it is expected within this factor of the best."""
 _SMOOTHING = 0.5
 """Weight of the newest measurement in a correction factor."""
 
@@ -63,6 +65,12 @@ class ParamRecord:
         self.correction[self.scheme] = smoothed
 
 
+def blend_prior(prior: dict[str, float], scheme: str, correction: float) -> None:
+    """Fold one parameter's correction factor for ``scheme`` into the per-scheme prior (smoothed)."""
+    previous = prior.get(scheme)
+    prior[scheme] = correction if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * correction
+
+
 def measured_union(shape: TensorShape, gamma: float) -> Callable[[int], float]:
     """union(m) consistent with a measured union gamma * K at m = n.
 
@@ -85,25 +93,46 @@ def choose_scheme(
     previous: ParamRecord,
     margin: float,
     explore: bool = False,
+    refresh: bool = False,
+    prior: Mapping[str, float] | None = None,
 ) -> tuple[str, dict[str, float]]:
     """The candidate with the lowest expected time; keeps the previous choice within ``margin``.
 
-    Expected time = alpha-beta prediction x the scheme's measured correction factor (``learn``); the
+    Expected time = alpha-beta prediction x the scheme's measured correction factor (``learn``),
+    this parameter's own or, before it has one, ``prior`` (what other parameters measured); the
     returned dict holds the uncorrected predictions. Hysteresis: a parameter whose density hovers at
-    a crossover would otherwise flip every step. With ``explore``, a candidate never measured whose
-    expected time is within ``EXPLORE_FACTOR`` of the best is tried once instead: a model that is
-    wrong about an untried scheme (dense, typically) is otherwise never corrected.
+    a crossover would otherwise flip every step.
+
+    Measuring beats trusting the model (it ignores local compute and contention), so once the
+    parameter has one measurement:
+
+    - ``explore``: a candidate it never measured, expected within ``EXPLORE_FACTOR`` of the best, is
+      tried instead (one per call, the most promising first);
+    - ``refresh``: the best candidate other than the one it would keep is re-measured if expected
+      within ``REFRESH_FACTOR`` of the best, so a correction measured at another density cannot
+      stay stale.
     """
     union = measured_union(shape, previous.gamma) if previous.gamma else independent_union(shape)
     predicted = {name: predict_time(name, shape, union, model) for name in candidates}
-    expected = {name: t * previous.correction.get(name, 1.0) for name, t in predicted.items()}
+    prior = prior or {}
+    expected = {name: t * previous.correction.get(name, prior.get(name, 1.0)) for name, t in predicted.items()}
     best = min(candidates, key=lambda name: expected[name])
     if explore and previous.correction:
         untried = [n for n in candidates if n not in previous.correction and n != previous.scheme]
         plausible = [n for n in untried if expected[n] <= EXPLORE_FACTOR * expected[best]]
         if plausible:
             return min(plausible, key=lambda name: expected[name]), predicted
-    keep = previous.scheme in expected and math.isfinite(expected[previous.scheme])
-    if keep and expected[previous.scheme] <= (1.0 + margin) * expected[best]:
-        return previous.scheme, predicted
-    return best, predicted
+    choice = _keep_or_switch(previous.scheme, best, expected, margin)
+    if refresh and previous.correction:
+        others = [n for n in candidates if n != choice and math.isfinite(expected[n])]
+        runner_up = min(others, key=lambda name: expected[name], default=None)
+        if runner_up is not None and expected[runner_up] <= REFRESH_FACTOR * expected[best]:
+            return runner_up, predicted
+    return choice, predicted
+
+
+def _keep_or_switch(previous: str, best: str, expected: Mapping[str, float], margin: float) -> str:
+    keep = previous in expected and math.isfinite(expected[previous])
+    if keep and expected[previous] <= (1.0 + margin) * expected[best]:
+        return previous
+    return best

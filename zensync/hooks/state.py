@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 STRATEGIES = SCHEMES
 """Strategies the hook accepts: every sync scheme name (``auto`` decides per parameter)."""
-_STATE_DICT_VERSION = 1
+_STATE_DICT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,9 +45,12 @@ class HookConfig:
     bandwidth_bytes_per_s: float | None = None
     """Per-rank bandwidth beta; None: measured at registration."""
     adapt: bool = True
-    """Scale each scheme's predicted time by how it measured against the prediction (``ParamRecord.learn``)."""
-    explore_every: int = 10
-    """With ``adapt``: every this many steps, try one plausible scheme never measured for a parameter."""
+    """Scale each scheme's predicted time by how it measured against the prediction (``ParamRecord.learn``),
+    and measure plausible schemes instead of trusting the model: each one never measured for a
+    parameter (expected within 3x of the best) is tried once, one per step, after its first sync."""
+    explore_every: int = 20
+    """With ``adapt``: every this many steps, re-measure a parameter's runner-up scheme when it is
+    expected within 1.5x of the best (a correction measured at another density must not go stale)."""
     recheck_every: int = 10
     """Buckets that were clearly dense re-measure their density only every this many steps."""
     history_size: int = 1000
@@ -111,6 +114,7 @@ class ZenSyncState:
         # Parameters: name of each parameter, and what the hook remembers about it.
         "param_names",
         "records",
+        "scheme_correction",
         # Progress and statistics.
         "step",
         "history",
@@ -138,6 +142,8 @@ class ZenSyncState:
         self.h0_seed: int | None = None
         self.param_names: dict[torch.nn.Parameter, str] = {p: name for name, p in named_parameters}
         self.records: dict[str, ParamRecord] = {}
+        self.scheme_correction: dict[str, float] = {}
+        """Per scheme: measured / predicted time over all parameters (prior for unmeasured ones)."""
         self.step = 0
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history_size)
         self.current: dict[str, Any] = self._new_step_record()
@@ -266,6 +272,7 @@ class ZenSyncState:
             "version": _STATE_DICT_VERSION,
             "step": self.step,
             "records": {name: r.as_dict() for name, r in self.records.items()},
+            "scheme_correction": dict(self.scheme_correction),
             "cost_model": None if model is None else dataclasses.asdict(model),
         }
 
@@ -275,6 +282,7 @@ class ZenSyncState:
             raise ValueError(f"zensync hook state_dict version {state.get('version')!r} is not {_STATE_DICT_VERSION}")
         self.step = int(state["step"])
         self.records = {name: ParamRecord(**fields) for name, fields in state["records"].items()}
+        self.scheme_correction = {str(k): float(v) for k, v in state["scheme_correction"].items()}
         model = state["cost_model"]
         self.cost_model = None if model is None else CostModel(**model)
         self.current = self._new_step_record()
