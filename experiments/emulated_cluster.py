@@ -201,6 +201,7 @@ def _summarize(
             row["fenced_phase_s_rank0"] = ranks[0]["zen"]["fenced_phase_s"]
             row.update(
                 local_nnz_mean=k_mean,
+                item_density=k_mean / (args.numel // args.dim),
                 union=union,
                 exact=all(r["zen"]["exact"] for r in ranks),
                 phases_rank0=ranks[0]["zen"]["phases"],
@@ -232,7 +233,7 @@ def _markdown(meta: dict[str, Any], res: dict[str, Any]) -> str:
     ]
     for name, label in (
         ("dense", f"gloo allreduce {meta['dense_mb']} MB"),
-        ("zen", f"zen {meta['numel']:,} el (item {meta.get('dim', 1)}) @ {meta['density']:.2%}"),
+        ("zen", f"zen {meta['numel']:,} el (item {meta.get('dim', 1)}) @ {res['zen']['item_density']:.2%}"),
     ):
         r = res[name]
         wire = ", ".join(f"{w:,.0f}" for w in r["wire_tx_bytes_per_host"]) if r["wire_tx_bytes_per_host"] else "n/a"

@@ -1,5 +1,6 @@
 """TorchTransport's gloo collectives by message size: small all-gathers through all_to_all_single,
-large uneven ones padded to a ring all_gather; same results either way, padding counted as control."""
+large uneven ones as a point-to-point ring; exact results either way, and the bytes each rank really
+sends (a ring forwards its neighbours' blocks)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from _launch import launch, pytest_generate_tests, world_size_fixture  # noqa: F401 - class data world_size
 
 from zensync.transport import TrafficLog, transport_for_group
-from zensync.transport.torch_dist import PAD_WASTE_LIMIT, SMALL_GATHER_BYTES
+from zensync.transport.torch_dist import SMALL_GATHER_BYTES
 
 pytestmark = pytest.mark.distributed
 
@@ -23,8 +24,8 @@ CASES = {
     "equal small": lambda r, n: SMALL,
     "equal large": lambda r, n: LARGE,
     "uneven small": lambda r, n: SMALL - 7 * r,
-    "uneven large, little waste": lambda r, n: LARGE - 11 * r,  # padded ring
-    "uneven large, much waste": lambda r, n: LARGE if r == 0 else 5 * r,  # all_to_all
+    "uneven large": lambda r, n: LARGE - 11 * r,
+    "one large, others tiny": lambda r, n: LARGE if r == 0 else 5 * r,
     "empty on one rank": lambda r, n: 0 if r == n - 1 else LARGE,
 }
 
@@ -69,22 +70,11 @@ class TestGlooTransportSizes:
     def test_all_gather_v_exact_and_accounted(self, results: list[dict[str, Any]], world_size: int, name: str) -> None:
         n = world_size
         sizes = [CASES[name](r, n) for r in range(n)]
-        largest = max(sizes)
-        padded = (
-            len(set(sizes)) > 1 and largest * 4 > SMALL_GATHER_BYTES and n * largest <= PAD_WASTE_LIMIT * sum(sizes)
-        )
+        ring = len(set(sizes)) > 1 and max(sizes) * 4 > SMALL_GATHER_BYTES
         for rank, per_rank in enumerate(results):
             record = per_rank[name]
             assert record["exact"], (rank, name)
-            assert record["sent"] == 4 * sizes[rank] * (n - 1)
+            forwarded = sum(s for j, s in enumerate(sizes) if j != (rank + 1) % n)
+            assert record["sent"] == 4 * (forwarded if ring else sizes[rank] * (n - 1)), (rank, name)
             assert record["recv"] == 4 * (sum(sizes) - sizes[rank])
-            pad_sent = 4 * (largest - sizes[rank]) * (n - 1) if padded else 0
-            pad_recv = sum(4 * (largest - s) for j, s in enumerate(sizes) if j != rank) if padded else 0
-            assert record["control_sent"] == 8 * (n - 1) + pad_sent
-            assert record["control_recv"] == 8 * (n - 1) + pad_recv
-
-    def test_padded_case_is_really_padded(self, world_size: int) -> None:
-        sizes = [CASES["uneven large, little waste"](r, world_size) for r in range(world_size)]
-        assert world_size * max(sizes) <= PAD_WASTE_LIMIT * sum(sizes) and max(sizes) * 4 > SMALL_GATHER_BYTES
-        sizes = [CASES["uneven large, much waste"](r, world_size) for r in range(world_size)]
-        assert world_size * max(sizes) > PAD_WASTE_LIMIT * sum(sizes)
+            assert record["control_sent"] == record["control_recv"] == 8 * (n - 1)

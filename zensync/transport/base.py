@@ -20,8 +20,9 @@ inputs. With n ranks, rank r, and B the byte size of a tensor:
                    and receives 2 * (numel - chunk_r) elements, in 2(n-1) messages.
     all_gather(_v): rank r sends its B_r to each of the n-1 others and receives sum_{j!=r} B_j.
                    all_gather_v first exchanges sizes: 8 control bytes to and from each peer. A
-                   backend that pads every tensor to the largest (gloo's ring, for large
-                   messages) counts the padding it sends and receives as control bytes.
+                   backend that forwards the tensors around a ring (gloo, large uneven
+                   messages) reports what rank r really sends: sum_{j != r+1} B_j (the same total
+                   over ranks; received bytes unchanged).
     all_to_all_v:  rank r sends chunk j to rank j (j != r) and receives rank j's chunk r. Counts are
                    exchanged first: 8 control bytes to and from each peer.
     broadcast:     the root sends B to each of the n-1 others; each other rank receives B.
@@ -209,23 +210,19 @@ class Transport(abc.ABC):
     def all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's 1-D tensor, in rank order; sizes may differ (dtype may not)."""
         start = self._start()
-        out, padded = self._all_gather_v(tensor.contiguous())
-        n, esize = self.world_size, tensor.element_size()
-        control = CONTROL_BYTES_PER_COUNT * (n - 1)
-        control_recv = control
-        if padded:  # the backend moved every tensor padded to ``padded`` elements: padding is overhead
-            control += (padded - tensor.numel()) * esize * (n - 1)
-            control_recv += sum((padded - t.numel()) * esize for j, t in enumerate(out) if j != self.rank)
-        self._account_gather(tensor, out, control=control, start=start, control_recv=control_recv)
+        out, forwarded = self._all_gather_v(tensor.contiguous())
+        control = CONTROL_BYTES_PER_COUNT * (self.world_size - 1)
+        self._account_gather(tensor, out, control=control, start=start, sent=forwarded)
         return out
 
     def _account_gather(
-        self, tensor: torch.Tensor, out: list[torch.Tensor], control: int, start: float, control_recv: int | None = None
+        self, tensor: torch.Tensor, out: list[torch.Tensor], control: int, start: float, sent: int | None = None
     ) -> None:
-        sent = _nbytes(tensor) * (self.world_size - 1)
+        if sent is None:
+            sent = _nbytes(tensor) * (self.world_size - 1)
         recv = sum(_nbytes(t) for j, t in enumerate(out) if j != self.rank)
         messages = (self.world_size - 1) if tensor.numel() else 0
-        self._account(sent, recv, control, messages, time.perf_counter() - start, control_recv=control_recv)
+        self._account(sent, recv, control, messages, time.perf_counter() - start)
 
     def all_to_all_v(self, tensor: torch.Tensor, send_counts: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
         """Send ``tensor[offset_j : offset_j + send_counts[j]]`` to rank j; receive likewise.
@@ -307,8 +304,8 @@ class Transport(abc.ABC):
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]: ...
 
     @abc.abstractmethod
-    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int]:
-        """Every rank's tensor, and the padded length each was moved at (0: moved unpadded)."""
+    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int | None]:
+        """Every rank's tensor, and the bytes this rank sent if not B_r to each peer (a ring forwards)."""
 
     @abc.abstractmethod
     def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]: ...

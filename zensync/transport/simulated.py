@@ -135,9 +135,9 @@ class SimulatedTransport(Transport):
             )
         return items
 
-    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int | None]:
         # Received tensors are shared with their owners: callers must not modify them in place.
-        return self._exchange(tensor), 0
+        return self._exchange(tensor), None
 
     def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
         offsets = list(itertools.accumulate(counts, initial=0))

@@ -5,14 +5,14 @@ moved, so the same code drives gloo with CPU tensors and NCCL with CUDA tensors.
 
 gloo has no uneven all_gather, so ``all_gather_v`` with unequal sizes is an ``all_to_all_single``
 in which each rank sends its payload to every peer (exactly the bytes of an all-gather-v), or, for
-large messages on gloo, a ring all_gather of tensors padded to the largest (see below).
+large messages on gloo, a ring of point-to-point steps (see below).
 
 gloo's ring all_gather pays one wake-up per ring step: about 3.5 ms for 8 bytes among 4 processes
 on 2 cores, where one ``all_to_all_single`` carrying the same bytes takes about 0.6 ms
 (experiments/results/collective_latency_*). Small all-gathers on gloo (the descriptor, size and
 count exchanges) therefore go through ``all_to_all_single``; large ones keep the ring, which uses
-the links better, and large uneven ones are padded to the largest size to use it (the padding is
-accounted as control bytes).
+the links better (gloo's all_to_all reached about 2/3 of the link rate on 4 shaped hosts, its ring
+about 90 %); large uneven ones run as a ring of point-to-point steps with exact sizes.
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 SMALL_GATHER_BYTES = 64 * 1024
 """On gloo, all-gathers of at most this many bytes per rank go through all_to_all_single."""
-PAD_WASTE_LIMIT = 1.25
-"""On gloo, a larger uneven all-gather is padded to a ring all_gather when that moves at most this
-factor of the exact bytes (gloo's all_to_all reaches about 2/3 of the link rate on 4 shaped hosts,
-its ring about 90 %: experiments/results/collective_latency_*)."""
 
 
 class TorchTransport(Transport):
@@ -99,28 +95,43 @@ class TorchTransport(Transport):
             _all_gather_single(out, tensor, group=self.group)
         return list(out.chunk(self.world_size)) if tensor.numel() else [out[:0]] * self.world_size
 
-    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int | None]:
         n = self.world_size
         size = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
         sizes = torch.cat(self._all_gather(size)).tolist()  # host-device sync
-        largest = max(sizes)
-        if all(s == largest for s in sizes):
-            return self._all_gather(tensor), 0
-        if self._pad_ring(largest * tensor.element_size(), n * largest <= PAD_WASTE_LIMIT * sum(sizes)):
-            padded = torch.zeros(largest, dtype=tensor.dtype, device=tensor.device)
-            padded[: tensor.numel()] = tensor
-            gathered = self._all_gather(padded)
-            return [g[:s] for g, s in zip(gathered, sizes, strict=True)], largest
+        if all(s == sizes[0] for s in sizes):
+            return self._all_gather(tensor), None
+        if self._small_gather_bytes and max(sizes) * tensor.element_size() > self._small_gather_bytes:
+            return self._ring_all_gather_v(tensor, sizes)
         out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device)
         send = tensor.repeat(n)
         dist.all_to_all_single(
             out, send, output_split_sizes=sizes, input_split_sizes=[tensor.numel()] * n, group=self.group
         )
-        return list(out.split(sizes)), 0
+        return list(out.split(sizes)), None
 
-    def _pad_ring(self, padded_bytes: int, little_waste: bool) -> bool:
-        """gloo: large uneven all-gathers are faster as a padded ring than as an all_to_all."""
-        return self._small_gather_bytes > 0 and padded_bytes > self._small_gather_bytes and little_waste
+    def _ring_all_gather_v(self, tensor: torch.Tensor, sizes: list[int]) -> tuple[list[torch.Tensor], int]:
+        """Uneven all-gather as a ring of point-to-point steps: exact sizes, no padding.
+
+        Step s (0 <= s < n-1): send block (r - s) to the right neighbour, receive block (r - s - 1)
+        from the left one. Returns the blocks and the bytes this rank sent (every block but its
+        right neighbour's).
+        """
+        n, r = self.world_size, self.rank
+        blocks = [torch.empty(s, dtype=tensor.dtype, device=tensor.device) for s in sizes]
+        blocks[r] = tensor
+        right, left = self._global((r + 1) % n), self._global((r - 1) % n)
+        for step in range(n - 1):
+            send, recv = blocks[(r - step) % n], blocks[(r - step - 1) % n]
+            ops = []
+            if send.numel():
+                ops.append(dist.P2POp(dist.isend, send, group=self.group, peer=right))
+            if recv.numel():
+                ops.append(dist.P2POp(dist.irecv, recv, group=self.group, peer=left))
+            for work in dist.batch_isend_irecv(ops) if ops else []:
+                work.wait()
+        sent = sum(s for j, s in enumerate(sizes) if j != (r + 1) % n) * tensor.element_size()
+        return blocks, sent
 
     def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
         send_counts = torch.tensor(counts, dtype=torch.int64, device=tensor.device)
