@@ -5,23 +5,29 @@ Launch (from the repository root, as root; without root it falls back to unshape
     python experiments/emulated_cluster.py                       # 4 hosts, 1gbit, ~1 min on 2 cores
     python experiments/emulated_cluster.py --hosts 4 --rate 100mbit --reps 3
     python experiments/emulated_cluster.py --no-offload          # MTU-sized frames (CPU-bound at 1gbit)
+    # LM embedding gradients at their natural density (rows the LM workload's batches touch):
+    python experiments/emulated_cluster.py --numel 38400000 --dim 768 --lm-batch 128 --dense-mb 0 --label lm768-b128
 
 Each of ``--hosts`` workers runs as its own host in a network namespace (``zensync.testbed``), every
 link shaped to ``--rate`` each way. Per rank, excluding one warm-up call each:
 
-(a) dense: ``torch.distributed.all_reduce`` of ``--dense-mb`` MB float32 (engine bytes by the ring
-    model, 2(n-1)/n B per host), predicted time 2(n-1)/n B / (rate/8);
-(b) zen: ``zensync.sparse_allreduce(x, scheme="zen")`` on ``--numel`` float32 elements at
-    ``--density`` (uniform random ids per rank, integer values so the sum is exact); engine bytes =
-    payload + control bytes of every phase (validate included), predicted time by Eq. 1,
-    (n-1)/n (K+U)(4+4) / (rate/8), K local non-zeros, U the union.
+(a) dense: ``torch.distributed.all_reduce`` of ``--dense-mb`` MB float32 (0: the zen tensor's size;
+    engine bytes by the ring model, 2(n-1)/n B per host), predicted time 2(n-1)/n B / (rate/8);
+(b) zen: ``zensync.sparse_allreduce(x, scheme="zen")`` on ``--numel`` float32 elements (rows of
+    ``--dim`` when > 1) at ``--density`` (uniform random ids per rank) or, with ``--lm-batch B``, the
+    rows that B sequences of the LM workload touch on each rank; integer values so the sum is exact.
+    Engine bytes = payload + control bytes of every phase (validate included); Eq. 1 bytes
+    (n-1)/n (K+U)(4 + 4 dim), K local non-zero items, U the union;
+(c) the same zen calls with every collective fenced by a barrier (``Transport.fenced``): the push +
+    pull transfer time without waiting for slower ranks' local work, compared with Eq. 1 at the
+    bandwidth the dense allreduce achieved.
 
 Wire bytes are eth0 tx byte deltas per host read from the kernel (inside each namespace), minus the
-bytes of the barriers that fence each measurement (measured separately). Expected result at
-4 hosts / 1gbit on 2 cores: dense near its prediction (about 0.4 s per 32 MB call), wire bytes within
-+-10 % of the engine's count (with the default GSO offload the headers add only ~0.2 %; with
---no-offload ~4-5 %), zen's wall time dominated by local compute on 2 shared cores, not by its few MB
-on the wire. Results: ``experiments/results/emulated_cluster_<date>.{json,md}``.
+bytes of the barriers that fence each measurement (measured separately). Expected at 4 hosts / 1gbit
+on 2 cores: dense near its prediction, wire bytes within +-10 % of the engine's count (GSO offload:
+headers add ~0.3 %; --no-offload ~4-5 %), zen's wall time dominated by local compute and per-
+collective latency for small tensors, its fenced transfer near Eq. 1 for large ones. Results:
+``experiments/results/emulated_cluster_[<label>_]<date>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -278,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-offload", action="store_true")
+    p.add_argument("--label", default="", help="results file stem: emulated_cluster_<label>_<date>")
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--results-dir", default=str(pathlib.Path(__file__).parent / "results"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -336,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out_dir = pathlib.Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"emulated_cluster_{date}"
+    stem = out_dir / f"emulated_cluster_{args.label + '_' if args.label else ''}{date}"
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": res, "ranks": ranks}, indent=2))
     stem.with_suffix(".md").write_text(_markdown(meta, res))
     print(_markdown(meta, res))
