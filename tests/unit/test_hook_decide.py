@@ -108,3 +108,24 @@ def test_blend_prior_smooths() -> None:
     assert prior == {"zen": 4.0}
     blend_prior(prior, "zen", 2.0)
     assert prior == {"zen": pytest.approx(3.0)}
+
+
+def test_dense_share_of_a_fused_bucket_replaces_the_model() -> None:
+    """A small dense parameter fused with others pays no latency of its own: dense must win."""
+    slow_links = CostModel(latency_s=5e-3, bandwidth_bytes_per_s=1e10)  # latency-bound
+    shape = TensorShape(world_size=4, num_items=64, item_bytes=512, index_bytes=4, nnz=40.0)  # 62 % dense
+    alone, predicted = choose_scheme(shape, CANDIDATES, slow_links, ParamRecord(), 0.1)
+    assert alone != "dense"  # alone, a sparse scheme's 2 rounds beat the ring's 6
+    share = predicted["dense"] * 0.05  # 5 % of a bucket's fused allreduce
+    fused, fused_predicted = choose_scheme(shape, CANDIDATES, slow_links, ParamRecord(), 0.1, dense_s=share)
+    assert fused == "dense" and fused_predicted["dense"] == share
+
+
+def test_dense_at_high_density_whatever_the_model_says() -> None:
+    slow_links = CostModel(latency_s=5e-3, bandwidth_bytes_per_s=1e10)
+    shape = TensorShape(world_size=4, num_items=64, item_bytes=512, index_bytes=4, nnz=0.95 * 64)
+    scheme, predicted = choose_scheme(shape, CANDIDATES, slow_links, ParamRecord(), 0.1, explore=True)
+    assert min(predicted, key=lambda name: predicted[name]) != "dense"
+    assert scheme == "dense"
+    below = TensorShape(world_size=4, num_items=64, item_bytes=512, index_bytes=4, nnz=0.85 * 64)
+    assert choose_scheme(below, CANDIDATES, slow_links, ParamRecord(), 0.1)[0] != "dense"

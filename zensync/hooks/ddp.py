@@ -23,11 +23,11 @@ from typing import Any, Protocol
 import torch
 
 from zensync import kernels
-from zensync.hooks.decide import blend_prior, choose_scheme
+from zensync.hooks.decide import DENSE_DENSITY, blend_prior, choose_scheme
 from zensync.hooks.state import HookConfig, ZenSyncState
 from zensync.sync.auto import AUTO_CANDIDATES
 from zensync.sync.base import ItemView, index_dtype, item_view
-from zensync.sync.cost import TensorShape
+from zensync.sync.cost import TensorShape, predict_time
 from zensync.sync.run import run_agreed
 from zensync.transport import GradBucket, TrafficLog
 from zensync.types import SyncStats
@@ -35,9 +35,8 @@ from zensync.types import SyncStats
 __all__ = ["register", "zensync_hook"]
 
 _CLEARLY_DENSE_FACTOR = 2.0
-"""A bucket skips detection while every sparse candidate was predicted at least this much slower..."""
-_DENSE_DENSITY = 0.9
-"""... or while its dense parameters are at least this dense (no sparse scheme can win by much)."""
+"""A bucket skips detection while every sparse candidate was predicted at least this much slower,
+or while its dense parameters are at least ``DENSE_DENSITY`` dense."""
 
 
 class GradBucketLike(Protocol):
@@ -210,7 +209,7 @@ def _clearly_dense(state: ZenSyncState, names: list[str]) -> bool:
         record = state.records.get(name)
         if record is None or record.scheme != "dense" or "dense" not in record.predicted_s:
             return False
-        if record.mean_density >= _DENSE_DENSITY:
+        if record.mean_density >= DENSE_DENSITY:
             continue
         fastest_sparse = min((t for s, t in record.predicted_s.items() if s != "dense"), default=float("inf"))
         if fastest_sparse < _CLEARLY_DENSE_FACTOR * record.predicted_s["dense"]:
@@ -241,8 +240,19 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
     model = state.ensure_cost_model(views[0].device)
     candidates = AUTO_CANDIDATES if state.config.strategy == "auto" else ("dense", state.config.strategy)
     refresh = adapt and state.step > 0 and state.step % state.config.explore_every == 0
+    # Dense parameters share one fused allreduce: a parameter's dense cost is its share (by size)
+    # of the bucket's allreduce, latency included, as its measured dense time is (``_note_dense``).
+    bucket_numel = sum(v.numel() for v in views)
+    bucket = TensorShape(
+        world_size=transport.world_size,
+        num_items=bucket_numel,
+        item_bytes=views[0].element_size(),
+        index_bytes=index_dtype(bucket_numel).itemsize,
+        nnz=float(bucket_numel),
+    )
+    bucket_dense_s = predict_time("dense", bucket, lambda m: float(bucket_numel), model)
     schemes = []
-    for name, view, total in zip(names, item_views, totals, strict=True):
+    for name, view, total, param in zip(names, item_views, totals, views, strict=True):
         shape = TensorShape(
             world_size=transport.world_size,
             num_items=view.num_items,
@@ -261,6 +271,7 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
             explore=adapt,
             refresh=refresh,
             prior=state.scheme_correction,
+            dense_s=bucket_dense_s * param.numel() / max(1, bucket_numel),
         )
         record.scheme, record.predicted_s = scheme, predicted
         schemes.append(scheme)

@@ -13,12 +13,16 @@ from collections.abc import Callable, Mapping, Sequence
 
 from zensync.sync.cost import CostModel, TensorShape, independent_union, predict_time
 
-__all__ = ["ParamRecord", "blend_prior", "choose_scheme", "measured_union"]
+__all__ = ["DENSE_DENSITY", "ParamRecord", "blend_prior", "choose_scheme", "measured_union"]
 
 _MAX_CORRECTION = 20.0
 """Bound on a correction factor, so one disturbed step cannot rule a scheme out for long."""
 EXPLORE_FACTOR = 3.0
 """An untried scheme is explored while predicted within this factor of the best expected time."""
+DENSE_DENSITY = 0.9
+"""At or above this mean item density a parameter is synced densely without consulting the model:
+no sparse scheme moves much less than dense there, and fused into its bucket's allreduce it pays no
+latency of its own."""
 REFRESH_FACTOR = 1.5
 """A refresh re-measures the runner-up only while it is expected within this factor of the best."""
 _SMOOTHING = 0.5
@@ -95,13 +99,16 @@ def choose_scheme(
     explore: bool = False,
     refresh: bool = False,
     prior: Mapping[str, float] | None = None,
+    dense_s: float | None = None,
 ) -> tuple[str, dict[str, float]]:
     """The candidate with the lowest expected time; keeps the previous choice within ``margin``.
 
     Expected time = alpha-beta prediction x the scheme's measured correction factor (``learn``),
     this parameter's own or, before it has one, ``prior`` (what other parameters measured); the
-    returned dict holds the uncorrected predictions. Hysteresis: a parameter whose density hovers at
-    a crossover would otherwise flip every step.
+    returned dict holds the uncorrected predictions. Dense whenever the density is at least
+    ``DENSE_DENSITY``. ``dense_s`` replaces the model's dense time (the
+    hook passes the parameter's share of its bucket's fused allreduce). Hysteresis: a parameter whose
+    density hovers at a crossover would otherwise flip every step.
 
     Measuring beats trusting the model (it ignores local compute and contention), so once the
     parameter has one measurement:
@@ -114,6 +121,10 @@ def choose_scheme(
     """
     union = measured_union(shape, previous.gamma) if previous.gamma else independent_union(shape)
     predicted = {name: predict_time(name, shape, union, model) for name in candidates}
+    if dense_s is not None and "dense" in predicted:
+        predicted["dense"] = dense_s
+    if "dense" in predicted and shape.num_items and shape.nnz >= DENSE_DENSITY * shape.num_items:
+        return "dense", predicted
     prior = prior or {}
     expected = {name: t * previous.correction.get(name, prior.get(name, 1.0)) for name, t in predicted.items()}
     best = min(candidates, key=lambda name: expected[name])
