@@ -23,10 +23,11 @@ from typing import Any, Protocol
 import torch
 
 from zensync import kernels
+from zensync.hooks.compressed import COMPRESSED_PREFIX, compression_for, sync_compressed
 from zensync.hooks.decide import DENSE_DENSITY, blend_prior, choose_scheme
 from zensync.hooks.state import HookConfig, ZenSyncState
-from zensync.sync.auto import AUTO_CANDIDATES
 from zensync.sync.base import ItemView, index_dtype, item_view
+from zensync.sync.compressed import hierarchy
 from zensync.sync.cost import TensorShape, predict_time
 from zensync.sync.run import run_agreed
 from zensync.transport import GradBucket, TrafficLog
@@ -54,11 +55,14 @@ def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncS
 
     Args:
         ddp_model: A ``torch.nn.parallel.DistributedDataParallel`` model.
-        strategy: "auto" (cost model per parameter), "dense", or a sparse scheme name ("zen",
+        strategy: "auto" (cost model per parameter), "dense", a sparse scheme name ("zen",
             "agsparse", "sparcml", "sparse_ps", "omnireduce") used for parameters where the cost
-            model predicts it beats dense.
+            model predicts it beats dense, a compressor spec ("fp16", "topk:0.01", "powersgd:4";
+            naturally sparse parameters may still take Zen), or a plan file from ``zensync plan``
+            ("plan.json"; parameters missing from it are synced densely).
         **options: ``HookConfig`` fields (warmup_steps, latency_s, bandwidth_bytes_per_s,
-            switch_margin, history_size, jsonl_path, sync_options).
+            switch_margin, history_size, jsonl_path, sync_options, compressed_scheme,
+            ranks_per_node, ...).
 
     Returns:
         The ``ZenSyncState``: per-step statistics (``history``, ``last_step()``), checkpoints
@@ -74,8 +78,11 @@ def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncS
     device = next(ddp_model.module.parameters()).device
     # Collectives: every rank registers at the same point.
     state.verify_consistent(device)
-    if config.strategy != "dense":
+    if state.strategy.kind != "dense":
         state.ensure_cost_model(device)
+    ranks_per_node = state.two_level_ranks_per_node()
+    if ranks_per_node:
+        state.hierarchy = hierarchy(state.transport, ranks_per_node)
     ddp_model.register_comm_hook(state, zensync_hook)
     return state
 
@@ -87,7 +94,8 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     names = [state.name_of(p) for p in params]
     is_last = bucket.is_last()
     dense_only = _dense_without_detection(state, names)
-    if dense_only and not is_last and state.dense_transport is not state.transport:
+    plain = state.in_warmup or state.strategy.kind in ("dense", "sparse")  # no compression this step
+    if dense_only and plain and not is_last and state.dense_transport is not state.transport:
         return _async_dense(state, buffer, params, names)
     return state.worker.submit(lambda: _sync_bucket(state, buffer, params, names, is_last, dense_only))
 
@@ -163,8 +171,12 @@ def _sync_bucket(
     log = TrafficLog()
     with transport.recording(log):
         schemes = ["dense"] * len(views) if dense_only else _decide(state, names, views)
+        if state.strategy.kind in ("compress", "plan") and not state.in_warmup:
+            schemes = [compression_for(state, n) if s == "dense" else s for s, n in zip(schemes, names, strict=True)]
         out = _sync_dense(state, buffer, views, schemes, names)
         _sync_sparse(state, out, views, schemes, names)
+        if any(s.startswith(COMPRESSED_PREFIX) for s in schemes):
+            sync_compressed(state, _param_views(out, views), views, schemes, names)
     with state.lock:
         _note_traffic(state, log, time.perf_counter() - start)
     if is_last:
@@ -193,7 +205,7 @@ def _note_dense(state: ZenSyncState, names: list[str], numels: list[int], elapse
 
 def _dense_without_detection(state: ZenSyncState, names: list[str]) -> bool:
     """Whether a bucket is synced densely this step without counting its non-zeros (same on every rank)."""
-    return state.in_warmup or state.config.strategy == "dense" or _clearly_dense(state, names)
+    return state.in_warmup or state.strategy.kind == "dense" or _clearly_dense(state, names)
 
 
 def _clearly_dense(state: ZenSyncState, names: list[str]) -> bool:
@@ -238,7 +250,7 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
             if record.scheme in record.correction:
                 blend_prior(state.scheme_correction, record.scheme, record.correction[record.scheme])
     model = state.ensure_cost_model(views[0].device)
-    candidates = AUTO_CANDIDATES if state.config.strategy == "auto" else ("dense", state.config.strategy)
+    candidates = state.strategy.candidates
     refresh = adapt and state.step > 0 and state.step % state.config.explore_every == 0
     # Dense parameters share one fused allreduce: a parameter's dense cost is its share (by size)
     # of the bucket's allreduce, latency included, as its measured dense time is (``_note_dense``).
@@ -312,7 +324,7 @@ def _sync_sparse(
         return  # the common case of a dense bucket: nothing to split
     out_views = _param_views(out, views)
     for i, scheme in enumerate(schemes):
-        if scheme == "dense":
+        if scheme == "dense" or scheme.startswith(COMPRESSED_PREFIX):
             continue
         stats = SyncStats()
         view = _item_view(views[i])

@@ -16,8 +16,10 @@ import torch
 
 from zensync.hooks.calibrate import calibrate
 from zensync.hooks.decide import ParamRecord
+from zensync.hooks.strategy import Strategy, resolve_strategy
 from zensync.hooks.worker import CommWorker
 from zensync.sync import SCHEMES, SyncOptions
+from zensync.sync.compressed import COMPRESSED_SCHEMES, CompressedSync, Hierarchy
 from zensync.sync.cost import CostModel
 from zensync.transport import TorchTransport, Transport, resolve
 
@@ -26,7 +28,8 @@ __all__ = ["STRATEGIES", "HookConfig", "ZenSyncState"]
 logger = logging.getLogger(__name__)
 
 STRATEGIES = SCHEMES
-"""Strategies the hook accepts: every sync scheme name (``auto`` decides per parameter)."""
+"""Sync scheme names the hook accepts as strategies (``auto`` decides per parameter); compressor
+specs and plan files are accepted too (``zensync.hooks.strategy``)."""
 _STATE_DICT_VERSION = 2
 
 
@@ -35,7 +38,15 @@ class HookConfig:
     """Options of ``zensync.register`` (all ranks must pass the same values)."""
 
     strategy: str = "auto"
-    """'auto' (cost model per parameter), 'dense', or a sparse scheme used where it beats dense."""
+    """'auto' (cost model per parameter), 'dense', a sparse scheme used where it beats dense, a
+    compressor spec ('topk:0.01', 'powersgd:4', 'fp16') or a plan file ('plan.json'): see
+    ``zensync.hooks.strategy``."""
+    compressed_scheme: str = "auto"
+    """Compressor strategies: the collective for compressed parameters (``COMPRESSED_SCHEMES``);
+    'auto' is allreduce for allreduce-compatible compressors, else allgather. Plans carry their own."""
+    ranks_per_node: int = 0
+    """Compressor strategies: > 0 runs the compressed scheme two-level (intra-node reduce-scatter,
+    compressed across nodes, intra-node allgather) with nodes of this many consecutive ranks."""
     warmup_steps: int = 0
     """Steps of plain averaged allreduce before sparse syncs start."""
     switch_margin: float = 0.1
@@ -61,8 +72,14 @@ class HookConfig:
     """Tunables of the sparse schemes."""
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy={self.strategy!r} is unknown (valid: {', '.join(STRATEGIES)})")
+        if not self.strategy.endswith(".json"):  # plan files are read (on every rank) by the state
+            resolve_strategy(self.strategy)
+        if self.compressed_scheme not in ("auto", *COMPRESSED_SCHEMES):
+            raise ValueError(
+                f"compressed_scheme={self.compressed_scheme!r} is not one of auto, {', '.join(COMPRESSED_SCHEMES)}"
+            )
+        if self.ranks_per_node < 0:
+            raise ValueError(f"ranks_per_node={self.ranks_per_node} must be >= 0 (0: flat)")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
         if self.switch_margin < 0:
@@ -104,6 +121,8 @@ class ZenSyncState:
     __slots__ = (
         # Configuration.
         "config",
+        "strategy",
+        "_setup_error",
         # Communication: the group, its transport, the fitted alpha-beta model, the comm thread.
         "process_group",
         "transport",
@@ -111,6 +130,10 @@ class ZenSyncState:
         "cost_model",
         "worker",
         "h0_seed",
+        # Compression: one CompressedSync (compressor + error feedback) per (spec, scheme), the hierarchy.
+        "compressed",
+        "hierarchy",
+        "_plan_warned",
         # Parameters: name of each parameter, and what the hook remembers about it.
         "param_names",
         "records",
@@ -128,6 +151,17 @@ class ZenSyncState:
         self, process_group: Any, named_parameters: Iterable[tuple[str, torch.nn.Parameter]], config: HookConfig
     ) -> None:
         self.config = config
+        # A strategy that fails to resolve here (a plan file missing on this rank) is reported on
+        # every rank by verify_consistent, instead of leaving the other ranks waiting.
+        self._setup_error = ""
+        try:
+            self.strategy = resolve_strategy(config.strategy)
+        except ValueError as exc:
+            self._setup_error = str(exc)
+            self.strategy = Strategy(config.strategy, "dense", ("dense",))
+        self.compressed: dict[tuple[str, str], CompressedSync] = {}
+        self.hierarchy: Hierarchy | None = None
+        self._plan_warned = False
         self.process_group = process_group
         transport = resolve(process_group)
         # A group of its own: the comm thread's collectives must not interleave with DDP's.
@@ -164,15 +198,23 @@ class ZenSyncState:
         described = json.dumps(
             {
                 "config": repr(self.config),
+                "plan": self.strategy.plan_digest,
                 "params": sorted((name, list(p.shape), str(p.dtype)) for p, name in self.param_names.items()),
             },
             sort_keys=True,
         )
         seed = self.config.sync_options.h0_seed
         proposal = seed if seed is not None else secrets.randbits(62)
-        local = torch.tensor([zlib.crc32(described.encode()), proposal], dtype=torch.int64, device=device)
+        failed = int(bool(self._setup_error))
+        local = torch.tensor([zlib.crc32(described.encode()), proposal, failed], dtype=torch.int64, device=device)
         with self.transport.phase("setup"):
             gathered = [t.tolist() for t in self.transport.all_gather(local)]
+        failing = [rank for rank, g in enumerate(gathered) if g[2]]
+        if failing:
+            here = f": {self._setup_error}" if self._setup_error else ""
+            raise ValueError(
+                f"zensync.register: ranks {failing} could not set up strategy {self.config.strategy!r}{here}"
+            )
         fingerprints = [g[0] for g in gathered]
         self.h0_seed = gathered[0][1]  # rank 0's proposal: Zen's hash seed for every parameter
         differing = [rank for rank, value in enumerate(fingerprints) if value != fingerprints[0]]
@@ -182,6 +224,27 @@ class ZenSyncState:
                 f"their model's parameters (names, shapes, dtypes); every rank must register the same "
                 f"model with the same options"
             )
+
+    # -- compression ---------------------------------------------------------------------------------
+    def compressed_sync(self, spec: str, scheme: str) -> CompressedSync:
+        """The CompressedSync of (compressor spec, scheme), created on first use (it owns the EF memory)."""
+        key = (spec, scheme)
+        sync = self.compressed.get(key)
+        if sync is None:
+            sync = self.compressed[key] = CompressedSync(spec, scheme)
+        return sync
+
+    def two_level_ranks_per_node(self) -> int:
+        """Ranks per node of the two-level compressed schemes (0: flat), from the options or the plan."""
+        plan = self.strategy.plan
+        if plan is not None:
+            return plan.two_level_ranks_per_node(self.transport.world_size)
+        return self.config.ranks_per_node if self.strategy.kind == "compress" else 0
+
+    @property
+    def compression_memory_bytes(self) -> int:
+        """Bytes of error-feedback memory held by all compressed syncs."""
+        return sum(sync.memory_bytes for sync in self.compressed.values())
 
     # -- calibration -------------------------------------------------------------------------------
     def agreed_seed(self, device: torch.device) -> int:

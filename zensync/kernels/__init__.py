@@ -5,6 +5,7 @@ Only this package imports numba, torch.cuda and cuda_ext.
 
 from __future__ import annotations
 
+from zensync.kernels.device import device_name, synchronize
 from zensync.kernels.dispatch import (
     aggregate,
     bitmap_decode,
@@ -21,8 +22,10 @@ __all__ = [
     "bitmap_decode",
     "bitmap_encode",
     "bucket_nonzero",
+    "device_name",
     "implementation_for",
     "nonzero_items",
     "permute",
+    "synchronize",
     "unpermute",
 ]

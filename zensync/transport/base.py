@@ -11,6 +11,7 @@ engine needs on 1-D tensors (any dtype the backend moves; byte tensors for packe
     broadcast(x, src)              -> src's x
     send_recv(x, dst, src)         -> sends bytes x to dst while receiving bytes from src
     barrier()
+    split(color)                   -> transport over the ranks with the same color
 
 Byte accounting is done here, once, with one logical model, so that every implementation (the
 in-process simulated world, torch.distributed, and MPI later) reports the same numbers for the same
@@ -288,6 +289,18 @@ class Transport(abc.ABC):
         """Wait until every rank reaches this point."""
         self._barrier()
 
+    def split(self, color: int) -> Transport:
+        """A transport over the ranks that pass the same ``color``, ranked by their rank here.
+
+        A collective of every rank of this transport (each gets the group of its own color). Used
+        for hierarchical schemes: ``split(rank // gpus_per_node)`` gives the intra-node group,
+        ``split(rank % gpus_per_node)`` the inter-node group of one local rank. The setup exchange
+        is neither timed nor counted.
+        """
+        if isinstance(color, bool) or not isinstance(color, int) or color < 0:
+            raise ValueError(f"split(color={color!r}): color must be an int >= 0")
+        return self._split(color)
+
     # ----------------------------------------------------------------------------------------------
     # Backend hooks
     @abc.abstractmethod
@@ -320,3 +333,6 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def _barrier(self) -> None: ...
+
+    @abc.abstractmethod
+    def _split(self, color: int) -> Transport: ...

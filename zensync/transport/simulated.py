@@ -84,6 +84,26 @@ class _Shared:
     mailboxes: dict[tuple[int, int], queue.Queue[torch.Tensor]]
     mailbox_lock: threading.Lock
     aborted: threading.Event
+    children: list[_Shared] = dataclasses.field(default_factory=list)
+    """Worlds split from this one (``split``): aborted with it."""
+
+    def abort(self) -> None:
+        self.aborted.set()
+        self.barrier.abort()
+        for child in list(self.children):
+            child.abort()
+
+
+def _new_shared(num_ranks: int, timeout_s: float) -> _Shared:
+    return _Shared(
+        num_ranks=num_ranks,
+        timeout_s=timeout_s,
+        barrier=_Barrier(num_ranks),
+        slots=[None] * num_ranks,
+        mailboxes={},
+        mailbox_lock=threading.Lock(),
+        aborted=threading.Event(),
+    )
 
 
 class SimulatedTransport(Transport):
@@ -177,14 +197,25 @@ class SimulatedTransport(Transport):
             except queue.Empty:
                 waited += 0.05
                 if waited >= self._shared.timeout_s:
-                    self._shared.aborted.set()
-                    self._shared.barrier.abort()
+                    self._shared.abort()
                     raise TimeoutError(
                         f"rank {self.rank}: no message from rank {src} within {self._shared.timeout_s} s"
                     ) from None
 
     def _barrier(self) -> None:
         self._wait()
+
+    def _split(self, color: int) -> SimulatedTransport:
+        colors = self._exchange(color)
+        members = [r for r, c in enumerate(colors) if c == color]
+        # The lowest member creates its group's shared state; everyone picks up its leader's.
+        mine = None
+        if members[0] == self.rank:
+            mine = _new_shared(len(members), self._shared.timeout_s)
+            with self._shared.mailbox_lock:
+                self._shared.children.append(mine)
+        offered = self._exchange(mine)
+        return SimulatedTransport(offered[members[0]], members.index(self.rank))
 
 
 class SimulatedWorld:
@@ -216,15 +247,7 @@ class SimulatedWorld:
 
         With ``return_exceptions=True`` a rank's exception is returned in its place instead of raised.
         """
-        shared = _Shared(
-            num_ranks=self.num_ranks,
-            timeout_s=self.timeout_s,
-            barrier=_Barrier(self.num_ranks),
-            slots=[None] * self.num_ranks,
-            mailboxes={},
-            mailbox_lock=threading.Lock(),
-            aborted=threading.Event(),
-        )
+        shared = _new_shared(self.num_ranks, self.timeout_s)
         outcomes: list[Any] = [None] * self.num_ranks
         failed = [False] * self.num_ranks
 
@@ -233,8 +256,7 @@ class SimulatedWorld:
                 outcomes[rank] = fn(SimulatedTransport(shared, rank))
             except BaseException as exc:  # noqa: BLE001 - re-raised by run() below
                 outcomes[rank], failed[rank] = exc, True
-                shared.aborted.set()
-                shared.barrier.abort()
+                shared.abort()
 
         previous_threads = torch.get_num_threads()
         if self.single_thread_torch:

@@ -67,6 +67,16 @@ class TorchTransport(Transport):
         ranks = dist.get_process_group_ranks(self.group if self.group is not None else dist.group.WORLD)
         return TorchTransport(dist.new_group(ranks=ranks, use_local_synchronization=True))
 
+    def _split(self, color: int) -> TorchTransport:
+        colors = self._all_gather(torch.tensor([color], dtype=torch.int64, device=self._device()))
+        members = [r for r, c in enumerate(torch.cat(colors).tolist()) if c == color]
+        ranks = [self._global(r) for r in members]
+        return TorchTransport(dist.new_group(ranks=ranks, use_local_synchronization=True))
+
+    def _device(self) -> torch.device:
+        """Device of the group's small control tensors: CUDA for NCCL, CPU otherwise."""
+        return torch.device("cuda" if dist.get_backend(self.group) == "nccl" else "cpu")  # the current GPU
+
     def _global(self, group_rank: int) -> int:
         """Global rank of ``group_rank`` (older torch releases address peers by global rank only)."""
         if self.group is None:

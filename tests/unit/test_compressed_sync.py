@@ -1,0 +1,203 @@
+"""Compressed collective schemes on the simulated world equal their single-process definitions.
+
+Every scheme is checked for world sizes 1..8 against the definition written out here with the same
+compressor (flat), and for several (world size, ranks per node) pairs two-level. Data are small
+integers, so sparsifiers and casts keep exact values and every summation order gives the same sum;
+quantizers (whose values are products of norms and levels) are compared with a float tolerance.
+Error feedback is checked by its conservation law: what was delivered plus every residual left
+equals what the ranks put in.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zensync.compress import build
+from zensync.sync.compressed import COMPRESSED_SCHEMES, CompressedSync, hierarchy
+from zensync.transport import SimulatedWorld
+
+SHAPE = (37, 5)
+"""Neither dimension divides by the world sizes used, so chunks and shards are uneven."""
+QUANTIZER_RTOL = 1e-5
+"""Quantized values are norm * level / s in float32: sums in another order differ by a few ulps."""
+EXACT = ("none", "fp16", "topk:0.2", "dgc:0.2", "randomk:0.3")
+QUANTIZED = ("qsgd:16", "terngrad", "efsignsgd", "onebit")
+
+
+def _data(rank: int, step: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(-4, 5, SHAPE, generator=gen).float()
+
+
+def _roundtrip(spec: str, x: torch.Tensor, name: str, step: int = 0) -> torch.Tensor:
+    comp = build(spec)
+    return comp.decompress(comp.compress(x, name=name, step=step))
+
+
+def _definition(spec: str, scheme: str, inputs: list[torch.Tensor], name: str, step: int = 0) -> torch.Tensor:
+    """What ``scheme`` must deliver for these per-rank inputs (no error feedback)."""
+    n = len(inputs)
+    if scheme in ("allreduce", "allgather") or n == 1:
+        return sum((_roundtrip(spec, x, name, step) for x in inputs), torch.zeros(SHAPE))
+    if scheme == "gather_broadcast":
+        summed = sum((_roundtrip(spec, x, name, step) for x in inputs), torch.zeros(SHAPE))
+        return _roundtrip(spec, summed, f"{name}#root#server", step)
+    chunks = [x.reshape(-1).tensor_split(n) for x in inputs]
+    out = []
+    for j in range(n):
+        summed = sum(_roundtrip(spec, c[j], f"{name}#{j}", step) for c in chunks)
+        out.append(_roundtrip(spec, summed, f"{name}#{j}#server", step))
+    return torch.cat(out).view(SHAPE)
+
+
+def _schemes(spec: str) -> list[str]:
+    allreduce_ok = build(spec).allreduce_compatible
+    return [s for s in COMPRESSED_SCHEMES if s != "allreduce" or allreduce_ok]
+
+
+def _run_flat(spec: str, scheme: str, n: int) -> list[torch.Tensor]:
+    def body(t):  # type: ignore[no-untyped-def]
+        sync = CompressedSync(spec, scheme, error_feedback=False)
+        return sync.sync(_data(t.rank), t, name="w", step=0)
+
+    return SimulatedWorld(n).run(body)
+
+
+CASES = [(spec, scheme) for spec in EXACT + QUANTIZED for scheme in _schemes(spec)]
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+@pytest.mark.parametrize(("spec", "scheme"), CASES, ids=[f"{s}-{c}" for s, c in CASES])
+def test_flat_scheme_equals_definition(spec: str, scheme: str, n: int) -> None:
+    results = _run_flat(spec, scheme, n)
+    expected = _definition(spec, scheme, [_data(r) for r in range(n)], "w")
+    rtol = QUANTIZER_RTOL if spec in QUANTIZED else 0.0
+    for rank, out in enumerate(results):
+        assert out.shape == SHAPE and out.dtype == torch.float32
+        torch.testing.assert_close(out, expected, rtol=rtol, atol=rtol, msg=lambda m, r=rank: f"rank {r}: {m}")
+
+
+def test_powersgd_allreduce_is_exact_on_a_shared_low_rank_sum() -> None:
+    """Each rank holds a_r * u v^T: the sum has rank 1, so one power iteration recovers it exactly."""
+    n = 4
+    gen = torch.Generator().manual_seed(3)
+    u, v = torch.randn(SHAPE[0], 1, generator=gen), torch.randn(1, SHAPE[1], generator=gen)
+    scales = [1.0, -2.0, 0.5, 3.0]
+
+    def body(t):  # type: ignore[no-untyped-def]
+        sync = CompressedSync("powersgd:1", "allreduce", error_feedback=False)
+        return sync.sync(scales[t.rank] * (u @ v), t, name="w", step=0)
+
+    results = SimulatedWorld(n).run(body)
+    expected = sum(scales) * (u @ v)
+    for out in results:
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out, results[0], rtol=0, atol=0)
+
+
+HIERARCHIES = [(4, 2), (6, 3), (6, 2), (8, 4)]
+
+
+@pytest.mark.parametrize(("n", "k"), HIERARCHIES)
+@pytest.mark.parametrize("scheme", ["allgather", "alltoall_allgather", "gather_broadcast"])
+def test_two_level_equals_definition(n: int, k: int, scheme: str) -> None:
+    spec = "topk:0.3"
+
+    def body(t):  # type: ignore[no-untyped-def]
+        levels = hierarchy(t, k)
+        return CompressedSync(spec, scheme, error_feedback=False).sync(
+            _data(t.rank), t, name="w", step=0, hierarchy=levels
+        )
+
+    results = SimulatedWorld(n).run(body)
+    nodes = n // k
+    inputs = [_data(r).reshape(-1) for r in range(n)]
+    shards = []
+    for local in range(k):
+        # Shard ``local`` of each node's sum, then the flat scheme across the nodes.
+        node_sums = [sum(inputs[m * k + i].tensor_split(k)[local] for i in range(k)) for m in range(nodes)]
+        shards.append(_definition_1d(spec, scheme, node_sums, f"w@{local}"))
+    expected = torch.cat(shards).view(SHAPE)
+    for out in results:
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def _definition_1d(spec: str, scheme: str, inputs: list[torch.Tensor], name: str) -> torch.Tensor:
+    n = len(inputs)
+    zero = torch.zeros_like(inputs[0])
+    if scheme == "allgather" or n == 1:
+        return sum((_roundtrip(spec, x, name) for x in inputs), zero)
+    if scheme == "gather_broadcast":
+        return _roundtrip(spec, sum((_roundtrip(spec, x, name) for x in inputs), zero), f"{name}#root#server")
+    chunks = [x.tensor_split(n) for x in inputs]
+    out = []
+    for j in range(n):
+        summed = sum(_roundtrip(spec, c[j], f"{name}#{j}") for c in chunks)
+        out.append(_roundtrip(spec, summed, f"{name}#{j}#server"))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize(
+    ("spec", "scheme"),
+    [
+        ("topk:0.1", "allgather"),
+        ("topk:0.1", "alltoall_allgather"),
+        ("efsignsgd", "gather_broadcast"),
+        ("randomk:0.2", "allreduce"),
+        ("powersgd:1", "allreduce"),
+    ],
+)
+def test_error_feedback_conserves_the_sum(spec: str, scheme: str) -> None:
+    """sum_t out_t + sum_i worker residual_i + server residuals == sum_t sum_i x_it (float64)."""
+    n, steps = 3, 12
+
+    def body(t):  # type: ignore[no-untyped-def]
+        sync = CompressedSync(spec, scheme, error_feedback=True)
+        delivered = torch.zeros(SHAPE, dtype=torch.float64)
+        for step in range(steps):
+            delivered += sync.sync(_data(t.rank, step).double(), t, name="w", step=step)
+        server = {key: sync.server_memory.residual(key) for key in sync.server_memory.names()}
+        return delivered, sync.worker_memory.residual("w"), server
+
+    results = SimulatedWorld(n).run(body)
+    put_in = sum(_data(r, s).double() for r in range(n) for s in range(steps))
+    delivered = results[0][0]
+    worker = sum(res[1] for res in results)
+    if scheme == "alltoall_allgather":  # rank r owns chunk r's server residual
+        server = torch.cat([results[r][2][f"w#{r}"].reshape(-1) for r in range(n)]).view(SHAPE)
+    elif scheme == "gather_broadcast":  # the root owns the whole tensor's
+        server = results[0][2]["w#root"]
+    else:
+        assert all(not res[2] for res in results)
+        server = torch.zeros_like(put_in)
+    torch.testing.assert_close(delivered + worker + server, put_in, rtol=1e-9, atol=1e-9)
+    for res in results[1:]:
+        torch.testing.assert_close(res[0], delivered, rtol=0, atol=0)
+
+
+def test_bad_configuration_errors() -> None:
+    with pytest.raises(ValueError, match="allreduce-compatible"):
+        CompressedSync("topk:0.1", "allreduce")
+    with pytest.raises(ValueError, match="scheme="):
+        CompressedSync("fp16", "ring")
+    world = SimulatedWorld(4)
+    with pytest.raises(ValueError, match="ranks_per_node=3"):
+        world.run(lambda t: hierarchy(t, 3))
+
+
+def test_auto_scheme_and_memory_report() -> None:
+    assert CompressedSync("fp16").scheme == "allreduce"
+    assert CompressedSync("topk:0.1").scheme == "allgather"
+
+    def body(t):  # type: ignore[no-untyped-def]
+        sync = CompressedSync("topk:0.1", "alltoall_allgather")
+        sync.sync(_data(t.rank), t, name="w", step=0)
+        return sync.memory_bytes
+
+    n = 4
+    per_rank = SimulatedWorld(n).run(body)
+    numel = SHAPE[0] * SHAPE[1]
+    chunks = torch.zeros(numel).tensor_split(n)
+    for rank, nbytes in enumerate(per_rank):
+        assert nbytes == 4 * (numel + chunks[rank].numel())  # worker residual + its chunk's server residual
