@@ -5,6 +5,59 @@ Never imports the transport layer: planning works offline, with no process group
 
 from __future__ import annotations
 
+from zensync.planner.cluster import ClusterSpec, parse_bandwidth
+from zensync.planner.costs import FP16_MODEL, FP32_MODEL, AffineCost, CompressorModel, compressor_model
+from zensync.planner.gpus import GpuSpec, builtin_gpus, gpu_spec
+from zensync.planner.models import builtin_models, builtin_profile
+from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption, candidate_options, option_costs
+from zensync.planner.plan import PLAN_VERSION, Plan, PlanTensor, Predictions
 from zensync.planner.profile import PROFILE_VERSION, ModelProfile, TensorProfile
+from zensync.planner.search import plan
+from zensync.planner.simulator import (
+    SimResult,
+    Strategy,
+    TimelineEvent,
+    Unit,
+    iteration_time,
+    price_units,
+    render_timeline,
+    simulate,
+    simulate_units,
+)
 
-__all__ = ["PROFILE_VERSION", "ModelProfile", "TensorProfile"]
+__all__ = [
+    "FP16_MODEL",
+    "FP16_OPTION",
+    "FP32_MODEL",
+    "FP32_OPTION",
+    "PLAN_VERSION",
+    "PROFILE_VERSION",
+    "AffineCost",
+    "ClusterSpec",
+    "CompressorModel",
+    "GpuSpec",
+    "ModelProfile",
+    "Plan",
+    "PlanTensor",
+    "Predictions",
+    "SimResult",
+    "Strategy",
+    "TensorOption",
+    "TensorProfile",
+    "TimelineEvent",
+    "Unit",
+    "builtin_gpus",
+    "builtin_models",
+    "builtin_profile",
+    "candidate_options",
+    "compressor_model",
+    "gpu_spec",
+    "iteration_time",
+    "option_costs",
+    "parse_bandwidth",
+    "plan",
+    "price_units",
+    "render_timeline",
+    "simulate",
+    "simulate_units",
+]

@@ -1,0 +1,317 @@
+"""Cost models: what a compressor costs (payload size, compress/decompress time) and what a collective costs.
+
+Compression costs follow Espresso's simulator (reference/espresso.md 1.6): on the GPU, a constant per
+(compressor, operation) for tensors of at most 2**20 elements and linear scaling above; on the CPU,
+bytes * 8 / 20 Gbit/s on one worker. Collectives are alpha-beta with ring-style volumes, alpha charged
+once per collective as Espresso does::
+
+    model = CompressorModel.family("dgc", bits_per_element=0.64, allreduce_compatible=False)
+    model.payload_bytes(2**20)  # 83886 bytes: values + indices of 1 %
+    allreduce_s(100e6, ranks=8, bandwidth_bytes_per_s=3.125e9, latency_s=150e-6)
+
+Every time function accepts a float or a float64 numpy array (the planner prices all tensors at once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "FP16_MODEL",
+    "FP32_MODEL",
+    "GPU_KNEE_ELEMENTS",
+    "AffineCost",
+    "CompressorModel",
+    "Device",
+    "allgather_s",
+    "allreduce_s",
+    "alltoall_s",
+    "broadcast_s",
+    "compressor_model",
+    "gather_s",
+    "reduce_scatter_s",
+]
+
+Device = Literal["gpu", "cpu"]
+FloatArray = npt.NDArray[np.float64]
+Num = TypeVar("Num", float, FloatArray)
+
+GPU_KNEE_ELEMENTS = 2**20
+"""Espresso's GPU compression cost is constant up to this many elements and linear above."""
+_CPU_BYTES_PER_S = 20e9 / 8
+"""Espresso's CPU compression speed: 20 Gbit/s of float32 input per worker."""
+_CPU_FIXED_S = 15e-6
+"""CPU latency floor per call: Espresso's microbenchmark measures 13-19 us at 2**10 elements."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AffineCost:
+    """Seconds for ``numel`` elements: ``fixed_s + per_element_s * max(0, numel - knee_elements)``.
+
+    With ``knee_elements = 0`` this is the affine ``a + b * numel``; Espresso's GPU model is
+    ``fixed_s = c``, ``per_element_s = c / 2**20``, ``knee_elements = 2**20`` (constant below, linear above).
+    """
+
+    fixed_s: float = 0.0
+    """Seconds charged for any call (kernel launch, Python overhead)."""
+    per_element_s: float = 0.0
+    """Seconds per element above the knee."""
+    knee_elements: int = 0
+    """Elements covered by ``fixed_s``."""
+
+    def __post_init__(self) -> None:
+        for name in ("fixed_s", "per_element_s", "knee_elements"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"AffineCost.{name}={value!r} must be finite and >= 0")
+
+    @classmethod
+    def espresso_gpu(cls, seconds_at_knee: float) -> AffineCost:
+        """Espresso's GPU shape: ``seconds_at_knee`` up to 2**20 elements, proportional above."""
+        return cls(fixed_s=seconds_at_knee, per_element_s=seconds_at_knee / GPU_KNEE_ELEMENTS, knee_elements=2**20)
+
+    def __call__(self, numel: Num) -> Num:
+        return self.fixed_s + self.per_element_s * np.maximum(numel - self.knee_elements, 0.0)
+
+
+_CPU_COST = AffineCost(fixed_s=_CPU_FIXED_S, per_element_s=4 / _CPU_BYTES_PER_S)
+_ZERO_COST = AffineCost()
+
+# Espresso 1.6, one-level column, at 2**20 elements: (encode us, decode us) = (total - decode, decode).
+# Families Espresso did not measure borrow a measured one; "assumed" marks them.
+_GPU_US: dict[str, tuple[float, float]] = {
+    "none": (0.0, 0.0),
+    "fp16": (4.0, 22.0),
+    "bf16": (4.0, 22.0),  # assumed: as fp16
+    "randomk": (54.0, 34.0),
+    "dgc": (356.0, 34.0),
+    "topk": (356.0, 34.0),  # assumed: as dgc
+    "efsignsgd": (130.0, 140.0),
+    "signsgd": (130.0, 140.0),  # assumed: as efsignsgd
+    "qsgd": (130.0, 140.0),  # assumed: as efsignsgd
+    "terngrad": (130.0, 140.0),  # assumed: as efsignsgd
+    "onebit": (450.0, 170.0),
+    "powersgd": (450.0, 170.0),  # assumed: as onebit
+}
+_SPARSIFIERS = frozenset({"randomk", "topk", "dgc"})
+_INDIVISIBLE = frozenset({"powersgd"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CompressorModel:
+    """What the planner needs to know about one compressor: payload size, flags and costs."""
+
+    spec: str
+    """Spec string, as for ``zensync.compress.build`` (e.g. ``"dgc:0.01"``)."""
+    bits_per_element: float
+    """Payload bits per gradient element (32 x ratio; sparsifiers count values and indices)."""
+    fixed_payload_bytes: int = 0
+    """Payload bytes independent of size (a scale, a norm)."""
+    payload_fn: Callable[[int], int] | None = None
+    """Exact payload bytes of ``numel`` elements (a compressor's ``payload_bytes``); overrides the ratio."""
+    allreduce_compatible: bool
+    """Payloads of different ranks may be summed (fp16, shared-seed random-k): an allreduce scheme exists."""
+    divisible: bool = True
+    """Payloads split into chunks that can be decompressed, aggregated and re-compressed (alltoall schemes)."""
+    sparse: bool = False
+    """Decoding another payload costs in proportion to its size (sparsifiers), not the dense size (quantizers)."""
+    gpu_compress: AffineCost
+    gpu_decompress: AffineCost
+    cpu_compress: AffineCost = _CPU_COST
+    cpu_decompress: AffineCost = _CPU_COST
+
+    def __post_init__(self) -> None:
+        if not self.spec:
+            raise ValueError("CompressorModel.spec must be a non-empty spec string such as 'dgc:0.01'")
+        if not (math.isfinite(self.bits_per_element) and self.bits_per_element > 0):
+            raise ValueError(f"CompressorModel.bits_per_element={self.bits_per_element!r} must be > 0")
+        if self.fixed_payload_bytes < 0:
+            raise ValueError(f"CompressorModel.fixed_payload_bytes={self.fixed_payload_bytes!r} must be >= 0")
+
+    @classmethod
+    def family(
+        cls, name: str, *, bits_per_element: float, allreduce_compatible: bool, **fields: Any
+    ) -> CompressorModel:
+        """A model with Espresso's default costs for compressor family ``name`` (see ``_GPU_US``).
+
+        Args:
+            name: Family name, e.g. ``"dgc"``; also the spec unless ``spec=`` is given.
+            bits_per_element: Payload bits per element.
+            allreduce_compatible: Whether payloads can be summed.
+            **fields: Overrides of any other field.
+
+        Returns:
+            The model.
+
+        Raises:
+            ValueError: If the family is unknown (the valid ones are listed).
+
+        Example::
+
+            CompressorModel.family("efsignsgd", bits_per_element=1.0, allreduce_compatible=False)
+        """
+        if name not in _GPU_US:
+            raise ValueError(f"compressor family {name!r} has no default costs; valid: {', '.join(sorted(_GPU_US))}")
+        encode_us, decode_us = _GPU_US[name]
+        defaults: dict[str, Any] = {
+            "spec": name,
+            "divisible": name not in _INDIVISIBLE,
+            "sparse": name in _SPARSIFIERS,
+            "gpu_compress": AffineCost.espresso_gpu(encode_us * 1e-6),
+            "gpu_decompress": AffineCost.espresso_gpu(decode_us * 1e-6),
+        }
+        if name == "none":
+            defaults.update(cpu_compress=_ZERO_COST, cpu_decompress=_ZERO_COST)
+        defaults.update(fields)
+        return cls(bits_per_element=bits_per_element, allreduce_compatible=allreduce_compatible, **defaults)
+
+    def payload_bytes(self, numel: int) -> int:
+        """Bytes on the wire for ``numel`` float32 elements."""
+        if self.payload_fn is not None:
+            return int(self.payload_fn(int(numel)))
+        return math.ceil(numel * self.bits_per_element / 8) + self.fixed_payload_bytes
+
+    def payload_array(self, numel: FloatArray, cache: dict[int, int] | None = None) -> FloatArray:
+        """``payload_bytes`` of every element count in ``numel`` (cached per distinct count)."""
+        if self.payload_fn is None:
+            return np.ceil(numel * self.bits_per_element / 8) + float(self.fixed_payload_bytes)
+        memo = {} if cache is None else cache
+        unique, inverse = np.unique(numel.astype(np.int64), return_inverse=True)
+        values = np.empty(len(unique))
+        for i, count in enumerate(unique.tolist()):
+            if count not in memo:
+                memo[count] = self.payload_bytes(count)
+            values[i] = memo[count]
+        return values[inverse.reshape(numel.shape)]
+
+    def compress_s(self, device: Device, numel: Num) -> Num:
+        """Seconds to compress ``numel`` elements on ``device``."""
+        return (self.gpu_compress if device == "gpu" else self.cpu_compress)(numel)
+
+    def decompress_s(self, device: Device, numel: Num) -> Num:
+        """Seconds to decompress into ``numel`` elements on ``device``."""
+        return (self.gpu_decompress if device == "gpu" else self.cpu_decompress)(numel)
+
+    def aggregate_elements(self, numel: FloatArray, count: int, cache: dict[int, int] | None = None) -> FloatArray:
+        """Work, in elements, of decompressing ``count`` payloads of ``numel`` elements and summing them.
+
+        Quantizers decode every payload densely (``numel * count``); sparsifiers decode the first densely
+        and each further one in proportion to its payload (a scatter-add of the kept values).
+        """
+        if count <= 1:
+            return numel
+        if not self.sparse:
+            return numel * count
+        payload_fraction = self.payload_array(numel, cache) / np.maximum(numel * 4.0, 1.0)
+        return numel + (count - 1) * numel * np.minimum(payload_fraction, 1.0)
+
+
+FP32_MODEL = CompressorModel.family("none", bits_per_element=32.0, allreduce_compatible=True)
+"""Uncompressed float32: no compression cost."""
+FP16_MODEL = CompressorModel.family("fp16", bits_per_element=16.0, allreduce_compatible=True)
+"""The fp16 cast baseline (Espresso: 26 us per 2**20 elements on the GPU, 22 of them decode)."""
+
+
+def compressor_model(spec: str, overrides: Mapping[str, Any] | None = None) -> CompressorModel:
+    """The model of a registered compressor: payload size and flags from ``zensync.compress.build(spec)``.
+
+    Costs default to Espresso's for the compressor's family (``CompressorModel.family``). Steps:
+
+    1. build the compressor and check the override names;
+    2. combine the family defaults, the compressor's payload formula and flags, and the overrides.
+
+    Args:
+        spec: Compressor spec string, e.g. ``"dgc:0.01"`` or ``"efsignsgd"``.
+        overrides: Field values that replace the defaults, e.g. ``{"gpu_compress": AffineCost(...)}``.
+
+    Returns:
+        The model, with ``payload_fn`` bound to the compressor's ``payload_bytes``.
+
+    Raises:
+        ValueError: If the spec is invalid or an override names an unknown field.
+
+    Example::
+
+        compressor_model("dgc:0.01").payload_bytes(1_000_000)
+    """
+    # Step 1: the compressor (imported here: the registry is filled by zensync.compress's modules) and
+    # the override names.
+    from zensync import compress
+
+    comp = compress.build(spec)
+    extra = dict(overrides or {})
+    valid = {f.name for f in dataclasses.fields(CompressorModel)}
+    unknown = sorted(set(extra) - valid)
+    if unknown:
+        raise ValueError(f"compressor_model overrides {unknown} are not fields; valid: {sorted(valid)}")
+    if comp.name not in _GPU_US and not {"gpu_compress", "gpu_decompress"} <= set(extra):
+        raise ValueError(
+            f"compressor {comp.name!r} has no default costs (known: {', '.join(sorted(_GPU_US))}); "
+            f"pass overrides={{'gpu_compress': AffineCost(...), 'gpu_decompress': AffineCost(...)}}"
+        )
+    # Step 2: family defaults, the compressor's own payload formula and flags, then the overrides.
+    fields: dict[str, Any] = {
+        "spec": comp.spec(),
+        "payload_fn": comp.payload_bytes,
+        "divisible": comp.name not in _INDIVISIBLE,
+        "sparse": comp.name in _SPARSIFIERS,
+        **extra,
+    }
+    bits = comp.payload_bytes(GPU_KNEE_ELEMENTS) * 8 / GPU_KNEE_ELEMENTS
+    family = comp.name if comp.name in _GPU_US else "onebit"  # GPU costs overridden above
+    return CompressorModel.family(
+        family, bits_per_element=bits, allreduce_compatible=comp.allreduce_compatible, **fields
+    )
+
+
+# Collectives over `ranks` ranks: alpha (once per collective) + volume / bandwidth. `nbytes` is each
+# rank's input (allreduce, reduce-scatter) or each rank's own payload (allgather, alltoall, gather,
+# broadcast). One rank costs nothing.
+
+
+def allreduce_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
+    """Ring allreduce: ``alpha + 2 (k-1)/k * nbytes / B``."""
+    if ranks <= 1:
+        return nbytes * 0.0
+    return latency_s + 2.0 * (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s
+
+
+def reduce_scatter_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
+    """Ring reduce-scatter of ``nbytes`` per rank into 1/k shards: ``alpha + (k-1)/k * nbytes / B``."""
+    if ranks <= 1:
+        return nbytes * 0.0
+    return latency_s + (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s
+
+
+def allgather_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
+    """Ring allgather of ``nbytes`` from each rank: every rank receives ``(k-1) * nbytes``."""
+    if ranks <= 1:
+        return nbytes * 0.0
+    return latency_s + (ranks - 1) * nbytes / bandwidth_bytes_per_s
+
+
+def alltoall_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
+    """Alltoall of ``nbytes`` per rank split in k chunks: each rank sends and receives ``(k-1)/k * nbytes``."""
+    if ranks <= 1:
+        return nbytes * 0.0
+    return latency_s + (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s
+
+
+def gather_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
+    """Gather of ``nbytes`` from each rank to one root: the root receives ``(k-1) * nbytes``."""
+    if ranks <= 1:
+        return nbytes * 0.0
+    return latency_s + (ranks - 1) * nbytes / bandwidth_bytes_per_s
+
+
+def broadcast_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
+    """Pipelined (chain) broadcast of ``nbytes`` from one root: ``alpha + nbytes / B``."""
+    if ranks <= 1:
+        return nbytes * 0.0
+    return latency_s + nbytes / bandwidth_bytes_per_s
