@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import zensync
+from zensync.planner import ClusterSpec, Plan, PlanTensor, Predictions, TensorOption
 
 pytestmark = pytest.mark.distributed
 
@@ -155,10 +157,36 @@ def _two_level_worker(rank: int, world_size: int) -> dict[str, Any]:
     return result
 
 
-def _missing_plan_worker(rank: int, world_size: int, path: str) -> str:
+def _write_plan(path: Any, world_size: int) -> None:
+    """A hand-made plan for _Net: fc1.weight top-k allgather, fc1.bias fp16, emb fp32, fc2.* absent."""
+    options = {
+        "emb.weight": TensorOption(kind="fp32"),
+        "fc1.weight": TensorOption(kind="comp", scheme="ag"),
+        "fc1.bias": TensorOption(kind="fp16"),
+    }
+    shapes = {n: tuple(p.shape) for n, p in _Net().named_parameters()}
+    tensors = tuple(
+        PlanTensor(name=n, numel=math.prod(shapes[n]), option=o, group=i) for i, (n, o) in enumerate(options.items())
+    )
+    cluster = ClusterSpec.from_strings(nodes=world_size, gpus_per_node=1, inter="1Gbit")
+    predicted = Predictions(plan_s=1.0, fp32_s=1.0, fp16_s=1.0, upper_bound_s=1.0)
+    plan = Plan(
+        model="net", cluster=cluster, compressor="topk:0.05", tensors=tensors, predicted=predicted, selection_s=0.0
+    )
+    path.write_text(plan.to_json())
+
+
+def _plan_worker(rank: int, world_size: int, path: str) -> dict[str, str]:
+    _, state, _ = _train(rank, path, {})
+    schemes = {n: p["scheme"] for n, p in state.history[-1]["params"].items()}
+    state.close()
+    return schemes
+
+
+def _missing_plan_worker(rank: int, world_size: int, missing: str, present: str) -> str:
     ddp = nn.parallel.DistributedDataParallel(_Net())
     try:
-        zensync.register(ddp, strategy=path if rank == 1 else path.replace("missing", "present"), **FIXED_MODEL)
+        zensync.register(ddp, strategy=missing if rank == 1 else present, **FIXED_MODEL)
     except ValueError as exc:
         return str(exc)
     return "no error"
@@ -172,16 +200,27 @@ class TestTwoLevelAndErrors:
         for per_rank in results[1:]:
             for a, b in zip(per_rank["final"], results[0]["final"], strict=True):
                 assert torch.equal(a, b)
-        assert results[0]["schemes"]["fc1.weight"]["scheme"] == "compress:topk:0.1|allgather"
+        assert results[0]["schemes"]["fc1.weight"]["scheme"] == "compress:topk:0.1|allgather|hier"
+
+    def test_plan_file_sets_each_parameter(self, world_size: int, tmp_path: Any, caplog: Any) -> None:
+        _write_plan(tmp_path / "plan.json", world_size)
+        for schemes in launch(_plan_worker, world_size, (str(tmp_path / "plan.json"),), tmp_path):
+            assert schemes["fc1.weight"] == "compress:topk:0.05|allgather|flat", schemes
+            assert schemes["fc1.bias"] == "compress:fp16|allreduce|flat", schemes
+            assert schemes["fc2.weight"] == "dense" and schemes["fc2.bias"] == "dense", schemes  # not in the plan
+            assert schemes["emb.weight"] == "zen", schemes  # fp32 in the plan, naturally sparse
 
     def test_missing_plan_on_one_rank_raises_everywhere(self, world_size: int, tmp_path: Any) -> None:
-        messages = launch(_missing_plan_worker, world_size, (str(tmp_path / "missing.json"),), tmp_path)
+        _write_plan(tmp_path / "present.json", world_size)
+        paths = (str(tmp_path / "missing.json"), str(tmp_path / "present.json"))
+        messages = launch(_missing_plan_worker, world_size, paths, tmp_path)
         for rank, message in enumerate(messages):
-            assert "could not set up strategy" in message, (rank, message)
+            assert "ranks [1] could not set up strategy" in message, (rank, message)
+        assert "plan file not found" in messages[1]
 
 
 def test_unknown_compressor_is_rejected() -> None:
-    with pytest.raises(ValueError, match="strategy='topkk:0.1' is unknown"):
+    with pytest.raises(ValueError, match=r"strategy='topkk:0\.1' is unknown"):
         zensync.HookConfig(strategy="topkk:0.1")
     with pytest.raises(ValueError, match="compressed_scheme="):
         zensync.HookConfig(strategy="topk:0.1", compressed_scheme="ring")

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import pathlib
-import socket
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ import torch
 
 from zensync.demo.config import DemoConfig
 from zensync.demo.model import lm_config
-from zensync.testbed import LoopbackCluster, make_cluster
+from zensync.testbed import LoopbackCluster, free_port, make_cluster
 from zensync.workloads import lm
 
 __all__ = ["DemoResult", "StrategyRun", "default_out_dir", "run_demo"]
@@ -65,12 +64,6 @@ class DemoResult:
     wall_s: float
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _make_cluster(config: DemoConfig, say: Callable[[str], None]) -> Any:
     if config.net is None:
         return LoopbackCluster(config.workers)
@@ -91,7 +84,7 @@ def _launch_one(
     out.mkdir()
     argv = [sys.executable, "-m", "zensync.demo.worker", "--config", str(paths["config"])]
     argv += ["--strategy", strategy, "--corpus", str(paths["corpus"]), "--out", str(out)]
-    port = _free_port() if isinstance(cluster, LoopbackCluster) else _BASE_PORT + index
+    port = free_port() if isinstance(cluster, LoopbackCluster) else _BASE_PORT + index
     before = cluster.counters()
     started = time.monotonic()
     cluster.run_workers(

@@ -22,7 +22,7 @@ __all__ = ["COMPRESSED_PREFIX", "compression_for", "sync_compressed"]
 logger = logging.getLogger(__name__)
 
 COMPRESSED_PREFIX = "compress:"
-"""Schemes of compressed parameters read ``compress:<spec>|<collective scheme>``."""
+"""Schemes of compressed parameters read ``compress:<spec>|<collective scheme>|<flat or hier>``."""
 
 
 def compression_for(state: ZenSyncState, name: str) -> str:
@@ -30,28 +30,37 @@ def compression_for(state: ZenSyncState, name: str) -> str:
     strategy = state.strategy
     if strategy.kind == "compress":
         assert strategy.compressor is not None
-        return _key(strategy.compressor, state.config.compressed_scheme)
-    option = strategy.plan.compression_for(name) if strategy.plan is not None else None
-    if option is None:
-        if strategy.plan is not None and not strategy.plan.has(name) and not state._plan_warned:
+        level = "hier" if state.hierarchy is not None else "flat"
+        return _key(strategy.compressor, state.config.compressed_scheme, level)
+    plan = strategy.plan
+    if plan is None or not plan.has(name):
+        if plan is not None and not state._plan_warned:
             logger.warning(
-                "zensync: parameter %s (and possibly others) is not in plan %s; synced densely",
-                name,
-                strategy.text,
+                "zensync: parameter %s (and possibly others) is not in plan %s; synced densely", name, strategy.text
             )
             state._plan_warned = True
         return "dense"
-    spec, scheme = option
-    return _key(spec, scheme)
+    option = plan.compression_for(name)
+    if option is None:
+        return "dense"
+    level = plan.option_for(name).level
+    if level == "hier2" and not state._hier2_warned:
+        logger.warning(
+            "zensync: plan %s compresses intra-node phases (hier2); the hook runs them two-level with an "
+            "uncompressed intra-node phase",
+            strategy.text,
+        )
+        state._hier2_warned = True
+    return _key(option[0], option[1], "flat" if level == "flat" else "hier")
 
 
-def _key(spec: str, scheme: str) -> str:
-    return f"{COMPRESSED_PREFIX}{spec}|{scheme}"
+def _key(spec: str, scheme: str, level: str) -> str:
+    return f"{COMPRESSED_PREFIX}{spec}|{scheme}|{level}"
 
 
-def _parse(key: str) -> tuple[str, str]:
-    spec, scheme = key[len(COMPRESSED_PREFIX) :].rsplit("|", 1)
-    return spec, scheme
+def _parse(key: str) -> tuple[str, str, str]:
+    spec, scheme, level = key[len(COMPRESSED_PREFIX) :].rsplit("|", 2)
+    return spec, scheme, level
 
 
 def sync_compressed(
@@ -67,7 +76,7 @@ def sync_compressed(
         if scheme.startswith(COMPRESSED_PREFIX):
             groups.setdefault(scheme, []).append(i)
     for key, members in groups.items():
-        spec, scheme = _parse(key)
+        spec, scheme, _ = _parse(key)
         sync = state.compressed_sync(spec, scheme)
         if sync.error_feedback:
             for i in members:
@@ -85,16 +94,15 @@ def _run(
     ef_name: str = "",
 ) -> None:
     """One compressed collective over the (fused) ``views``; results written to ``outs``."""
-    spec, scheme = _parse(key)
+    spec, scheme, level = _parse(key)
     sync = state.compressed_sync(spec, scheme)
     transport = state.transport
+    levels = state.hierarchy if level == "hier" else None
     log = TrafficLog()
     start = time.perf_counter()
     flat = views[0] if len(views) == 1 else torch.cat([v.reshape(-1) for v in views])
     with transport.recording(log):
-        summed = sync.sync(
-            flat, transport, name=ef_name or f"fused:{names[0]}", step=state.step, hierarchy=state.hierarchy
-        )
+        summed = sync.sync(flat, transport, name=ef_name or f"fused:{names[0]}", step=state.step, hierarchy=levels)
     offset = 0
     for out, view in zip(outs, views, strict=True):
         out.copy_(summed.reshape(-1)[offset : offset + view.numel()].view(view.shape))

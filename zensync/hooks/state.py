@@ -134,6 +134,7 @@ class ZenSyncState:
         "compressed",
         "hierarchy",
         "_plan_warned",
+        "_hier2_warned",
         # Parameters: name of each parameter, and what the hook remembers about it.
         "param_names",
         "records",
@@ -162,6 +163,7 @@ class ZenSyncState:
         self.compressed: dict[tuple[str, str], CompressedSync] = {}
         self.hierarchy: Hierarchy | None = None
         self._plan_warned = False
+        self._hier2_warned = False
         self.process_group = process_group
         transport = resolve(process_group)
         # A group of its own: the comm thread's collectives must not interleave with DDP's.

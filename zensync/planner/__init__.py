@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from zensync.planner.cluster import ClusterSpec, parse_bandwidth
 from zensync.planner.costs import FP16_MODEL, FP32_MODEL, AffineCost, CompressorModel, compressor_model
+from zensync.planner.explain import plan_compressor_model, simulate_plan, summarize
 from zensync.planner.gpus import GpuSpec, builtin_gpus, gpu_spec
 from zensync.planner.models import builtin_models, builtin_profile
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption, candidate_options, option_costs
@@ -56,8 +57,11 @@ __all__ = [
     "option_costs",
     "parse_bandwidth",
     "plan",
+    "plan_compressor_model",
     "price_units",
     "render_timeline",
     "simulate",
+    "simulate_plan",
     "simulate_units",
+    "summarize",
 ]

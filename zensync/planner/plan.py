@@ -17,6 +17,7 @@ from typing import Any
 
 from zensync.planner.cluster import ClusterSpec
 from zensync.planner.options import TensorOption
+from zensync.planner.profile import ModelProfile
 
 __all__ = ["PLAN_VERSION", "Plan", "PlanTensor", "Predictions"]
 
@@ -82,6 +83,12 @@ class Plan:
     """``search``, or ``fp32`` / ``fp16`` when the searched plan was no faster than that baseline."""
     flags: dict[str, bool] = dataclasses.field(default_factory=dict)
     """Planner switches used: ``cpu_offload``, ``two_level``, ``fusion``."""
+    profile: ModelProfile | None = None
+    """The profile the plan was made for (``zensync plan`` embeds it, so ``zensync explain`` can
+    re-simulate the plan from the file alone)."""
+    costs: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    """Measured compressor costs that replaced the defaults: ``CompressorModel`` field name ->
+    ``AffineCost`` fields (``fixed_s``, ``per_element_s``, ``knee_elements``)."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tensors]
@@ -149,6 +156,8 @@ class Plan:
             "tensors": [
                 {"name": t.name, "numel": t.numel, "option": t.option.code, "group": t.group} for t in self.tensors
             ],
+            "costs": self.costs,
+            "profile": None if self.profile is None else json.loads(self.profile.to_json()),
         }
         return json.dumps(data, indent=1)
 
@@ -190,6 +199,19 @@ def _from_dict(data: dict[str, Any]) -> Plan:
     flags = data.get("flags", {})
     if not isinstance(flags, dict) or not all(isinstance(v, bool) for v in flags.values()):
         raise ValueError(f"plan field 'flags' must map names to booleans, got {flags!r}")
+    costs = data.get("costs", {})
+    if not isinstance(costs, dict) or not all(
+        isinstance(c, dict) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in c.values())
+        for c in costs.values()
+    ):
+        raise ValueError(f"plan field 'costs' must map cost names to {{field: number}}, got {costs!r}")
+    profile = data.get("profile")
+    if profile is not None:
+        if not isinstance(profile, dict):
+            raise ValueError(f"plan field 'profile' must be an object, got {type(profile).__name__}")
+        profile = ModelProfile.from_json(json.dumps(profile))
+        if [t.name for t in profile.tensors] != [t.name for t in tensors]:
+            raise ValueError("plan field 'profile' does not list the plan's tensors in the same order")
     return Plan(
         model=_typed(data["model"], str, "model"),
         cluster=ClusterSpec.from_dict(data["cluster"]),
@@ -204,6 +226,8 @@ def _from_dict(data: dict[str, Any]) -> Plan:
         selection_s=_typed(data["selection_s"], float, "selection_s"),
         chosen=_typed(data.get("chosen", "search"), str, "chosen"),
         flags=dict(flags),
+        profile=profile,
+        costs={str(k): {str(f): float(v) for f, v in c.items()} for k, c in costs.items()},
     )
 
 

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -68,9 +69,9 @@ def measure_compressor_costs(
         enc, dec = [], []
         for n in sizes:
             x = inputs[n]
+            enc.append(_median_s(functools.partial(comp.compress, x, name="profile", step=0), repeats, dev))
             packed = comp.compress(x, name="profile", step=0)
-            enc.append(_median_s(lambda c=comp, x=x: c.compress(x, name="profile", step=0), repeats, dev))
-            dec.append(_median_s(lambda c=comp, p=packed: c.decompress(p), repeats, dev))
+            dec.append(_median_s(functools.partial(comp.decompress, packed), repeats, dev))
         out.append(
             CompressorCost(
                 spec=comp.spec(),

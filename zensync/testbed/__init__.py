@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from zensync.testbed._procs import WorkerError, WorkerResult
 from zensync.testbed.cluster import EmulatedCluster
-from zensync.testbed.loopback import LoopbackCluster, make_cluster
+from zensync.testbed.loopback import LoopbackCluster, free_port, make_cluster
 from zensync.testbed.netns import available, cleanup_stale
 from zensync.testbed.shaping import parse_rate, parse_time_s
 
@@ -30,6 +30,7 @@ __all__ = [
     "WorkerResult",
     "available",
     "cleanup_stale",
+    "free_port",
     "make_cluster",
     "parse_rate",
     "parse_time_s",

@@ -8,6 +8,7 @@ byte counters are not available (``counters()`` returns None).
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Sequence
 from types import TracebackType
 
@@ -97,3 +98,10 @@ def make_cluster(
         reason,
     )
     return LoopbackCluster(num_hosts, rate=rate, delay=delay)
+
+
+def free_port() -> int:
+    """A localhost TCP port that was free a moment ago (for a loopback group's MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

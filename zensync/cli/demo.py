@@ -1,12 +1,4 @@
-"""``zensync`` command line: a thin argparse front end whose flags map 1:1 onto config fields.
-
-Subcommands (one ``_add_<name>`` and one ``_run_<name>`` each; ``plan``, ``explain`` and ``profile``
-will be added the same way):
-
-    zensync demo [--workers 4] [--steps 30] [--net 1gbit] ...   # DDP vs fp16 vs zensync, side by side
-
-Bad values exit with status 2 and argparse's usage message; a failed or hung worker exits with 1.
-"""
+"""``zensync demo``: flags map 1:1 onto ``DemoConfig`` fields (``DEMO_FLAGS``, pinned by a test)."""
 
 from __future__ import annotations
 
@@ -14,10 +6,9 @@ import argparse
 import ast
 import inspect
 import itertools
-import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from zensync.demo import DemoConfig, run_demo
 from zensync.demo import config as demo_config_module
@@ -25,7 +16,7 @@ from zensync.demo.config import STRATEGIES
 from zensync.demo.report import format_table, summarize, write_outputs
 from zensync.testbed import WorkerError
 
-__all__ = ["DEMO_FLAGS", "build_parser", "main"]
+__all__ = ["DEMO_FLAGS", "add_demo"]
 
 DEMO_FLAGS = {
     "--workers": "workers",
@@ -61,7 +52,8 @@ def _demo_help() -> dict[str, str]:
     return helps
 
 
-def _add_demo(sub: argparse._SubParsersAction) -> None:
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    """Add the ``demo`` subcommand."""
     parser = sub.add_parser(
         "demo",
         help="train an embedding-heavy LSTM LM with DDP under several sync strategies and compare them",
@@ -118,27 +110,3 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(table)
     print(f"total {time.monotonic() - started:.0f} s; wrote {', '.join(str(p) for p in paths.values())}")
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``zensync`` parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="zensync", description="zensync: gradient synchronization for PyTorch")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="log at INFO level (DEBUG with -vv)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    _add_demo(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point ``zensync``; returns the exit status (2 on a bad value, via argparse)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    return int(args.run(args, args.subparser))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

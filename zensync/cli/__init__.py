@@ -1,0 +1,53 @@
+"""``zensync`` command line: a thin argparse front end whose flags map 1:1 onto config fields.
+
+Subcommands (one module each, ``add_<name>`` registers it)::
+
+    zensync demo [--workers 4] [--steps 30] [--net 1gbit] ...        # DDP vs fp16 vs zensync, side by side
+    zensync plan --model resnet101 --nodes 8 --gpus-per-node 8 --inter-bw 25Gbit --intra nvlink \\
+                 --compressor dgc:0.01 [--cpu-offload] [--two-level] [-o plan.json]
+    zensync explain plan.json [--png timeline.png]                   # summary and timeline of a plan
+    zensync profile --model lm [--iterations 100] [-o profile.json]  # measure a real model's inputs
+
+Bad values exit with status 2 and argparse's usage message (or 1 with a clear message for files that
+cannot be read); a failed or hung worker exits with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from zensync.cli.demo import DEMO_FLAGS, add_demo
+from zensync.cli.plan import add_explain, add_plan
+from zensync.cli.profile import add_profile
+
+__all__ = ["DEMO_FLAGS", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``zensync`` parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="zensync", description="zensync: gradient synchronization for PyTorch")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log at INFO level (DEBUG with -vv)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_demo(sub)
+    add_plan(sub)
+    add_explain(sub)
+    add_profile(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point ``zensync``; returns the exit status (2 on a bad value, via argparse)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    return int(args.run(args, args.subparser))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

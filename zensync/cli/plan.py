@@ -1,0 +1,202 @@
+"""``zensync plan`` and ``zensync explain``: choose a compression plan, and show what a plan does.
+
+    zensync plan --model resnet101 --nodes 8 --gpus-per-node 8 --inter-bw 25Gbit --intra nvlink \\
+                 --compressor dgc:0.01 [--cpu-offload] [--two-level] [--no-fusion] [-o plan.json]
+    zensync plan --profile profile.json ...     # a profile measured by ``zensync profile``
+    zensync explain plan.json [--width 100] [--png timeline.png]
+
+``PLAN_FLAGS`` maps each ``plan`` flag to what it sets (pinned by tests/unit/test_cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+from typing import Any
+
+from zensync.planner import (
+    AffineCost,
+    ClusterSpec,
+    ModelProfile,
+    Plan,
+    builtin_gpus,
+    builtin_models,
+    builtin_profile,
+    compressor_model,
+    plan,
+    render_timeline,
+    simulate_plan,
+    summarize,
+)
+
+__all__ = ["PLAN_FLAGS", "add_explain", "add_plan", "load_profile_bundle"]
+
+PLAN_FLAGS = {
+    "--model": "built-in profile name",
+    "--profile": "profile file from `zensync profile`",
+    "--gpu": "GPU of the built-in profile's roofline",
+    "--batch": "per-GPU batch of the built-in profile",
+    "--precision": "precision of the built-in profile",
+    "--nodes": "ClusterSpec.nodes",
+    "--gpus-per-node": "ClusterSpec.gpus_per_node",
+    "--inter-bw": "ClusterSpec.inter_bandwidth_bytes_per_s",
+    "--intra": "ClusterSpec.intra_bandwidth_bytes_per_s",
+    "--inter-latency-s": "ClusterSpec.inter_latency_s",
+    "--intra-latency-s": "ClusterSpec.intra_latency_s",
+    "--cpu-workers": "ClusterSpec.cpu_workers",
+    "--compressor": "compressor spec",
+    "--cpu-offload": "plan(cpu_offload=True)",
+    "--two-level": "plan(two_level=True)",
+    "--no-fusion": "plan(fusion=False)",
+    "--output": "plan file to write",
+}
+
+
+def add_plan(sub: argparse._SubParsersAction) -> None:
+    """Add the ``plan`` subcommand."""
+    parser = sub.add_parser(
+        "plan",
+        help="choose a per-tensor compression plan for a model on a cluster (Espresso-style)",
+        description=(
+            "Simulate the iteration timeline of a model on a cluster and pick, per gradient tensor, whether and "
+            "how to compress it (compressor, collective, GPU or CPU, flat or two-level), then fuse neighbours. "
+            "Prints the predicted iteration time against FP32 and FP16 allreduce and the zero-cost upper bound, "
+            "and writes the plan as JSON for `zensync.register(ddp, strategy='plan.json')`."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help=f"built-in profile: {', '.join(builtin_models())}")
+    source.add_argument("--profile", metavar="FILE", help="profile JSON written by `zensync profile`")
+    parser.add_argument("--gpu", default="V100", help=f"built-in profile's GPU: {', '.join(builtin_gpus())}")
+    parser.add_argument("--batch", type=int, default=None, help="built-in profile's per-GPU batch (default: its own)")
+    parser.add_argument("--precision", choices=("amp", "fp32"), default="amp", help="built-in profile's precision")
+    parser.add_argument("--nodes", type=int, required=True, help="machines")
+    parser.add_argument("--gpus-per-node", type=int, default=1, help="GPUs (ranks) per machine")
+    parser.add_argument(
+        "--inter-bw", required=True, help="inter-node bandwidth per node, e.g. 25Gbit, 100Gbit, 12.5GB/s"
+    )
+    parser.add_argument("--intra", default="nvlink", help="intra-node link: nvlink, pcie, or a bandwidth")
+    parser.add_argument("--inter-latency-s", type=float, default=None, help="inter-node latency per collective (s)")
+    parser.add_argument("--intra-latency-s", type=float, default=None, help="intra-node latency per collective (s)")
+    parser.add_argument("--cpu-workers", type=int, default=1, help="CPU compression workers per GPU")
+    parser.add_argument("--compressor", required=True, help="compressor spec, e.g. dgc:0.01, randomk:0.01, efsignsgd")
+    parser.add_argument("--cpu-offload", action="store_true", help="allow compression on the CPU (Espresso Alg. 2)")
+    parser.add_argument("--two-level", action="store_true", help="allow compressing the intra-node phase too")
+    parser.add_argument("--no-fusion", action="store_true", help="do not fuse neighbouring tensors")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write the plan JSON here")
+    parser.set_defaults(run=_run_plan, subparser=parser)
+
+
+def load_profile_bundle(path: str) -> tuple[ModelProfile, dict[str, dict[str, dict[str, float]]]]:
+    """(profile, measured costs by compressor spec) from a ``zensync profile`` file or a bare profile JSON.
+
+    Raises:
+        ValueError: If the file cannot be read or is not a valid profile.
+    """
+    try:
+        text = pathlib.Path(path).read_text()
+        data = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read profile {path!r}: {exc}") from exc
+    if isinstance(data, dict) and "profile" in data:
+        costs = data.get("compressor_costs", {})
+        if not isinstance(costs, dict):
+            raise ValueError(f"profile {path!r}: 'compressor_costs' must be an object")
+        return ModelProfile.from_json(json.dumps(data["profile"])), costs
+    return ModelProfile.from_json(text), {}
+
+
+def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        if args.profile:
+            profile, measured = load_profile_bundle(args.profile)
+        else:
+            profile, measured = (
+                builtin_profile(args.model, gpu=args.gpu, batch=args.batch, precision=args.precision),
+                {},
+            )
+        cluster = _cluster(args)
+        model = compressor_model(args.compressor)
+        costs = measured.get(model.spec, {})
+        if costs:
+            model = compressor_model(args.compressor, {name: AffineCost(**_fit(fit)) for name, fit in costs.items()})
+    except ValueError as err:
+        parser.error(str(err))
+    chosen = plan(
+        profile, cluster, model, cpu_offload=args.cpu_offload, two_level=args.two_level, fusion=not args.no_fusion
+    )
+    chosen = dataclasses.replace(chosen, profile=profile, costs=costs)
+    print(summarize(chosen))
+    if args.output:
+        pathlib.Path(args.output).write_text(chosen.to_json())
+        print(f"wrote {args.output} (use: zensync.register(ddp, strategy={args.output!r}))")
+    return 0
+
+
+def _fit(fit: dict[str, float]) -> dict[str, Any]:
+    return {
+        "fixed_s": float(fit.get("fixed_s", 0.0)),
+        "per_element_s": float(fit.get("per_element_s", 0.0)),
+        "knee_elements": int(fit.get("knee_elements", 0)),
+    }
+
+
+def _cluster(args: argparse.Namespace) -> ClusterSpec:
+    latencies: dict[str, Any] = {}
+    if args.inter_latency_s is not None:
+        latencies["inter_latency_s"] = args.inter_latency_s
+    if args.intra_latency_s is not None:
+        latencies["intra_latency_s"] = args.intra_latency_s
+    return ClusterSpec.from_strings(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        inter=args.inter_bw,
+        intra=args.intra,
+        cpu_workers=args.cpu_workers,
+        **latencies,
+    )
+
+
+def add_explain(sub: argparse._SubParsersAction) -> None:
+    """Add the ``explain`` subcommand."""
+    parser = sub.add_parser(
+        "explain",
+        help="summarize a plan file and render its predicted timeline",
+        description="Re-simulate a plan written by `zensync plan` and print its summary and an ASCII timeline.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("plan", metavar="PLAN.json", help="plan file from `zensync plan -o`")
+    parser.add_argument("--width", type=int, default=100, help="timeline width in characters (>= 10)")
+    parser.add_argument("--png", metavar="FILE", default=None, help="also draw the timeline as a PNG (matplotlib)")
+    parser.set_defaults(run=_run_explain, subparser=parser)
+
+
+def _run_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.width < 10:
+        parser.error(f"--width={args.width} must be >= 10")
+    try:
+        loaded = Plan.from_json(pathlib.Path(args.plan).read_text())
+        result = simulate_plan(loaded)
+    except OSError as err:
+        print(f"zensync explain: cannot read {args.plan!r}: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print(f"zensync explain: {args.plan}: {err}", file=sys.stderr)
+        return 1
+    print(summarize(loaded))
+    print()
+    print(render_timeline(result, width=args.width))
+    if args.png:
+        from zensync.cli._timeline_png import draw_timeline
+
+        try:
+            draw_timeline(result, args.png, title=f"{loaded.model}: {loaded.compressor}")
+        except ImportError:
+            print("zensync explain: --png needs matplotlib (pip install 'zensync[bench]')", file=sys.stderr)
+            return 1
+        print(f"wrote {args.png}")
+    return 0
