@@ -1,6 +1,8 @@
 """Gradient compressors (fp16, bf16, random-k, top-k, DGC, QSGD, TernGrad, sign family, PowerSGD)
 behind one ``Compressor`` interface, with error-feedback memory.
 
+Importing this package registers every compressor, so ``build`` knows all their names.
+
 Example::
 
     from zensync import compress
@@ -13,12 +15,32 @@ Example::
 from __future__ import annotations
 
 from zensync.compress.base import Compressed, Compressor, build, compressor_names, parse_spec, register_compressor
+from zensync.compress.cast import BF16Compressor, FP16Compressor, IdentityCompressor
+from zensync.compress.dgc import DGCCompressor
 from zensync.compress.error_feedback import ErrorFeedback
+from zensync.compress.powersgd import PowerSGDCompressor
+from zensync.compress.qsgd import QSGDCompressor
+from zensync.compress.randomk import RandomKCompressor
+from zensync.compress.sign import EFSignSGDCompressor, OneBitCompressor, SignSGDCompressor
+from zensync.compress.terngrad import TernGradCompressor
+from zensync.compress.topk import TopKCompressor
 
 __all__ = [
+    "BF16Compressor",
     "Compressed",
     "Compressor",
+    "DGCCompressor",
+    "EFSignSGDCompressor",
     "ErrorFeedback",
+    "FP16Compressor",
+    "IdentityCompressor",
+    "OneBitCompressor",
+    "PowerSGDCompressor",
+    "QSGDCompressor",
+    "RandomKCompressor",
+    "SignSGDCompressor",
+    "TernGradCompressor",
+    "TopKCompressor",
     "build",
     "compressor_names",
     "parse_spec",

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
+import math
 import re
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -35,9 +37,17 @@ __all__ = [
     "Compressed",
     "Compressor",
     "build",
+    "check_ratio",
     "compressor_names",
+    "format_spec",
+    "fp32_round_up",
     "parse_spec",
     "register_compressor",
+    "selected_count",
+    "shared_generator",
+    "to_bool",
+    "to_float",
+    "to_int",
 ]
 
 
@@ -103,6 +113,15 @@ class Compressor(abc.ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec()!r})"
 
+    def __eq__(self, other: object) -> bool:
+        """Compressors are equal when they are of one class and have one spec (hyperparameters)."""
+        if not isinstance(other, Compressor):
+            return NotImplemented
+        return type(self) is type(other) and self.spec() == other.spec()
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.spec()))
+
 
 _REGISTRY: dict[str, type[Compressor]] = {}
 _SPEC = re.compile(r"^([a-z][a-z0-9_]*)(?::(.+))?$")
@@ -139,11 +158,143 @@ def parse_spec(spec: str) -> tuple[str, list[str]]:
 def build(spec: str, **options: Any) -> Compressor:
     """The compressor of a spec string such as ``"fp16"``, ``"topk:0.01"`` or ``"powersgd:4"``.
 
-    Positional spec arguments are passed first, then ``options`` as keywords; each compressor's
-    ``__init__`` converts and validates them.
+    Positional spec arguments are passed first, then ``key=value`` spec arguments and ``options``
+    as keywords (``"randomk:0.01,seed=3"`` is ``build("randomk:0.01", seed=3)``); each compressor's
+    ``__init__`` converts (spec values arrive as strings) and validates them.
     """
     name, args = parse_spec(spec)
+    positional = [a for a in args if "=" not in a]
+    spec_options = dict(a.split("=", 1) for a in args if "=" in a)
+    clashes = sorted(set(spec_options) & set(options))
+    if clashes:
+        raise ValueError(f"compressor spec {spec!r}: option(s) {clashes} given both in the spec and as keywords")
     try:
-        return _REGISTRY[name](*args, **options)
+        return _REGISTRY[name](*positional, **spec_options, **options)
     except TypeError as exc:
         raise ValueError(f"compressor spec {spec!r} with options {options}: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Helpers for compressor implementations: option conversion, spec strings, k, shared randomness
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def to_float(param: str, value: object) -> float:
+    """``value`` (a number or a spec string such as ``"0.01"``) as a float.
+
+    Raises:
+        ValueError: If it is not a real number (booleans are rejected), naming ``param``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{param}={value!r} must be a real number (or its string, e.g. '0.01')")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{param}={value!r} must be a real number (or its string, e.g. '0.01')") from None
+
+
+def to_int(param: str, value: object) -> int:
+    """``value`` (an int, an integral float, or a spec string such as ``"4"``) as an int.
+
+    Raises:
+        ValueError: If it is not an integer (booleans are rejected), naming ``param``.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+        return int(value)
+    number = to_float(param, value)
+    if not (math.isfinite(number) and number.is_integer()):
+        raise ValueError(f"{param}={value!r} must be an integer")
+    return int(number)
+
+
+def to_bool(param: str, value: object) -> bool:
+    """``value`` (a bool, or ``"true"``/``"false"``/``"1"``/``"0"`` from a spec string) as a bool.
+
+    Raises:
+        ValueError: If it is none of these, naming ``param``.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0"):
+        return False
+    raise ValueError(f"{param}={value!r} must be a bool (or 'true'/'false' in a spec string)")
+
+
+def format_spec(name: str, args: list[object], options: dict[str, object]) -> str:
+    """``name:arg,...,key=value,...`` with floats in shortest round-trip form and bools as true/false.
+
+    Example::
+
+        format_spec("randomk", [0.01], {"seed": 3})  # 'randomk:0.01,seed=3'
+    """
+    parts = [_spec_text(a) for a in args] + [f"{key}={_spec_text(value)}" for key, value in options.items()]
+    return f"{name}:{','.join(parts)}" if parts else name
+
+
+def _spec_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # the shortest string that parses back to the same float
+    return str(value)
+
+
+def check_ratio(param: str, value: float) -> None:
+    """Raise if ``value`` is not in (0, 1]: it is the fraction of a tensor's elements that is sent.
+
+    Raises:
+        ValueError: Naming ``param``, the value and the bound.
+    """
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{param}={value!r} must be in (0, 1]: it is the fraction of the elements that is sent")
+
+
+def fp32_round_up(values: torch.Tensor) -> torch.Tensor:
+    """``values`` as float32, each rounded up where rounding to nearest would go below it.
+
+    Scales and norms sent as fp32 must not shrink below the magnitudes they bound, or probabilities
+    |x| / scale exceed 1 and a stochastic quantiser stops being unbiased.
+
+    Example::
+
+        fp32_round_up(torch.tensor([0.1], dtype=torch.float64))  # 0.10000000149 >= 0.1
+    """
+    nearest = values.to(torch.float32)
+    return torch.where(
+        nearest.to(values.dtype) < values, torch.nextafter(nearest, nearest.new_tensor(math.inf)), nearest
+    )
+
+
+def selected_count(ratio: float, numel: int) -> int:
+    """k = max(1, ceil(ratio * numel)) for a non-empty tensor (0 for an empty one), at most ``numel``.
+
+    ``ratio * numel`` is rounded to 6 decimals first, so 0.07 * 100 (7.000000000000001) gives 7, not 8.
+    """
+    if numel == 0:
+        return 0
+    return min(numel, max(1, math.ceil(round(ratio * numel, 6))))
+
+
+def shared_generator(
+    seed: int, name: str, step: int, *, purpose: str, device: torch.device | str = "cpu"
+) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded from (purpose, seed, name, step): identical on every rank.
+
+    The seed is the first 63 bits of a BLAKE2b digest of the four values, which is stable across
+    processes and Python versions (unlike ``hash()``); ``purpose`` keeps the draws of different uses
+    (random-k indices, DGC samples, QSGD dither) independent.
+
+    Example::
+
+        g = shared_generator(0, "fc.weight", 7, purpose="randomk")
+        torch.randperm(10, generator=g)  # the same permutation on every rank
+    """
+    digest = hashlib.blake2b(f"{purpose}\x00{seed}\x00{step}\x00{name}".encode(), digest_size=8).digest()
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+    return generator

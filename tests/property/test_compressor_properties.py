@@ -1,0 +1,132 @@
+"""Properties every compressor must have, on Hypothesis-drawn shapes, dtypes and values.
+
+1. decompress(compress(x)) has x's shape and dtype, and ``payload_bytes`` is the payloads' size.
+2. The payload layout (shapes, dtypes) depends only on x's shape and dtype, not its values, so a rank
+   can unpack another rank's payloads with its own layout (``zensync.sync.compressed``).
+3. Compression is deterministic given (x, name, step, seed).
+4. random-k with ``scale=True``, QSGD and TernGrad are unbiased: the mean of ``NUM_DRAWS``
+   decompressions (one per step, so each has fresh shared-seed draws) is within a stated number of
+   standard errors of x.
+
+``derandomize=True`` makes Hypothesis draw the same examples on every run, so the statistical test is
+deterministic: it either always passes or always fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import hypothesis.strategies as st
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from tests.strategies import DENSE_DTYPES
+from zensync.compress import build
+from zensync.compress.base import fp32_round_up
+
+SPECS = (
+    "none",
+    "fp16",
+    "bf16",
+    "randomk:0.2",
+    "randomk:0.5,scale=true",
+    "topk:0.1",
+    "dgc:0.05",
+    "qsgd:127,128",
+    "qsgd:3,5",
+    "terngrad",
+    "signsgd",
+    "efsignsgd",
+    "onebit",
+    "powersgd:1",
+    "powersgd:3",
+)
+UNBIASED_SPECS = ("randomk:0.25,scale=true", "qsgd:4,8", "terngrad")
+NUM_DRAWS = 2000
+SIGMAS = 5.0
+"""Allowed |mean - x| in standard errors (analytic std / sqrt(NUM_DRAWS)): a normal tail beyond 5 sigma
+has probability 5.7e-7, so over all elements of all examples a false alarm is below 1e-3."""
+RARE_EVENT_JUMPS = 10.0
+"""Plus this many single-draw jumps / NUM_DRAWS: when a Bernoulli probability p is tiny, the count of
+successes is Poisson-like and its tail is heavier than the normal one; Bernstein's inequality at
+confidence 1 - 1e-6 bounds the deviation by 5.4 sigma/sqrt(N) + 9.7 b/N, b = the largest jump."""
+ROUNDING_SLACK = 1e-12
+"""Relative to max |x|: float64 arithmetic (norms and scales are rounded up to fp32, which keeps them exact)."""
+
+FAST = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def tensors(
+    draw: st.DrawFn, min_dims: int = 0, max_dims: int = 3, min_side: int = 0, max_side: int = 40, dtypes=DENSE_DTYPES
+) -> torch.Tensor:
+    """Generates: 0-3 dims (0-sized included), a dtype, N(0, 1) values at scale 1e-3..1e3, some exact zeros."""
+    shape = tuple(draw(st.lists(st.integers(min_side, max_side), min_size=min_dims, max_size=max_dims)))
+    dtype = draw(st.sampled_from(dtypes))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    x = torch.randn(shape, generator=generator, dtype=torch.float64) * draw(st.sampled_from([1e-3, 1.0, 1e3]))
+    x[torch.rand(shape, generator=generator) < draw(st.sampled_from([0.0, 0.3]))] = 0.0
+    return x.to(dtype)
+
+
+def _payload_bytes(comp, x: torch.Tensor) -> int:
+    if comp.name == "powersgd":
+        return comp.payload_bytes(x.numel(), x.dtype, shape=tuple(x.shape))
+    return comp.payload_bytes(x.numel(), x.dtype)
+
+
+def _layout(packed) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    return [(tuple(p.shape), p.dtype) for p in packed.payloads]
+
+
+@FAST
+@given(spec=st.sampled_from(SPECS), x=tensors(), step=st.integers(0, 10**6))
+def test_shape_dtype_size_layout_and_determinism(spec, x, step):
+    comp = build(spec)
+    packed = comp.compress(x, name="p", step=step)
+    out = comp.decompress(packed)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert _payload_bytes(comp, x) == packed.nbytes
+    generator = torch.Generator().manual_seed(step)
+    different = torch.randn(x.shape, generator=generator, dtype=torch.float64).to(x.dtype)
+    other = build(spec).compress(different, name="p", step=step)
+    assert _layout(other) == _layout(packed)
+    again = build(spec).compress(x, name="p", step=step)
+    assert all(torch.equal(a, b) for a, b in zip(again.payloads, packed.payloads, strict=True))
+
+
+def _std_and_jump(spec: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Analytic per-element std of one decompression, and the largest single-draw deviation (Bernstein's b)."""
+    x = x.reshape(-1)
+    magnitude = x.abs()
+    if spec.startswith("randomk"):
+        numel, k = x.numel(), math.ceil(0.25 * x.numel())
+        # kept with probability p = k / n, then scaled by 1 / p: variance x^2 (1 / p - 1).
+        return magnitude * math.sqrt(numel / k - 1), magnitude * numel / k
+    if spec.startswith("qsgd"):
+        levels, bucket = 4, 8
+        padded = torch.cat([x, x.new_zeros(-x.numel() % bucket)]).view(-1, bucket)
+        norm = fp32_round_up(padded.norm(dim=1)).double().repeat_interleave(bucket)[: x.numel()]
+        scaled = torch.where(norm > 0, magnitude / norm * levels, 0.0)
+        fraction = scaled - scaled.floor()
+        step = norm / levels  # one level
+        return step * (fraction * (1 - fraction)).sqrt(), step
+    scale = fp32_round_up(magnitude.max()).double()
+    probability = magnitude / scale
+    return scale * (probability * (1 - probability)).sqrt(), scale.expand_as(x)
+
+
+@SLOW
+@given(
+    spec=st.sampled_from(UNBIASED_SPECS),
+    x=tensors(min_dims=1, max_dims=1, min_side=1, max_side=48, dtypes=(torch.float64,)),
+)
+def test_unbiased_estimators(spec, x):
+    comp = build(spec)
+    draws = torch.stack([comp.decompress(comp.compress(x, name="u", step=t)) for t in range(NUM_DRAWS)])
+    std, jump = _std_and_jump(spec, x)
+    tolerance = SIGMAS * std / math.sqrt(NUM_DRAWS) + RARE_EVENT_JUMPS * jump / NUM_DRAWS
+    slack = ROUNDING_SLACK * float(x.abs().max())
+    deviation = (draws.mean(0) - x).abs().reshape(-1)
+    assert (deviation <= tolerance + slack).all(), (deviation - tolerance).max()

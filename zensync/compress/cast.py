@@ -1,0 +1,88 @@
+"""Casts: ``none`` (identity), ``fp16`` and ``bf16`` (16-bit values on the wire).
+
+The casts are PyTorch's ``fp16_compress_hook``/``bf16_compress_hook`` (and Horovod's
+``Compression.fp16``) as compressors: the payload is the tensor in 16 bits, summed by allreduce in
+16 bits, and cast back to the input dtype. fp16 overflows to inf above 65504 (the DDP hook divides
+by the world size before the allreduce for this reason); bf16 keeps fp32's range with 8 bits of
+mantissa. ``none`` sends the tensor itself and is the reference "no compression" entry.
+
+Example::
+
+    comp = build("fp16")
+    packed = comp.compress(grad)  # payloads == (grad.half(),)
+    comp.decompress(packed).dtype  # grad.dtype
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from zensync.compress.base import Compressed, Compressor, register_compressor
+
+__all__ = ["BF16Compressor", "FP16Compressor", "IdentityCompressor"]
+
+
+@register_compressor
+class IdentityCompressor(Compressor):
+    """``none``: the payload is the tensor itself (made contiguous), decompress returns it.
+
+    Example::
+
+        IdentityCompressor().payload_bytes(1000, torch.float32)  # 4000
+    """
+
+    name = "none"
+    allreduce_compatible = True
+
+    def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
+        return Compressed((x.contiguous(),), None)
+
+    def decompress(self, compressed: Compressed) -> torch.Tensor:
+        return compressed.payloads[0]
+
+    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return numel * dtype.itemsize
+
+
+class _CastCompressor(Compressor):
+    """Shared body of ``fp16`` and ``bf16``: the payload is ``x`` cast to ``wire_dtype``; ctx is x's dtype."""
+
+    wire_dtype: ClassVar[torch.dtype]
+    allreduce_compatible = True
+
+    def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
+        return Compressed((x.to(self.wire_dtype, memory_format=torch.contiguous_format),), x.dtype)
+
+    def decompress(self, compressed: Compressed) -> torch.Tensor:
+        return compressed.payloads[0].to(compressed.ctx)
+
+    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return numel * self.wire_dtype.itemsize
+
+
+@register_compressor
+class FP16Compressor(_CastCompressor):
+    """``fp16``: IEEE half precision on the wire (2 bytes per element; inf above 65504).
+
+    Example::
+
+        FP16Compressor().payload_bytes(1000, torch.float32)  # 2000
+    """
+
+    name = "fp16"
+    wire_dtype = torch.float16
+
+
+@register_compressor
+class BF16Compressor(_CastCompressor):
+    """``bf16``: bfloat16 on the wire (2 bytes per element, fp32's exponent range, 8-bit mantissa).
+
+    Example::
+
+        BF16Compressor().payload_bytes(1000, torch.float64)  # 2000
+    """
+
+    name = "bf16"
+    wire_dtype = torch.bfloat16

@@ -1,0 +1,188 @@
+"""PowerSGD (Vogels et al., NeurIPS 2019): a rank-r approximation by one warm-started power iteration.
+
+A tensor is viewed as the matrix M of shape (n, m) = (shape[0], numel / shape[0]). With a Q of
+shape (m, r) kept per tensor name across steps (warm start), one step of the distributed algorithm
+is (PyTorch's ``powerSGD_hook`` is the reference behaviour)::
+
+    1. P = allreduce(M Q)            # (n, r): the first allreduce
+    2. P = orthogonalize(P)          # reduced QR: orthonormal columns, stable when P is rank-deficient
+    3. Q = allreduce(M^T P)          # (m, r): the second allreduce; kept for the next step
+    4. approximation = P Q^T         # of the SUM over ranks of M, reshaped to the tensor's shape
+
+Both allreduces are linear in M, so the result approximates the sum of every rank's M, and it is
+exact when that sum has rank <= r. ``allreduce_sync`` runs these four steps; ``compress`` is the
+same power iteration on this rank's M alone, with payloads (P, Q) and ``decompress`` = P Q^T.
+Tensors that are 1-D, empty, or whose factors are not smaller than the matrix ((n + m) r >= n m)
+are sent as they are (payload = the tensor; ``allreduce_sync`` all-reduces it).
+
+The initial Q is drawn from a CPU generator seeded by (seed, name) alone, so every rank starts from
+the same Q, then orthogonalized (as in ``powerSGD_hook``); it is drawn again when the tensor's
+shape (or dtype, or device) changes. Arithmetic is in float32 (float64 for float64 input); P and Q
+travel in the input dtype. PowerSGD is biased: it is meant to run with error feedback.
+
+Example::
+
+    comp = build("powersgd:4")
+    approx_sum = comp.allreduce_sync(grad, transport_all_reduce, name="fc.weight", step=3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from zensync.compress.base import Compressed, Compressor, format_spec, register_compressor, shared_generator, to_int
+
+__all__ = ["PowerSGDCompressor"]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _orthogonalize(matrix: torch.Tensor) -> torch.Tensor:
+    """Orthonormal columns spanning at least the columns of ``matrix`` (reduced QR's Q; no NaN for zeros)."""
+    return torch.linalg.qr(matrix, mode="reduced").Q
+
+
+@register_compressor
+class PowerSGDCompressor(Compressor):
+    """``powersgd:rank``: rank-r factors P (n, r) and Q (m, r) of the (shape[0], -1) matrix view.
+
+    Args:
+        rank: r, the rank of the approximation, >= 1 (a spec string such as ``"4"`` is accepted).
+        seed: Seed of the initial Q; combined with the tensor name.
+
+    Example::
+
+        comp = PowerSGDCompressor(2)
+        comp.payload_bytes(64 * 32, torch.float32, shape=(64, 32))  # (64 + 32) * 2 * 4 = 768
+        comp.payload_bytes(100, torch.float32)  # a 1-D tensor is sent as is: 400
+    """
+
+    name = "powersgd"
+    allreduce_compatible = True
+    needs_error_feedback = True
+
+    @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+    class Config:
+        """Hyperparameters of PowerSGD."""
+
+        rank: int
+        """r, the rank of the approximation (PyTorch's advice: start from 1, then 2, 4, ...)."""
+        seed: int = 0
+        """Seed of the initial Q; combined with the tensor name, identical on every rank."""
+
+        def __post_init__(self) -> None:
+            if self.rank < 1:
+                raise ValueError(f"rank={self.rank} must be >= 1: it is the number of columns of P and Q")
+
+        def build(self) -> PowerSGDCompressor:
+            return PowerSGDCompressor(self.rank, seed=self.seed)
+
+    def __init__(self, rank: int | str, *, seed: int | str = 0) -> None:
+        self.config = PowerSGDCompressor.Config(rank=to_int("rank", rank), seed=to_int("seed", seed))
+        # Warm-start Q (m, r) per tensor name, in the compute dtype, with the tensor shape it belongs to.
+        self._q_memory: dict[str, tuple[torch.Size, torch.Tensor]] = {}
+
+    def spec(self) -> str:
+        return format_spec(self.name, [self.config.rank], {"seed": self.config.seed} if self.config.seed else {})
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the warm-start Qs."""
+        return sum(q.numel() * q.element_size() for _, q in self._q_memory.values())
+
+    def clear(self) -> None:
+        """Forget every warm-start Q (the next step draws the initial ones again)."""
+        self._q_memory.clear()
+
+    def matrix_shape(self, shape: Sequence[int]) -> tuple[int, int] | None:
+        """(n, m) of the matrix view when a tensor of ``shape`` is compressed, None when it is sent as is."""
+        numel = math.prod(shape)
+        if len(shape) < 2 or numel == 0:
+            return None
+        n, m = shape[0], numel // shape[0]
+        return (n, m) if (n + m) * self.config.rank < n * m else None
+
+    def initial_q(self, name: str, num_cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The orthogonalized random (num_cols, r) Q of ``name``'s first step, the same on every rank."""
+        generator = shared_generator(self.config.seed, name, 0, purpose="powersgd")
+        q = torch.randn(num_cols, self.config.rank, generator=generator, dtype=torch.float64)
+        return _orthogonalize(q).to(dtype)
+
+    def _warm_q(self, name: str, x: torch.Tensor, num_cols: int, dtype: torch.dtype) -> torch.Tensor:
+        """The Q kept for ``name``, or its initial one when there is none or ``x`` changed shape, dtype or device."""
+        shape, q = self._q_memory.get(name, (None, None))
+        if q is None or shape != x.shape or q.dtype != dtype or q.device != x.device:
+            q = self.initial_q(name, num_cols, dtype).to(x.device)
+        return q
+
+    def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
+        dims = self.matrix_shape(x.shape)
+        if dims is None:
+            return Compressed((x.contiguous(),), x.shape)
+        matrix = x.reshape(dims).to(_compute_dtype(x.dtype)).contiguous()
+        q = self._warm_q(name, x, dims[1], matrix.dtype)
+        p = _orthogonalize(matrix @ q)
+        q = matrix.T @ p
+        self._q_memory[name] = (x.shape, q)
+        return Compressed((p.to(x.dtype), q.to(x.dtype)), x.shape)
+
+    def decompress(self, compressed: Compressed) -> torch.Tensor:
+        if len(compressed.payloads) == 1:
+            return compressed.payloads[0]
+        p, q = compressed.payloads
+        compute = _compute_dtype(p.dtype)
+        return (p.to(compute) @ q.to(compute).T).to(p.dtype).view(compressed.ctx)
+
+    def allreduce_sync(
+        self, x: torch.Tensor, all_reduce: Callable[[torch.Tensor], torch.Tensor], *, name: str = "", step: int = 0
+    ) -> torch.Tensor:
+        """Rank-r approximation of the sum over ranks of ``x`` (steps 1-4 of the module docstring).
+
+        Args:
+            x: This rank's tensor.
+            all_reduce: Sum over ranks of a tensor (called twice, on (n, r) then (m, r) tensors of x's dtype,
+                or once on ``x`` when it is sent as is).
+            name: Key of the warm-start Q (and seed of the initial one).
+            step: Unused (the warm start carries the state between steps).
+
+        Returns:
+            A new tensor of x's shape and dtype, the same on every rank.
+        """
+        dims = self.matrix_shape(x.shape)
+        if dims is None:
+            return all_reduce(x.contiguous())
+        matrix = x.reshape(dims).to(_compute_dtype(x.dtype)).contiguous()
+        q = self._warm_q(name, x, dims[1], matrix.dtype)
+        # Step 1: P = sum over ranks of M Q, sent in the input dtype.
+        p = all_reduce((matrix @ q).to(x.dtype)).to(matrix.dtype)
+        # Step 2: orthonormal columns.
+        p = _orthogonalize(p)
+        # Step 3: Q = sum over ranks of M^T P; the warm start of the next step.
+        q = all_reduce((matrix.T @ p).to(x.dtype)).to(matrix.dtype)
+        self._q_memory[name] = (x.shape, q)
+        # Step 4: the rank-r approximation of the summed matrix.
+        return (p @ q.T).to(x.dtype).view(x.shape)
+
+    def payload_bytes(
+        self, numel: int, dtype: torch.dtype = torch.float32, *, shape: Sequence[int] | None = None
+    ) -> int:
+        """Bytes of (P, Q), or of the tensor itself when it is sent as is.
+
+        ``numel`` alone does not give the matrix view: without ``shape`` the tensor is priced as 1-D
+        (sent as is), which is exact for 1-D tensors only.
+
+        Raises:
+            ValueError: If ``shape`` does not have ``numel`` elements.
+        """
+        if shape is not None and math.prod(shape) != numel:
+            raise ValueError(f"shape={tuple(shape)} has {math.prod(shape)} elements, not numel={numel}")
+        dims = self.matrix_shape(shape) if shape is not None else None
+        if dims is None:
+            return numel * dtype.itemsize
+        return (dims[0] + dims[1]) * self.config.rank * dtype.itemsize

@@ -1,0 +1,87 @@
+"""TernGrad (Wen et al., NeurIPS 2017): each element sent as -1, 0 or +1 times one per-tensor scale.
+
+With s = max|x| (one fp32), element i is sent as sign(x_i) * b_i, b_i ~ Bernoulli(|x_i| / s), and
+decompressed to s * sign(x_i) * b_i, so E[decompress(x)] = x. The Bernoulli draws are
+``torch.rand(numel, generator=shared_generator(seed, name, step, purpose="terngrad"),
+dtype=<compute dtype>) < |x| / s`` (float32 arithmetic, float64 for float64 input, with s rounded
+up to its fp32 wire value first, so |x| / s <= 1). The paper's layer-wise gradient clipping (2.5 sigma) is left to the
+caller. Not allreduce-compatible: each rank has its own scale (GRACE ``terngrad.py``).
+
+Example::
+
+    comp = build("terngrad")
+    ternary, scale = comp.compress(grad, name="fc.weight", step=3).payloads  # int8 [numel], fp32 [1]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from zensync.compress.base import (
+    Compressed,
+    Compressor,
+    format_spec,
+    fp32_round_up,
+    register_compressor,
+    shared_generator,
+    to_int,
+)
+
+__all__ = ["TernGradCompressor"]
+
+
+@register_compressor
+class TernGradCompressor(Compressor):
+    """``terngrad``: int8 in {-1, 0, 1} per element plus one fp32 scale (max |x|).
+
+    Args:
+        seed: Seed of the Bernoulli draws; combined with the tensor name and the step.
+
+    Example::
+
+        TernGradCompressor().payload_bytes(1000, torch.float32)  # 1000 int8 + 4 = 1004
+    """
+
+    name = "terngrad"
+
+    @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+    class Config:
+        """Hyperparameters of TernGrad."""
+
+        seed: int = 0
+        """Seed of the Bernoulli draws; combined with the tensor name and the step."""
+
+        def build(self) -> TernGradCompressor:
+            return TernGradCompressor(seed=self.seed)
+
+    def __init__(self, *, seed: int | str = 0) -> None:
+        self.config = TernGradCompressor.Config(seed=to_int("seed", seed))
+
+    def spec(self) -> str:
+        return format_spec(self.name, [], {"seed": self.config.seed} if self.config.seed != 0 else {})
+
+    def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        flat = x.reshape(-1).to(compute)
+        magnitude = flat.abs()
+        # Step 1: the scale, max |x| (0 for an empty tensor), rounded up to its fp32 wire value.
+        scale = fp32_round_up(magnitude.max() if flat.numel() > 0 else flat.new_zeros(())).reshape(1)
+        wire_scale = scale.to(compute)
+        # Step 2: b ~ Bernoulli(|x| / s). A zero scale gives 0 / 0 = NaN, never kept (and sign 0 anyway).
+        probability = magnitude.div_(wire_scale)
+        generator = shared_generator(self.config.seed, name, step, purpose="terngrad", device=x.device)
+        kept = torch.rand(flat.numel(), generator=generator, dtype=compute, device=x.device) < probability
+        # Step 3: sign * b as int8 (sign(0) = 0).
+        ternary = flat.sign().to(torch.int8).mul_(kept)
+        return Compressed((ternary, scale), (x.shape, x.dtype))
+
+    def decompress(self, compressed: Compressed) -> torch.Tensor:
+        ternary, scale = compressed.payloads
+        shape, dtype = compressed.ctx
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        return (scale.to(compute) * ternary.to(compute)).to(dtype).view(shape)
+
+    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return numel + 4

@@ -1,0 +1,127 @@
+"""Top-k sparsification: the k largest-magnitude elements, as (values, indices).
+
+Each rank keeps different positions, so the payloads cannot be summed by an allreduce (GRACE
+``IMPLEMENTING.md``: the allreduce communicator works with random-k "but not with TopK"); they go
+through an allgather or a two-phase scheme. Top-k is biased and is meant to run with error feedback
+(Karimireddy et al. 2019).
+
+The selection is exact and canonical: indices are sorted ascending, and where several elements
+tie at the k-th largest magnitude the lowest positions win, so the payload depends only on the
+input (not on ``torch.topk``'s unspecified tie order or thread count). NaN ranks above every number,
+as in ``torch.topk``.
+
+Example::
+
+    comp = build("topk:0.01")
+    values, indices = comp.compress(grad).payloads  # k values of grad.dtype, k int32 positions
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from zensync.compress.base import (
+    Compressed,
+    Compressor,
+    check_ratio,
+    format_spec,
+    register_compressor,
+    selected_count,
+    to_float,
+)
+
+__all__ = ["TopKCompressor", "index_dtype", "scatter_values", "topk_indices"]
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 positions when they fit (numel < 2**31), else int64."""
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
+def topk_indices(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+    """Sorted int64 positions of the ``k`` largest entries of the 1-D ``magnitudes``.
+
+    Ties at the k-th largest value go to the lowest positions.
+
+    Args:
+        magnitudes: 1-D tensor (usually ``x.abs()``).
+        k: How many to keep, 0 <= k.
+
+    Returns:
+        int64 tensor of min(k, numel) positions in ascending order.
+
+    Example::
+
+        topk_indices(torch.tensor([1.0, 3.0, 2.0, 3.0, 2.0]), 3)  # tensor([1, 2, 3])
+    """
+    numel = magnitudes.numel()
+    if k >= numel:
+        return torch.arange(numel, device=magnitudes.device)
+    if k == 0:
+        return torch.empty(0, dtype=torch.int64, device=magnitudes.device)
+    values, indices = torch.topk(magnitudes, k, sorted=False)
+    kth = values.min()
+    # Host syncs: is the k-th value tied with an element that torch.topk left out?
+    if int(torch.count_nonzero(values == kth)) == int(torch.count_nonzero(magnitudes == kth)):
+        return indices.sort().values
+    above = (magnitudes > kth).nonzero().squeeze(1)
+    tied = (magnitudes == kth).nonzero().squeeze(1)[: k - above.numel()]
+    return torch.cat([above, tied]).sort().values
+
+
+def scatter_values(values: torch.Tensor, indices: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A zero tensor of ``shape`` with ``values`` at the flat ``indices`` (distinct positions)."""
+    out = torch.zeros(shape.numel(), dtype=values.dtype, device=values.device)
+    out[indices.long()] = values
+    return out.view(shape)
+
+
+@register_compressor
+class TopKCompressor(Compressor):
+    """``topk:ratio``: the k = max(1, ceil(ratio * numel)) largest |x|, as (values, int32/int64 indices).
+
+    Args:
+        ratio: Fraction of the elements sent, in (0, 1] (a spec string such as ``"0.01"`` is accepted).
+
+    Example::
+
+        comp = TopKCompressor(0.5)
+        comp.compress(torch.tensor([1.0, -4.0, 2.0, 0.5])).payloads  # (tensor([1., -4.]), tensor([0, 1]))
+        comp.payload_bytes(4, torch.float32)  # 2 * (4 + 4) = 16
+    """
+
+    name = "topk"
+    needs_error_feedback = True
+
+    @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+    class Config:
+        """Hyperparameters of top-k."""
+
+        ratio: float
+        """Fraction of the elements sent, in (0, 1]."""
+
+        def __post_init__(self) -> None:
+            check_ratio("ratio", self.ratio)
+
+        def build(self) -> TopKCompressor:
+            return TopKCompressor(self.ratio)
+
+    def __init__(self, ratio: float | str) -> None:
+        self.config = TopKCompressor.Config(ratio=to_float("ratio", ratio))
+
+    def spec(self) -> str:
+        return format_spec(self.name, [self.config.ratio], {})
+
+    def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
+        flat = x.reshape(-1)
+        indices = topk_indices(flat.abs(), selected_count(self.config.ratio, flat.numel()))
+        return Compressed((flat[indices], indices.to(index_dtype(flat.numel()))), x.shape)
+
+    def decompress(self, compressed: Compressed) -> torch.Tensor:
+        values, indices = compressed.payloads
+        return scatter_values(values, indices, compressed.ctx)
+
+    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return selected_count(self.config.ratio, numel) * (dtype.itemsize + index_dtype(numel).itemsize)
