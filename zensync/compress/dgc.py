@@ -31,8 +31,6 @@ import math
 import torch
 
 from zensync.compress.base import (
-    Compressed,
-    Compressor,
     check_ratio,
     format_spec,
     register_compressor,
@@ -41,7 +39,7 @@ from zensync.compress.base import (
     to_float,
     to_int,
 )
-from zensync.compress.topk import index_dtype, scatter_values, topk_indices
+from zensync.compress.topk import SelectedValues, topk_indices
 
 __all__ = ["EXACT_BELOW_NUMEL", "MAX_TRIES", "RELAX_FACTOR", "DGCCompressor"]
 
@@ -55,7 +53,7 @@ _DEFAULT_SAMPLE_FRACTION = 0.01
 
 
 @register_compressor
-class DGCCompressor(Compressor):
+class DGCCompressor(SelectedValues):
     """``dgc:ratio``: DGC's sampled-threshold selection of exactly k = max(1, ceil(ratio * numel)) elements.
 
     Args:
@@ -111,6 +109,10 @@ class DGCCompressor(Compressor):
             options["seed"] = self.config.seed
         return format_spec(self.name, [self.config.ratio], options)
 
+    @property
+    def ratio(self) -> float:
+        return self.config.ratio
+
     def select(self, magnitudes: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
         """Sorted int64 positions of exactly k elements of the 1-D ``magnitudes`` (steps 1-4 above)."""
         numel = magnitudes.numel()
@@ -134,15 +136,3 @@ class DGCCompressor(Compressor):
             threshold = threshold * RELAX_FACTOR
         # Step 4 (fallback): still fewer than k after MAX_TRIES thresholds.
         return topk_indices(magnitudes, k)
-
-    def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
-        flat = x.reshape(-1)
-        indices = self.select(flat.abs(), name=name, step=step)
-        return Compressed((flat[indices], indices.to(index_dtype(flat.numel()))), x.shape)
-
-    def decompress(self, compressed: Compressed) -> torch.Tensor:
-        values, indices = compressed.payloads
-        return scatter_values(values, indices, compressed.ctx)
-
-    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        return selected_count(self.config.ratio, numel) * (dtype.itemsize + index_dtype(numel).itemsize)

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 import torch
@@ -32,7 +33,7 @@ from zensync.compress.base import (
     to_float,
 )
 
-__all__ = ["TopKCompressor", "index_dtype", "scatter_values", "topk_indices"]
+__all__ = ["SelectedValues", "TopKCompressor", "index_dtype", "scatter_values", "topk_indices"]
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -78,8 +79,36 @@ def scatter_values(values: torch.Tensor, indices: torch.Tensor, shape: torch.Siz
     return out.view(shape)
 
 
+class SelectedValues(Compressor):
+    """A sparsifier that sends k = ceil(ratio * numel) chosen elements as (values, indices).
+
+    Subclasses say which elements (``select``); compress, decompress and the payload size are shared.
+    """
+
+    @property
+    @abc.abstractmethod
+    def ratio(self) -> float:
+        """Fraction of the elements sent."""
+
+    @abc.abstractmethod
+    def select(self, magnitudes: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
+        """Sorted int64 positions of the k elements sent, from the 1-D ``magnitudes``."""
+
+    def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
+        flat = x.reshape(-1)
+        indices = self.select(flat.abs(), name=name, step=step)
+        return Compressed((flat[indices], indices.to(index_dtype(flat.numel()))), x.shape)
+
+    def decompress(self, compressed: Compressed) -> torch.Tensor:
+        values, indices = compressed.payloads
+        return scatter_values(values, indices, compressed.ctx)
+
+    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
+        return selected_count(self.ratio, numel) * (dtype.itemsize + index_dtype(numel).itemsize)
+
+
 @register_compressor
-class TopKCompressor(Compressor):
+class TopKCompressor(SelectedValues):
     """``topk:ratio``: the k = max(1, ceil(ratio * numel)) largest |x|, as (values, int32/int64 indices).
 
     Args:
@@ -114,14 +143,9 @@ class TopKCompressor(Compressor):
     def spec(self) -> str:
         return format_spec(self.name, [self.config.ratio], {})
 
-    def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
-        flat = x.reshape(-1)
-        indices = topk_indices(flat.abs(), selected_count(self.config.ratio, flat.numel()))
-        return Compressed((flat[indices], indices.to(index_dtype(flat.numel()))), x.shape)
+    @property
+    def ratio(self) -> float:
+        return self.config.ratio
 
-    def decompress(self, compressed: Compressed) -> torch.Tensor:
-        values, indices = compressed.payloads
-        return scatter_values(values, indices, compressed.ctx)
-
-    def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        return selected_count(self.config.ratio, numel) * (dtype.itemsize + index_dtype(numel).itemsize)
+    def select(self, magnitudes: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
+        return topk_indices(magnitudes, selected_count(self.config.ratio, magnitudes.numel()))
