@@ -39,6 +39,20 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from zensync.planner._architectures import (
+    BERT_SEQ,
+    CRITEO_DENSE,
+    DEEPFM_DIM,
+    GPT2_SEQ,
+    IMAGE_SIZE,
+    LSTM_BPTT,
+    bert_base,
+    deepfm,
+    gpt2,
+    lstm_lm,
+    resnet,
+    vgg16,
+)
 from zensync.planner.gpus import GpuSpec, gpu_spec
 from zensync.planner.profile import ModelProfile, TensorProfile
 
@@ -46,135 +60,6 @@ __all__ = ["builtin_models", "builtin_profile"]
 
 _ELEMENT_BYTES = {"amp": 2, "fp32": 4}
 """Bytes per activation/weight element moved; AMP keeps FP32 gradients, so profiles keep dtype_bytes=4."""
-_IMAGE_SIZE, _BERT_SEQ, _GPT2_SEQ, _LSTM_BPTT = 224, 128, 80, 20
-
-# Criteo Kaggle (Display Advertising Challenge) categorical cardinalities C1..C26, as in DLRM's Kaggle
-# preprocessing (33,762,577 in all); DeepFM hashes each field into at most _DEEPFM_BUCKETS buckets,
-# which leaves 5,569,296 rows and keeps the model at 363 MiB instead of 2.1 GiB.
-_CRITEO_CARDINALITIES = (
-    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
-    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
-)  # fmt: skip
-_DEEPFM_BUCKETS = 1_000_000
-_DEEPFM_DIM = 16
-_CRITEO_DENSE = 13
-
-
-def _tree(**children: nn.Module) -> nn.ModuleDict:
-    return nn.ModuleDict(children)
-
-
-def _embedding(rows: int, dim: int) -> nn.Embedding:
-    # from_pretrained skips the normal_ init, which on the meta device imports torch._dynamo (seconds).
-    return nn.Embedding.from_pretrained(torch.empty(rows, dim), freeze=False)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Architectures (built on the meta device by _module)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _resnet(blocks: tuple[int, int, int, int]) -> nn.Module:
-    """torchvision ResNet v1.5: bottlenecks with the stride on the 3x3 conv, BN after every conv, fc to 1000."""
-
-    def conv(c_in: int, c_out: int, k: int, stride: int = 1) -> nn.Conv2d:
-        return nn.Conv2d(c_in, c_out, k, stride=stride, padding=k // 2, bias=False)
-
-    root: dict[str, nn.Module] = {"conv1": conv(3, 64, 7, 2), "bn1": nn.BatchNorm2d(64)}
-    c_in = 64
-    for stage, (count, width) in enumerate(zip(blocks, (64, 128, 256, 512), strict=True), start=1):
-        layer = []
-        for i in range(count):
-            stride = 2 if stage > 1 and i == 0 else 1
-            block: dict[str, nn.Module] = {
-                "conv1": conv(c_in, width, 1), "bn1": nn.BatchNorm2d(width),
-                "conv2": conv(width, width, 3, stride), "bn2": nn.BatchNorm2d(width),
-                "conv3": conv(width, 4 * width, 1), "bn3": nn.BatchNorm2d(4 * width),
-            }  # fmt: skip
-            if i == 0:
-                block["downsample"] = nn.Sequential(conv(c_in, 4 * width, 1, stride), nn.BatchNorm2d(4 * width))
-            layer.append(nn.ModuleDict(block))
-            c_in = 4 * width
-        root[f"layer{stage}"] = nn.ModuleList(layer)
-    root["fc"] = nn.Linear(c_in, 1000)
-    return nn.ModuleDict(root)
-
-
-def _vgg16() -> nn.Module:
-    """torchvision VGG-16 (configuration D, no BN) with its 3-layer classifier."""
-    layers: list[nn.Module] = []
-    c_in = 3
-    for v in (64, 64, 0, 128, 128, 0, 256, 256, 256, 0, 512, 512, 512, 0, 512, 512, 512, 0):  # 0: max-pool
-        layers += [nn.MaxPool2d(2, 2)] if v == 0 else [nn.Conv2d(c_in, v, 3, padding=1), nn.ReLU(inplace=True)]
-        c_in = v or c_in
-    classifier = nn.Sequential(
-        nn.Linear(512 * 7 * 7, 4096), nn.ReLU(True), nn.Dropout(), nn.Linear(4096, 4096), nn.ReLU(True), nn.Dropout(),
-        nn.Linear(4096, 1000),
-    )  # fmt: skip
-    return _tree(features=nn.Sequential(*layers), avgpool=nn.AdaptiveAvgPool2d(7), classifier=classifier)
-
-
-def _bert_base() -> nn.Module:
-    """Hugging Face ``BertModel`` (bert-base-uncased: vocab 30522, 12 layers, hidden 768, 512 positions, pooler)."""
-    d, ff = 768, 3072
-
-    def layer() -> nn.Module:
-        attention = _tree(
-            self=_tree(query=nn.Linear(d, d), key=nn.Linear(d, d), value=nn.Linear(d, d)),
-            output=_tree(dense=nn.Linear(d, d), LayerNorm=nn.LayerNorm(d)),
-        )
-        output = _tree(dense=nn.Linear(ff, d), LayerNorm=nn.LayerNorm(d))
-        return _tree(attention=attention, intermediate=_tree(dense=nn.Linear(d, ff)), output=output)
-
-    embeddings = _tree(
-        word_embeddings=_embedding(30522, d), position_embeddings=_embedding(512, d),
-        token_type_embeddings=_embedding(2, d), LayerNorm=nn.LayerNorm(d),
-    )  # fmt: skip
-    encoder = _tree(layer=nn.ModuleList(layer() for _ in range(12)))
-    return _tree(embeddings=embeddings, encoder=encoder, pooler=_tree(dense=nn.Linear(d, d)))
-
-
-def _gpt2() -> nn.Module:
-    """Hugging Face ``GPT2LMHeadModel`` (small): Conv1D weights are (in, out); lm_head is tied to wte."""
-    d = 768
-
-    def conv1d(n_in: int, n_out: int) -> nn.Module:
-        return nn.ParameterDict({"weight": torch.empty(n_in, n_out), "bias": torch.empty(n_out)})
-
-    def block() -> nn.Module:
-        attn = _tree(c_attn=conv1d(d, 3 * d), c_proj=conv1d(d, d))
-        mlp = _tree(c_fc=conv1d(d, 4 * d), c_proj=conv1d(4 * d, d))
-        return _tree(ln_1=nn.LayerNorm(d), attn=attn, ln_2=nn.LayerNorm(d), mlp=mlp)
-
-    h = nn.ModuleList(block() for _ in range(12))
-    wte, wpe = _embedding(50257, d), _embedding(1024, d)
-    return _tree(transformer=_tree(wte=wte, wpe=wpe, h=h, ln_f=nn.LayerNorm(d)))
-
-
-def _lstm_lm() -> nn.Module:
-    """PyTorch word_language_model ``RNNModel`` on WikiText-2 (vocab 33278): LSTM, 2 layers, 1500 wide, tied.
-
-    emsize = nhid = 1500 with ``--tied`` is the example's large configuration; it gives Espresso's
-    10 tensors and 328 MiB exactly (untied it would be 11 tensors and 518 MiB at this width).
-    """
-    encoder, decoder = _embedding(33278, 1500), nn.Linear(1500, 33278)
-    decoder.weight = encoder.weight
-    return _tree(encoder=encoder, rnn=nn.LSTM(1500, 1500, 2), decoder=decoder)
-
-
-def _deepfm() -> nn.Module:
-    """DeepFM on Criteo: first-order weights, FM embeddings (dim 16) shared with an MLP 400-400-400-1."""
-    vocab = [min(c, _DEEPFM_BUCKETS) for c in _CRITEO_CARDINALITIES]
-    mlp_in = len(vocab) * _DEEPFM_DIM + _CRITEO_DENSE
-    mlp = [nn.Linear(mlp_in, 400), nn.ReLU(), nn.Linear(400, 400), nn.ReLU(), nn.Linear(400, 400), nn.ReLU()]
-    return _tree(
-        first_order=nn.ModuleList(_embedding(v, 1) for v in vocab),
-        dense_linear=nn.Linear(_CRITEO_DENSE, 1),  # first-order weights of the dense features, plus the global bias
-        embedding=nn.ModuleList(_embedding(v, _DEEPFM_DIM) for v in vocab),
-        mlp=nn.Sequential(*mlp, nn.Linear(400, 1)),  # input: the 26 embeddings and the 13 dense features
-    )
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Forward ops and their costs
 # ---------------------------------------------------------------------------------------------------------------------
@@ -297,7 +182,7 @@ class _Trace:
 
 
 def _trace_resnet(t: _Trace, n: int) -> None:
-    out, h, w = t.conv("conv1", n, _IMAGE_SIZE, _IMAGE_SIZE)
+    out, h, w = t.conv("conv1", n, IMAGE_SIZE, IMAGE_SIZE)
     t.norm("bn1", out)
     t.memory(2.0 * out, flops=out)  # ReLU
     h, w = (h - 1) // 2 + 1, (w - 1) // 2 + 1  # max-pool 3x3, stride 2, padding 1
@@ -325,13 +210,13 @@ def _trace_bottleneck(t: _Trace, p: str, n: int, h: int, w: int) -> tuple[int, i
 
 
 def _trace_vgg(t: _Trace, n: int) -> None:
-    shape = t.sequential("features", n, (3, _IMAGE_SIZE, _IMAGE_SIZE))
+    shape = t.sequential("features", n, (3, IMAGE_SIZE, IMAGE_SIZE))
     # The adaptive average pool to 7x7 is the identity on 224x224 inputs (7x7 after five pools).
     t.sequential("classifier", n, (math.prod(shape),))
 
 
 def _trace_bert(t: _Trace, batch: int) -> None:
-    d, tokens = t.model.get_parameter("pooler.dense.weight").shape[0], batch * _BERT_SEQ
+    d, tokens = t.model.get_parameter("pooler.dense.weight").shape[0], batch * BERT_SEQ
     for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
         t.gather(f"embeddings.{name}", tokens)
     t.norm("embeddings.LayerNorm", tokens * d)  # the sum of the three embeddings folded in
@@ -339,7 +224,7 @@ def _trace_bert(t: _Trace, batch: int) -> None:
         p = f"encoder.layer.{i}"
         for name in ("query", "key", "value"):
             t.dense(f"{p}.attention.self.{name}", tokens)
-        t.attention(batch, _BERT_SEQ, d, heads=12)
+        t.attention(batch, BERT_SEQ, d, heads=12)
         t.dense(f"{p}.attention.output.dense", tokens)
         t.norm(f"{p}.attention.output.LayerNorm", tokens * d)
         t.dense(f"{p}.intermediate.dense", tokens)
@@ -351,14 +236,14 @@ def _trace_bert(t: _Trace, batch: int) -> None:
 
 
 def _trace_gpt2(t: _Trace, batch: int) -> None:
-    (vocab, d), tokens = t.model.get_parameter("transformer.wte.weight").shape, batch * _GPT2_SEQ
+    (vocab, d), tokens = t.model.get_parameter("transformer.wte.weight").shape, batch * GPT2_SEQ
     t.gather("transformer.wte", tokens)
     t.gather("transformer.wpe", tokens)
     for i in range(t.count("transformer.h")):
         p = f"transformer.h.{i}"
         t.norm(f"{p}.ln_1", tokens * d)
         t.dense(f"{p}.attn.c_attn", tokens)
-        t.attention(batch, _GPT2_SEQ, d, heads=12)  # the causal mask still computes all T x T scores
+        t.attention(batch, GPT2_SEQ, d, heads=12)  # the causal mask still computes all T x T scores
         t.dense(f"{p}.attn.c_proj", tokens)
         t.norm(f"{p}.ln_2", tokens * d)
         t.dense(f"{p}.mlp.c_fc", tokens)
@@ -370,11 +255,11 @@ def _trace_gpt2(t: _Trace, batch: int) -> None:
 
 
 def _trace_lstm(t: _Trace, batch: int) -> None:
-    (vocab, d), tokens = t.model.get_parameter("encoder.weight").shape, batch * _LSTM_BPTT
+    (vocab, d), tokens = t.model.get_parameter("encoder.weight").shape, batch * LSTM_BPTT
     t.gather("encoder", tokens)
     t.memory(2.0 * tokens * d, flops=tokens * d)  # dropout
     for layer in range(2):
-        t.lstm("rnn", layer, tokens, steps=_LSTM_BPTT)
+        t.lstm("rnn", layer, tokens, steps=LSTM_BPTT)
     t.memory(2.0 * tokens * d, flops=tokens * d)  # dropout
     t.dense("decoder", tokens)
     t.memory(3.0 * tokens * vocab, flops=5.0 * tokens * vocab)  # log-softmax + NLL
@@ -387,9 +272,9 @@ def _trace_deepfm(t: _Trace, rows: int) -> None:
     t.dense("dense_linear", rows)
     for i in range(fields):
         t.gather(f"embedding.{i}", rows)
-    pairs = rows * fields * _DEEPFM_DIM
+    pairs = rows * fields * DEEPFM_DIM
     t.memory(2.0 * pairs, flops=3.0 * pairs)  # FM term: ((sum v)^2 - sum v^2) / 2
-    t.sequential("mlp", rows, (fields * _DEEPFM_DIM + _CRITEO_DENSE,))
+    t.sequential("mlp", rows, (fields * DEEPFM_DIM + CRITEO_DENSE,))
     t.memory(4.0 * rows, flops=8.0 * rows)  # sum of the three terms, sigmoid, BCE
 
 
@@ -408,15 +293,15 @@ class _Spec:
     """What ``batch`` counts."""
 
 
-_IMAGES = f"images of {_IMAGE_SIZE}x{_IMAGE_SIZE}"
+_IMAGES = f"images of {IMAGE_SIZE}x{IMAGE_SIZE}"
 _MODELS: dict[str, _Spec] = {
-    "resnet50": _Spec(build=lambda: _resnet((3, 4, 6, 3)), trace=_trace_resnet, default_batch=32, unit=_IMAGES),
-    "resnet101": _Spec(build=lambda: _resnet((3, 4, 23, 3)), trace=_trace_resnet, default_batch=32, unit=_IMAGES),
-    "vgg16": _Spec(build=_vgg16, trace=_trace_vgg, default_batch=32, unit=_IMAGES),
-    "bert-base": _Spec(build=_bert_base, trace=_trace_bert, default_batch=8, unit=f"x {_BERT_SEQ} tokens"),
-    "gpt2": _Spec(build=_gpt2, trace=_trace_gpt2, default_batch=1, unit=f"x {_GPT2_SEQ} tokens"),
-    "lstm": _Spec(build=_lstm_lm, trace=_trace_lstm, default_batch=4, unit=f"x {_LSTM_BPTT} tokens (bptt)"),
-    "deepfm": _Spec(build=_deepfm, trace=_trace_deepfm, default_batch=1024, unit="rows (13 dense + 26 categorical)"),
+    "resnet50": _Spec(build=lambda: resnet((3, 4, 6, 3)), trace=_trace_resnet, default_batch=32, unit=_IMAGES),
+    "resnet101": _Spec(build=lambda: resnet((3, 4, 23, 3)), trace=_trace_resnet, default_batch=32, unit=_IMAGES),
+    "vgg16": _Spec(build=vgg16, trace=_trace_vgg, default_batch=32, unit=_IMAGES),
+    "bert-base": _Spec(build=bert_base, trace=_trace_bert, default_batch=8, unit=f"x {BERT_SEQ} tokens"),
+    "gpt2": _Spec(build=gpt2, trace=_trace_gpt2, default_batch=1, unit=f"x {GPT2_SEQ} tokens"),
+    "lstm": _Spec(build=lstm_lm, trace=_trace_lstm, default_batch=4, unit=f"x {LSTM_BPTT} tokens (bptt)"),
+    "deepfm": _Spec(build=deepfm, trace=_trace_deepfm, default_batch=1024, unit="rows (13 dense + 26 categorical)"),
 }
 
 
