@@ -24,7 +24,7 @@ from zensync.planner.costs import AffineCost, CompressorModel
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption, candidate_options
 from zensync.planner.plan import PLAN_VERSION, Plan
 from zensync.planner.profile import ModelProfile, TensorProfile
-from zensync.planner.search import _cpu_pass, _finish, _gpu_pass, plan
+from zensync.planner.search import MIN_CPU_EXTRA_NUMEL, _cheapest_cpu_options, _cpu_pass, _finish, _gpu_pass, plan
 from zensync.planner.simulator import Strategy, iteration_time, simulate
 
 SELECTION_BOUND_S = 0.5
@@ -202,7 +202,8 @@ def test_search_is_exact_on_a_hand_made_case() -> None:
 
 
 def test_cpu_offload_pass_matches_brute_force_over_subsets() -> None:
-    """Algorithm 2 with complete enumeration vs every subset of the GPU-compressed tensors on the CPU."""
+    """Algorithm 2 with complete enumeration vs every subset of its candidates on the CPU (GPU-compressed
+    tensors, and uncompressed ones of at least MIN_CPU_EXTRA_NUMEL elements)."""
     rng, checked = random.Random(1), 0
     model = dataclasses.replace(MODELS["dgc"], cpu_compress=AffineCost(fixed_s=1e-5, per_element_s=2e-10))
     for _ in range(40):
@@ -223,9 +224,15 @@ def test_cpu_offload_pass_matches_brute_force_over_subsets() -> None:
         )
         priced = PricedOptions(profile, cluster, model, devices=("gpu", "cpu"))
         choice = _gpu_pass(priced, priced.best_level("fp32"))
+        cheapest = _cheapest_cpu_options(priced)
+        assert cheapest is not None
         both = [
-            [int(k)] if priced.options[k].kind != "comp" else [int(k), priced.index[priced.options[k].on("cpu")]]
-            for k in choice
+            [int(k), priced.index[priced.options[k].on("cpu")]]
+            if priced.options[k].kind == "comp"
+            else [int(k), int(cheapest[i])]
+            if priced.numel[i] >= MIN_CPU_EXTRA_NUMEL
+            else [int(k)]
+            for i, k in enumerate(choice)
         ]
         if all(len(c) == 1 for c in both):
             continue

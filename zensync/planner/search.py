@@ -22,7 +22,10 @@ What is exact and what is heuristic (all "exact" is relative to the simulator's 
   revisit every tensor): a local search, not optimal in general; the unit tests compare it with
   brute force on tiny models (it found the optimum on 145 of 150 seeded random 3-4 tensor models,
   missing by at most 13.7 %).
-- Algorithm 2 enumerates per (size, option) group how many tensors to offload, earliest-ready first
+- Algorithm 2 enumerates per (size, option) group how many tensors to offload, earliest-ready first.
+  Its candidates are Espresso's (tensors Algorithm 1 compressed on the GPU) plus, beyond the paper,
+  uncompressed tensors of at least ``MIN_CPU_EXTRA_NUMEL`` elements with their cheapest CPU option
+  (GPU encoding that delays backward is what kept them uncompressed; CPU encoding does not)
   (Espresso Lemma 1, which holds in Espresso's model and is not re-proved for this simulator). When the
   product of (group size + 1) is at most ``EXACT_OFFLOAD_LIMIT`` the enumeration is complete (exact
   given Lemma 1); above it, coordinate descent over groups (largest tensors first, at most
@@ -50,12 +53,14 @@ from zensync.planner.plan import Plan, PlanTensor, Predictions
 from zensync.planner.profile import ModelProfile
 from zensync.planner.simulator import Strategy, iteration_time, simulate
 
-__all__ = ["EXACT_OFFLOAD_LIMIT", "MAX_OFFLOAD_SWEEPS", "REFINE_SWEEPS", "plan"]
+__all__ = ["EXACT_OFFLOAD_LIMIT", "MAX_OFFLOAD_SWEEPS", "MIN_CPU_EXTRA_NUMEL", "REFINE_SWEEPS", "plan"]
 
 EXACT_OFFLOAD_LIMIT = 256
 """Algorithm 2 enumerates every offload count combination up to this many simulations."""
 MAX_OFFLOAD_SWEEPS = 4
 """Coordinate-descent sweeps over the offload groups when the enumeration is too large."""
+MIN_CPU_EXTRA_NUMEL = 2**20
+"""Uncompressed tensors at least this large are CPU-offload candidates too (see ``_cpu_pass``)."""
 REFINE_SWEEPS = 2
 """Extra sweeps after Algorithm 1's single pass, revisiting every tensor (a local search; 0: Espresso)."""
 _EPS = 1e-12
@@ -121,16 +126,25 @@ def _cpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
     3. return the choice with the fastest simulated iteration (ties: fewer offloads).
     """
     profile, options = priced.profile, priced.options
-    # Step 1: the groups and the two units of every candidate tensor.
+    # Step 1: the groups and the two units of every candidate tensor. Besides Espresso's candidates
+    # (GPU-compressed tensors, moved to the CPU with the same scheme), large uncompressed tensors may
+    # be compressed on the CPU with their cheapest CPU option: the GPU pass left them uncompressed
+    # because GPU encoding would delay backward, which CPU compression does not.
     groups: dict[tuple[float, int], list[int]] = {}
+    cheapest_cpu = _cheapest_cpu_options(priced)
     for i, k in enumerate(choice):
         if options[k].kind == "comp" and options[k].device == "gpu":
-            groups.setdefault((float(priced.numel[i]), int(k)), []).append(i)
+            target = priced.index[options[k].on("cpu")]
+        elif options[k].kind != "comp" and cheapest_cpu is not None and priced.numel[i] >= MIN_CPU_EXTRA_NUMEL:
+            target = int(cheapest_cpu[i])
+        else:
+            continue
+        groups.setdefault((float(priced.numel[i]), target), []).append(i)
     if not groups:
         return choice
     keys = sorted(groups, key=lambda key: (-key[0], key[1]))
     members = [sorted(groups[key], key=lambda t: (priced.ready[t], t)) for key in keys]
-    on_cpu = [priced.index[options[key[1]].on("cpu")] for key in keys]
+    on_cpu = [key[1] for key in keys]
     base = [priced.unit(i, int(k)) for i, k in enumerate(choice)]
     offloaded = {i: priced.unit(i, on_cpu[g]) for g, group in enumerate(members) for i in group}
 
@@ -156,6 +170,15 @@ def _cpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
         for i in group[:count]:
             choice[i] = on_cpu[g]
     return choice
+
+
+def _cheapest_cpu_options(priced: PricedOptions) -> np.ndarray | None:
+    """Per tensor, the CPU-compressed option with the least work after the ready time (None: no CPU options)."""
+    cpu = [k for k, option in enumerate(priced.options) if option.device == "cpu" and option.kind == "comp"]
+    if not cpu:
+        return None
+    after_ready = np.stack([sum(seconds for _, seconds in priced.costs[k].stages) for k in cpu])
+    return np.array(cpu)[np.argmin(after_ready, axis=0)]
 
 
 def _coordinate_descent(evaluate: Callable[[tuple[int, ...]], float], sizes: list[int]) -> tuple[int, ...]:
