@@ -36,11 +36,11 @@ FIXED_MODEL = {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8, "adapt": False}
 
 
 def _train(
-    rank: int, strategy: str | None, options: dict[str, Any]
+    rank: int, strategy: str | None, options: dict[str, Any], bucket_cap_mb: float = 0.01
 ) -> tuple[list[list[torch.Tensor]], Any, list[float]]:
     torch.manual_seed(0)
     model = _Net()
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     state = None
     if strategy == "torch-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -158,16 +158,16 @@ def _two_level_worker(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def _write_plan(path: Any, world_size: int) -> None:
-    """A hand-made plan for _Net: fc1.weight top-k allgather, fc1.bias fp16, emb fp32, fc2.* absent."""
+    """A hand-made plan for _Net: fc1.* top-k allgather fused into one group, fc2.weight fp16, emb fp32,
+    fc2.bias absent."""
     options = {
-        "emb.weight": TensorOption(kind="fp32"),
-        "fc1.weight": TensorOption(kind="comp", scheme="ag"),
-        "fc1.bias": TensorOption(kind="fp16"),
+        "emb.weight": (TensorOption(kind="fp32"), 0),
+        "fc1.weight": (TensorOption(kind="comp", scheme="ag"), 1),
+        "fc1.bias": (TensorOption(kind="comp", scheme="ag"), 1),
+        "fc2.weight": (TensorOption(kind="fp16"), 2),
     }
     shapes = {n: tuple(p.shape) for n, p in _Net().named_parameters()}
-    tensors = tuple(
-        PlanTensor(name=n, numel=math.prod(shapes[n]), option=o, group=i) for i, (n, o) in enumerate(options.items())
-    )
+    tensors = tuple(PlanTensor(name=n, numel=math.prod(shapes[n]), option=o, group=g) for n, (o, g) in options.items())
     cluster = ClusterSpec.from_strings(nodes=world_size, gpus_per_node=1, inter="1Gbit")
     predicted = Predictions(plan_s=1.0, fp32_s=1.0, fp16_s=1.0, upper_bound_s=1.0)
     plan = Plan(
@@ -176,11 +176,12 @@ def _write_plan(path: Any, world_size: int) -> None:
     path.write_text(plan.to_json())
 
 
-def _plan_worker(rank: int, world_size: int, path: str) -> dict[str, str]:
-    _, state, _ = _train(rank, path, {})
+def _plan_worker(rank: int, world_size: int, path: str) -> dict[str, Any]:
+    _, state, _ = _train(rank, path, {}, bucket_cap_mb=25)  # one bucket: fusion groups are not cut
     schemes = {n: p["scheme"] for n, p in state.history[-1]["params"].items()}
+    memories = {f"{spec}|{scheme}": sync.worker_memory.names() for (spec, scheme), sync in state.compressed.items()}
     state.close()
-    return schemes
+    return {"schemes": schemes, "memories": memories}
 
 
 def _missing_plan_worker(rank: int, world_size: int, missing: str, present: str) -> str:
@@ -204,11 +205,15 @@ class TestTwoLevelAndErrors:
 
     def test_plan_file_sets_each_parameter(self, world_size: int, tmp_path: Any, caplog: Any) -> None:
         _write_plan(tmp_path / "plan.json", world_size)
-        for schemes in launch(_plan_worker, world_size, (str(tmp_path / "plan.json"),), tmp_path):
-            assert schemes["fc1.weight"] == "compress:topk:0.05|allgather|flat", schemes
-            assert schemes["fc1.bias"] == "compress:fp16|allreduce|flat", schemes
-            assert schemes["fc2.weight"] == "dense" and schemes["fc2.bias"] == "dense", schemes  # not in the plan
+        for result in launch(_plan_worker, world_size, (str(tmp_path / "plan.json"),), tmp_path):
+            schemes = result["schemes"]
+            assert schemes["fc1.weight"] == schemes["fc1.bias"] == "compress:topk:0.05|allgather|flat", schemes
+            assert schemes["fc2.weight"] == "compress:fp16|allreduce|flat", schemes
+            assert schemes["fc2.bias"] == "dense", schemes  # not in the plan
             assert schemes["emb.weight"] == "zen", schemes  # fp32 in the plan, naturally sparse
+            # fc1.s two tensors are one fusion group: one error-feedback memory for both.
+            names = result["memories"]["topk:0.05|allgather"]
+            assert names == ["fused:fc1.bias"], names
 
     def test_missing_plan_on_one_rank_raises_everywhere(self, world_size: int, tmp_path: Any) -> None:
         _write_plan(tmp_path / "present.json", world_size)

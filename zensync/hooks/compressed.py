@@ -70,19 +70,35 @@ def sync_compressed(
     schemes: list[str],
     names: list[str],
 ) -> None:
-    """Sync every compressed parameter of a bucket into ``out_views``; record per-parameter statistics."""
-    groups: dict[str, list[int]] = {}
+    """Sync every compressed parameter of a bucket into ``out_views``; record per-parameter statistics.
+
+    Parameters are fused into one collective per (compression, fusion group): under a plan the
+    group is the plan's (Cupcake-style fusion); under a compressor spec, compressors without error
+    feedback fuse the whole bucket and the others run per parameter. A fused group's error-feedback
+    memory is keyed by its alphabetically first parameter's name.
+    """
+    plan = state.strategy.plan
+    groups: dict[tuple[str, object], list[int]] = {}
     for i, scheme in enumerate(schemes):
-        if scheme.startswith(COMPRESSED_PREFIX):
-            groups.setdefault(scheme, []).append(i)
-    for key, members in groups.items():
-        spec, scheme, _ = _parse(key)
-        sync = state.compressed_sync(spec, scheme)
-        if sync.error_feedback:
-            for i in members:
-                _run(state, key, [names[i]], [views[i]], [out_views[i]], names[i])
+        if not scheme.startswith(COMPRESSED_PREFIX):
+            continue
+        spec, collective, _ = _parse(scheme)
+        if plan is not None:
+            fusion: object = plan.group_of(names[i])
         else:
-            _run(state, key, [names[i] for i in members], [views[i] for i in members], [out_views[i] for i in members])
+            fusion = names[i] if state.compressed_sync(spec, collective).error_feedback else "bucket"
+        groups.setdefault((scheme, fusion), []).append(i)
+    for (key, _), members in groups.items():
+        # Independent of the order DDP lists a bucket's parameters in (it changes at the rebuild).
+        ef_name = names[members[0]] if len(members) == 1 else "fused:" + min(names[i] for i in members)
+        _run(
+            state,
+            key,
+            [names[i] for i in members],
+            [views[i] for i in members],
+            [out_views[i] for i in members],
+            ef_name,
+        )
 
 
 def _run(
@@ -91,7 +107,7 @@ def _run(
     names: list[str],
     views: list[torch.Tensor],
     outs: list[torch.Tensor],
-    ef_name: str = "",
+    ef_name: str,
 ) -> None:
     """One compressed collective over the (fused) ``views``; results written to ``outs``."""
     spec, scheme, level = _parse(key)
@@ -102,7 +118,7 @@ def _run(
     start = time.perf_counter()
     flat = views[0] if len(views) == 1 else torch.cat([v.reshape(-1) for v in views])
     with transport.recording(log):
-        summed = sync.sync(flat, transport, name=ef_name or f"fused:{names[0]}", step=state.step, hierarchy=levels)
+        summed = sync.sync(flat, transport, name=ef_name, step=state.step, hierarchy=levels)
     offset = 0
     for out, view in zip(outs, views, strict=True):
         out.copy_(summed.reshape(-1)[offset : offset + view.numel()].view(view.shape))

@@ -89,8 +89,11 @@ class Plan:
     costs: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     """Measured compressor costs that replaced the defaults: ``CompressorModel`` field name ->
     ``AffineCost`` fields (``fixed_s``, ``per_element_s``, ``knee_elements``)."""
+    _by_name: dict[str, PlanTensor] = dataclasses.field(init=False, repr=False, compare=False)
+    """Tensors by parameter name (lookups are per parameter per step in the hook)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})
         names = [t.name for t in self.tensors]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"plan for {self.model!r}: tensor names must be non-empty and unique")
@@ -105,14 +108,21 @@ class Plan:
 
     def option_for(self, name: str) -> TensorOption:
         """The option of parameter ``name``; KeyError naming it if the plan has no such parameter."""
-        for tensor in self.tensors:
-            if tensor.name == name:
-                return tensor.option
-        raise KeyError(f"parameter {name!r} is not in the plan for {self.model!r}")
+        return self._tensor(name).option
+
+    def group_of(self, name: str) -> int:
+        """The fusion group id of parameter ``name``; KeyError naming it if the plan has no such parameter."""
+        return self._tensor(name).group
+
+    def _tensor(self, name: str) -> PlanTensor:
+        tensor = self._by_name.get(name)
+        if tensor is None:
+            raise KeyError(f"parameter {name!r} is not in the plan for {self.model!r}")
+        return tensor
 
     def has(self, name: str) -> bool:
         """Whether parameter ``name`` is in the plan."""
-        return any(t.name == name for t in self.tensors)
+        return name in self._by_name
 
     def compression_for(self, name: str) -> tuple[str, str] | None:
         """(compressor spec, ``zensync.sync.compressed`` scheme) of ``name``; None for float32 or unknown names."""
