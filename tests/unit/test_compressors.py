@@ -426,3 +426,14 @@ def test_error_feedback_conserves_the_sum(spec):
     residual = memory.residual(NAME)
     assert residual is not None and residual.abs().max() > 0  # compression really dropped something
     assert torch.allclose(sent + residual, total, rtol=0, atol=EF_ATOL)
+
+
+@pytest.mark.parametrize("spec", ["topk:0.01", "dgc:0.01"])
+@pytest.mark.parametrize("numel", [1000, 40_000])
+def test_nan_gradients_are_sent_not_dropped(spec: str, numel: int) -> None:
+    """A NaN ranks above every number (as torch.topk), so it reaches every rank and shows up there."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(5))
+    x[numel // 3] = float("nan")
+    comp = build(spec)
+    out = comp.decompress(comp.compress(x, name="w", step=0))
+    assert torch.isnan(out[numel // 3]) and int(torch.isnan(out).sum()) == 1

@@ -117,6 +117,9 @@ class DGCCompressor(SelectedValues):
         """Sorted int64 positions of exactly k elements of the 1-D ``magnitudes`` (steps 1-4 above)."""
         numel = magnitudes.numel()
         k = selected_count(self.config.ratio, numel)
+        # NaN ranks above every number, as in top-k: a NaN gradient is sent, never silently dropped
+        # (comparisons with NaN are false, so the threshold test would skip it).
+        magnitudes = torch.nan_to_num(magnitudes, nan=float("inf"))
         # Step 1: small tensors take the exact top-k.
         if numel < EXACT_BELOW_NUMEL:
             return topk_indices(magnitudes, k)
