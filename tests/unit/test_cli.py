@@ -244,3 +244,10 @@ def test_profile_bad_factory_exits_2(capsys):
         cli.main(["profile", "--factory", "no_such_module:make"])
     assert exc.value.code == 2
     assert "no_such_module" in capsys.readouterr().err
+
+
+def test_demo_accepts_compressor_specs():
+    config = cli_demo._demo_config(cli.build_parser().parse_args(["demo", "--strategies", "ddp", "topk:0.01"]))
+    assert config.strategies == ("ddp", "topk:0.01")
+    with pytest.raises(ValueError, match="compressor spec"):
+        DemoConfig(strategies=("ddp", "topk:2"))

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from zensync.hooks import STRATEGIES as HOOK_STRATEGIES
+from zensync.hooks.strategy import resolve_strategy
 from zensync.testbed import parse_rate
 
 __all__ = ["STRATEGIES", "TORCH_STRATEGIES", "DemoConfig"]
@@ -15,7 +16,8 @@ TORCH_STRATEGIES = ("ddp", "fp16")
 """Baselines from torch itself: ``ddp`` = DDP's allreduce (torch's allreduce_hook, same numbers as no
 hook), ``fp16`` = torch's fp16_compress_hook (lossy)."""
 STRATEGIES = (*TORCH_STRATEGIES, *HOOK_STRATEGIES)
-"""Every strategy the demo accepts; names other than the torch baselines go to ``zensync.register``."""
+"""Named strategies of the demo; names other than the torch baselines go to ``zensync.register``, and
+so do compressor specs (``topk:0.01``, ``powersgd:4``; lossy, so their parameters differ from DDP's)."""
 DEFAULT_STRATEGIES = ("ddp", "fp16", "agsparse", "zen", "auto")
 
 
@@ -87,9 +89,12 @@ class DemoConfig:
     def _check_strategies(self) -> None:
         if not self.strategies:
             raise ValueError(f"strategies is empty; choose one or more of: {', '.join(STRATEGIES)}")
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        unknown = [s for s in self.strategies if s not in STRATEGIES and not _compressor_spec(s)]
         if unknown:
-            raise ValueError(f"strategies {unknown} unknown (valid: {', '.join(STRATEGIES)})")
+            raise ValueError(
+                f"strategies {unknown} unknown (valid: {', '.join(STRATEGIES)}, or a compressor spec such as "
+                f"topk:0.01 or powersgd:4)"
+            )
         if len(set(self.strategies)) != len(self.strategies):
             raise ValueError(f"strategies={list(self.strategies)} lists a strategy twice")
 
@@ -108,3 +113,11 @@ class DemoConfig:
 def _check_at_least(name: str, value: int, bound: int) -> None:
     if not isinstance(value, int) or value < bound:
         raise ValueError(f"DemoConfig.{name}={value!r} must be an integer >= {bound}")
+
+
+def _compressor_spec(text: str) -> bool:
+    """Whether ``text`` is a compressor strategy of the hook (``zensync.register(ddp, strategy=text)``)."""
+    try:
+        return resolve_strategy(text).kind == "compress"
+    except ValueError:
+        return False
