@@ -186,6 +186,7 @@ def test_plan_writes_a_plan_that_explain_renders(tmp_path, capsys):
         (["--model", "resnet50", "--compressor", "topkk:0.1"], "unknown compressor"),
         (["--model", "resnet50", "--compressor", "topk:2"], "ratio"),
         (["--model", "resnet50", "--nodes", "0"], "nodes"),
+        (["--model", "resnet50", "--compressor", "powersgd:4"], "cannot be planned"),
     ],
 )
 def test_bad_plan_values_exit_2(argv, message, capsys):

@@ -100,6 +100,8 @@ _GPU_US: dict[str, tuple[float, float]] = {
     "powersgd": (450.0, 170.0),  # assumed: as onebit
 }
 _SPARSIFIERS = frozenset({"randomk", "topk", "dgc"})
+_SHAPE_PRICED = frozenset({"powersgd"})
+"""Compressors whose payload is a function of the matrix shape, not of the size alone."""
 _INDIVISIBLE = frozenset({"powersgd"})
 
 
@@ -245,6 +247,12 @@ def compressor_model(spec: str, overrides: Mapping[str, Any] | None = None) -> C
     from zensync import compress
 
     comp = compress.build(spec)
+    if comp.name in _SHAPE_PRICED:
+        raise ValueError(
+            f"compressor {spec!r} cannot be planned: its payload depends on each tensor's matrix shape, and the "
+            f"planner prices tensors by size; use it directly as a hook strategy (zensync.register(ddp, "
+            f"strategy={spec!r})), which compresses every matrix whose low-rank form is smaller"
+        )
     extra = dict(overrides or {})
     valid = {f.name for f in dataclasses.fields(CompressorModel)}
     unknown = sorted(set(extra) - valid)
