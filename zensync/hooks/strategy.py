@@ -20,6 +20,7 @@ import pathlib
 from typing import Any, Literal
 
 from zensync.compress import build, compressor_names, parse_spec
+from zensync.planner import Plan
 from zensync.sync import SCHEMES
 from zensync.sync.auto import AUTO_CANDIDATES
 
@@ -68,8 +69,6 @@ def resolve_strategy(text: str) -> Strategy:
 
 
 def _plan_strategy(path: str) -> Strategy:
-    from zensync.planner import Plan  # the planner is optional at import time of the hook layer
-
     file = pathlib.Path(path)
     if not file.is_file():
         raise ValueError(f"strategy={path!r}: plan file not found")
