@@ -203,13 +203,14 @@ class CompressorModel:
     def aggregate_elements(self, numel: FloatArray, count: int, cache: dict[int, int] | None = None) -> FloatArray:
         """Work, in elements, of decompressing ``count`` payloads of ``numel`` elements and summing them.
 
-        Quantizers decode every payload densely (``numel * count``); sparsifiers decode the first densely
-        and each further one in proportion to its payload (a scatter-add of the kept values).
+        One fused decode-and-accumulate pass: the output is written once (``numel``) and each further
+        payload is read once, in proportion to its size (a scatter-add of a sparsifier's kept values,
+        a 1-bit or 8-bit stream of a quantizer): ``numel * (1 + (count - 1) * payload / dense bytes)``.
+        Decoding each quantized payload into its own dense tensor first would cost ``numel * count``;
+        the fused pass is what a GPU kernel does, and what Espresso's per-tensor decode constants assume.
         """
         if count <= 1:
             return numel
-        if not self.sparse:
-            return numel * count
         payload_fraction = self.payload_array(numel, cache) / np.maximum(numel * 4.0, 1.0)
         return numel + (count - 1) * numel * np.minimum(payload_fraction, 1.0)
 
