@@ -79,7 +79,6 @@ def sparse_allreduce(
             local_nnz = kernels.nonzero_items(view.x2d).numel()
         agreement = exchange_and_check(transport, request, local_nnz)
     assert view is not None  # a local error raised in exchange_and_check on every rank
-    stats.requested_scheme = scheme
     result = run_agreed(
         view,
         transport,

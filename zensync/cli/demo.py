@@ -12,33 +12,11 @@ from collections.abc import Callable
 
 from zensync.demo import DemoConfig, run_demo
 from zensync.demo import config as demo_config_module
-from zensync.demo.config import STRATEGIES
+from zensync.demo.config import DEMO_FLAGS, STRATEGIES
 from zensync.demo.report import format_table, summarize, write_outputs
 from zensync.testbed import WorkerError
 
 __all__ = ["DEMO_FLAGS", "add_demo"]
-
-DEMO_FLAGS = {
-    "--workers": "workers",
-    "--steps": "steps",
-    "--warmup-steps": "warmup_steps",
-    "--vocab-size": "vocab_size",
-    "--output-vocab-size": "output_vocab_size",
-    "--embed-dim": "embed_dim",
-    "--hidden-size": "hidden_size",
-    "--batch-size": "batch_size",
-    "--seq-len": "seq_len",
-    "--corpus-bytes": "corpus_bytes",
-    "--lr": "lr",
-    "--strategies": "strategies",
-    "--net": "net",
-    "--latency-s": "latency_s",
-    "--bandwidth-bytes-per-s": "bandwidth_bytes_per_s",
-    "--seed": "seed",
-    "--out-dir": "out_dir",
-    "--timeout": "timeout_s",
-}
-"""Flag -> DemoConfig field of ``zensync demo`` (tests/unit/test_cli.py pins both sides)."""
 
 
 def _demo_help() -> dict[str, str]:
@@ -89,7 +67,6 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 def _demo_config(args: argparse.Namespace) -> DemoConfig:
     values = {field: getattr(args, field) for field in DEMO_FLAGS.values()}
-    values["strategies"] = tuple(values["strategies"])
     return DemoConfig(**values)
 
 

@@ -18,7 +18,6 @@ import sys
 from typing import Any
 
 from zensync.planner import (
-    AffineCost,
     ClusterSpec,
     ModelProfile,
     Plan,
@@ -26,6 +25,7 @@ from zensync.planner import (
     builtin_models,
     builtin_profile,
     compressor_model,
+    measured_compressor_model,
     plan,
     render_timeline,
     simulate_plan,
@@ -120,10 +120,8 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 {},
             )
         cluster = _cluster(args)
-        model = compressor_model(args.compressor)
-        costs = measured.get(model.spec, {})
-        if costs:
-            model = compressor_model(args.compressor, {name: AffineCost(**_fit(fit)) for name, fit in costs.items()})
+        costs = measured.get(compressor_model(args.compressor).spec, {})
+        model = measured_compressor_model(args.compressor, costs)
     except ValueError as err:
         parser.error(str(err))
     chosen = plan(
@@ -135,14 +133,6 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         pathlib.Path(args.output).write_text(chosen.to_json())
         print(f"wrote {args.output} (use: zensync.register(ddp, strategy={args.output!r}))")
     return 0
-
-
-def _fit(fit: dict[str, float]) -> dict[str, Any]:
-    return {
-        "fixed_s": float(fit.get("fixed_s", 0.0)),
-        "per_element_s": float(fit.get("per_element_s", 0.0)),
-        "knee_elements": int(fit.get("knee_elements", 0)),
-    }
 
 
 def _cluster(args: argparse.Namespace) -> ClusterSpec:

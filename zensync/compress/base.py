@@ -76,6 +76,9 @@ class Compressor(abc.ABC):
     name: ClassVar[str]
     allreduce_compatible: ClassVar[bool] = False
     needs_error_feedback: ClassVar[bool] = False
+    context_depends_on_name: ClassVar[bool] = False
+    """Whether ``Compressed.ctx`` depends on ``name``/``step`` (random-k's shared indices) rather than
+    only on the tensor's shape and dtype; collectives then rebuild another name's context."""
 
     @abc.abstractmethod
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:

@@ -63,6 +63,7 @@ class RandomKCompressor(Compressor):
     name = "randomk"
     allreduce_compatible = True
     needs_error_feedback = True
+    context_depends_on_name = True
 
     @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
     class Config:

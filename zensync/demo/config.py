@@ -10,7 +10,7 @@ from zensync.hooks import STRATEGIES as HOOK_STRATEGIES
 from zensync.hooks.strategy import resolve_strategy
 from zensync.testbed import parse_rate
 
-__all__ = ["STRATEGIES", "TORCH_STRATEGIES", "DemoConfig"]
+__all__ = ["DEMO_FLAGS", "STRATEGIES", "TORCH_STRATEGIES", "DemoConfig"]
 
 TORCH_STRATEGIES = ("ddp", "fp16")
 """Baselines from torch itself: ``ddp`` = DDP's allreduce (torch's allreduce_hook, same numbers as no
@@ -19,6 +19,29 @@ STRATEGIES = (*TORCH_STRATEGIES, *HOOK_STRATEGIES)
 """Named strategies of the demo; names other than the torch baselines go to ``zensync.register``, and
 so do compressor specs (``topk:0.01``, ``powersgd:4``; lossy, so their parameters differ from DDP's)."""
 DEFAULT_STRATEGIES = ("ddp", "fp16", "agsparse", "zen", "auto")
+
+
+DEMO_FLAGS = {
+    "--workers": "workers",
+    "--steps": "steps",
+    "--warmup-steps": "warmup_steps",
+    "--vocab-size": "vocab_size",
+    "--output-vocab-size": "output_vocab_size",
+    "--embed-dim": "embed_dim",
+    "--hidden-size": "hidden_size",
+    "--batch-size": "batch_size",
+    "--seq-len": "seq_len",
+    "--corpus-bytes": "corpus_bytes",
+    "--lr": "lr",
+    "--strategies": "strategies",
+    "--net": "net",
+    "--latency-s": "latency_s",
+    "--bandwidth-bytes-per-s": "bandwidth_bytes_per_s",
+    "--seed": "seed",
+    "--out-dir": "out_dir",
+    "--timeout": "timeout_s",
+}
+"""Flag -> DemoConfig field of ``zensync demo`` (tests/unit/test_cli.py pins both sides)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,7 +129,6 @@ class DemoConfig:
     def from_json(cls, text: str) -> DemoConfig:
         """The config that ``to_json`` wrote."""
         fields: dict[str, Any] = json.loads(text)
-        fields["strategies"] = tuple(fields["strategies"])
         return cls(**fields)
 
 

@@ -9,10 +9,7 @@ dense part of the gradient stays small.
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
 
 from zensync.demo.config import DemoConfig
 from zensync.workloads import lm
@@ -20,11 +17,12 @@ from zensync.workloads import lm
 __all__ = ["DemoModel", "batch", "lm_config", "output_targets", "parameter_counts"]
 
 
-class DemoModel(nn.Module):
+class DemoModel(lm.LanguageModel):
     """Embedding(vocab_size, embed_dim) -> LSTM(hidden_size) -> Linear(output_vocab_size).
 
-    Built on the meta device and initialised from ``generator`` only, so every rank that passes the
-    same seed holds identical weights (no draw from the global RNG).
+    The workload's ``LanguageModel`` with the demo's sizes (``lm_config``): built on the meta device
+    and initialised from ``generator`` only, so every rank that passes the same seed holds identical
+    weights (no draw from the global RNG).
 
     Args:
         config: Sizes.
@@ -32,28 +30,7 @@ class DemoModel(nn.Module):
     """
 
     def __init__(self, config: DemoConfig, *, generator: torch.Generator) -> None:
-        super().__init__()
-        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, device="meta")
-        self.lstm = nn.LSTM(config.embed_dim, config.hidden_size, batch_first=True, device="meta")
-        self.decoder = nn.Linear(config.hidden_size, config.output_vocab_size, device="meta")
-        self.to_empty(device="cpu")
-        self.lstm.flatten_parameters()
-        self.reset_parameters(generator, config.hidden_size)
-
-    @torch.no_grad()
-    def reset_parameters(self, generator: torch.Generator, hidden_size: int) -> None:
-        """Uniform(-0.1, 0.1) embedding and decoder, zero decoder bias, LSTM Uniform(+-1/sqrt(hidden))."""
-        self.embedding.weight.uniform_(-0.1, 0.1, generator=generator)
-        self.decoder.weight.uniform_(-0.1, 0.1, generator=generator)
-        self.decoder.bias.zero_()
-        bound = 1.0 / math.sqrt(hidden_size)
-        for param in self.lstm.parameters():
-            param.uniform_(-bound, bound, generator=generator)
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Logits (batch, seq_len, output_vocab_size) for int64 ``inputs`` of shape (batch, seq_len)."""
-        hidden, _ = self.lstm(self.embedding(inputs))
-        return self.decoder(hidden)
+        super().__init__(lm_config(config), generator=generator)
 
 
 def lm_config(config: DemoConfig) -> lm.Config:
@@ -64,6 +41,7 @@ def lm_config(config: DemoConfig) -> lm.Config:
         hidden_size=config.hidden_size,
         seq_len=config.seq_len,
         batch_size=config.batch_size,
+        output_vocab_size=config.output_vocab_size,
         max_bytes=config.corpus_bytes,
         seed=config.seed,
     )

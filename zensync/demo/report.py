@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import zensync
-from zensync.demo.config import DemoConfig
+from zensync.demo.config import DEMO_FLAGS, TORCH_STRATEGIES, DemoConfig
 from zensync.demo.model import parameter_counts
 from zensync.demo.runner import DemoResult, StrategyRun, default_out_dir
 
@@ -33,7 +33,6 @@ __all__ = ["format_table", "hardware_tag", "summarize", "write_outputs"]
 
 _MB = 1e6
 _BASELINE = "ddp"
-_MODELLED = ("ddp", "fp16")
 
 
 def _max_param_diff(run: StrategyRun, baseline: StrategyRun | None) -> float | None:
@@ -55,7 +54,7 @@ def _summarize_run(run: StrategyRun, steps: int) -> dict[str, Any]:
         "step_ms": step_s * 1e3,
         "comm_ms": comm_s * 1e3,
         "mb_sent_per_step": sent / _MB,
-        "bytes_kind": "modelled (ring)" if run.strategy in _MODELLED else "counted (hook)",
+        "bytes_kind": "modelled (ring)" if run.strategy in TORCH_STRATEGIES else "counted (hook)",
         "wire_mb_per_step": None if wire is None else wire / _MB,
         "final_loss": statistics.fmean(rank["steps"][-1]["loss"] for rank in run.ranks),
         "schemes": schemes,
@@ -189,6 +188,9 @@ def write_outputs(result: DemoResult, rows: list[dict[str, Any]], table: str) ->
     return paths
 
 
+_FLAG_OF = {field: flag for flag, field in DEMO_FLAGS.items()}
+
+
 def _flags(result: DemoResult) -> str:
     """The ``zensync demo`` flags that reproduce this run (fields that differ from the defaults)."""
     defaults = DemoConfig()
@@ -197,6 +199,6 @@ def _flags(result: DemoResult) -> str:
         value = getattr(result.config, field.name)
         if field.name == "out_dir" or value == getattr(defaults, field.name):
             continue
-        flag = "--timeout" if field.name == "timeout_s" else "--" + field.name.replace("_", "-")
+        flag = _FLAG_OF[field.name]
         parts.append(f"{flag} {' '.join(value) if isinstance(value, tuple) else value}")
     return " ".join(parts)

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import zensync
-from zensync.demo.config import DemoConfig
+from zensync.demo.config import TORCH_STRATEGIES, DemoConfig
 from zensync.demo.meter import TorchHookMeter, ZenSyncMeter, timed_torch_hook
 from zensync.demo.model import DemoModel, batch
 from zensync.transport import launch
@@ -40,7 +40,7 @@ def attach_strategy(
     ddp: DistributedDataParallel, strategy: str, world_size: int, config: DemoConfig
 ) -> tuple[Any, Any]:
     """Register ``strategy``'s comm hook on ``ddp``; returns (meter with ``pop_step()``, zensync state or None)."""
-    if strategy in ("ddp", "fp16"):
+    if strategy in TORCH_STRATEGIES:
         hook, element_bytes = (launch.allreduce_hook, 4) if strategy == "ddp" else (launch.fp16_compress_hook, 2)
         meter = TorchHookMeter(hook, world_size, element_bytes)
         ddp.register_comm_hook(meter, timed_torch_hook)

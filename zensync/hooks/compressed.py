@@ -40,8 +40,8 @@ def compression_for(state: ZenSyncState, name: str) -> str:
             )
             state._plan_warned = True
         return "dense"
-    option = plan.compression_for(name)
-    if option is None:
+    compression = plan.compression_for(name)
+    if compression is None:
         return "dense"
     level = plan.option_for(name).level
     if level == "hier2" and not state._hier2_warned:
@@ -51,7 +51,7 @@ def compression_for(state: ZenSyncState, name: str) -> str:
             strategy.text,
         )
         state._hier2_warned = True
-    return _key(option[0], option[1], "flat" if level == "flat" else "hier")
+    return _key(compression[0], compression[1], "flat" if level == "flat" else "hier")
 
 
 def _key(spec: str, scheme: str, level: str) -> str:
@@ -78,11 +78,14 @@ def sync_compressed(
     memory is keyed by its alphabetically first parameter's name.
     """
     plan = state.strategy.plan
+    parsed: dict[str, tuple[str, str, str]] = {}
     groups: dict[tuple[str, object], list[int]] = {}
     for i, scheme in enumerate(schemes):
         if not scheme.startswith(COMPRESSED_PREFIX):
             continue
-        spec, collective, _ = _parse(scheme)
+        if scheme not in parsed:
+            parsed[scheme] = _parse(scheme)
+        spec, collective, _ = parsed[scheme]
         if plan is not None:
             fusion: object = plan.group_of(names[i])
         else:
@@ -94,6 +97,7 @@ def sync_compressed(
         _run(
             state,
             key,
+            parsed[key],
             [names[i] for i in members],
             [views[i] for i in members],
             [out_views[i] for i in members],
@@ -104,13 +108,14 @@ def sync_compressed(
 def _run(
     state: ZenSyncState,
     key: str,
+    parsed: tuple[str, str, str],
     names: list[str],
     views: list[torch.Tensor],
     outs: list[torch.Tensor],
     ef_name: str,
 ) -> None:
     """One compressed collective over the (fused) ``views``; results written to ``outs``."""
-    spec, scheme, level = _parse(key)
+    spec, scheme, level = parsed
     sync = state.compressed_sync(spec, scheme)
     transport = state.transport
     levels = state.hierarchy if level == "hier" else None
@@ -119,12 +124,10 @@ def _run(
     flat = views[0] if len(views) == 1 else torch.cat([v.reshape(-1) for v in views])
     with transport.recording(log):
         summed = sync.sync(flat, transport, name=ef_name, step=state.step, hierarchy=levels)
-    offset = 0
-    for out, view in zip(outs, views, strict=True):
-        out.copy_(summed.reshape(-1)[offset : offset + view.numel()].view(view.shape))
-        offset += view.numel()
+    for out, part in zip(outs, summed.reshape(-1).split([v.numel() for v in views]), strict=True):
+        out.copy_(part.view(out.shape))
     elapsed = time.perf_counter() - start
-    sent = sum(p.bytes_sent + p.control_bytes_sent for p in log.phases.values())
+    sent = log.total_sent
     total = sum(v.numel() for v in views) or 1
     with state.lock:
         for name, view in zip(names, views, strict=True):

@@ -17,6 +17,7 @@ backward; DDP waits for the futures at the end of backward.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Protocol
 
@@ -26,7 +27,7 @@ from zensync import kernels
 from zensync.hooks.compressed import COMPRESSED_PREFIX, compression_for, sync_compressed
 from zensync.hooks.decide import DENSE_DENSITY, blend_prior, choose_scheme
 from zensync.hooks.state import HookConfig, ZenSyncState
-from zensync.sync.base import ItemView, index_dtype, item_view
+from zensync.sync.base import ItemView, default_granularity, index_dtype, item_view
 from zensync.sync.compressed import hierarchy
 from zensync.sync.cost import TensorShape, predict_time
 from zensync.sync.run import run_agreed
@@ -109,21 +110,18 @@ zensync_hook.__annotations__ = {
 }
 
 
-def _param_views(buffer: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
-    views, offset = [], 0
-    for param in params:
-        views.append(buffer[offset : offset + param.numel()].view(param.shape))
-        offset += param.numel()
-    if offset != buffer.numel():
+def _param_views(buffer: torch.Tensor, shapes: list[torch.Size]) -> list[torch.Tensor]:
+    numels = [math.prod(shape) for shape in shapes]
+    if sum(numels) != buffer.numel():
         raise RuntimeError(
-            f"DDP bucket layout unexpected: parameters hold {offset} elements, the buffer {buffer.numel()}"
+            f"DDP bucket layout unexpected: parameters hold {sum(numels)} elements, the buffer {buffer.numel()}"
         )
-    return views
+    return [part.view(shape) for part, shape in zip(buffer.split(numels), shapes, strict=True)]
 
 
 def _item_view(view: torch.Tensor) -> ItemView:
     """A parameter as the sparse schemes see it: rows of a 2-D parameter, elements otherwise."""
-    return item_view(view, "row" if view.dim() == 2 else "element")
+    return item_view(view, default_granularity(view))
 
 
 def _async_dense(
@@ -166,17 +164,21 @@ def _sync_bucket(
 ) -> torch.Tensor:
     start = time.perf_counter()
     transport = state.transport
-    views = _param_views(buffer, params)
+    shapes = [p.shape for p in params]
+    views = _param_views(buffer, shapes)
     buffer.div_(transport.world_size)  # Step 1: average first, as DDP does (no fp16 overflow)
     log = TrafficLog()
     with transport.recording(log):
         schemes = ["dense"] * len(views) if dense_only else _decide(state, names, views)
         if state.strategy.kind in ("compress", "plan") and not state.in_warmup:
             schemes = [compression_for(state, n) if s == "dense" else s for s, n in zip(schemes, names, strict=True)]
-        out = _sync_dense(state, buffer, views, schemes, names)
-        _sync_sparse(state, out, views, schemes, names)
+        # All dense: the allreduce runs in place on the bucket. Otherwise results go to a new buffer.
+        out = buffer if all(s == "dense" for s in schemes) else torch.empty_like(buffer)
+        out_views = views if out is buffer else _param_views(out, shapes)
+        _sync_dense(state, buffer, views, out_views, schemes, names)
+        _sync_sparse(state, out_views, views, schemes, names)
         if any(s.startswith(COMPRESSED_PREFIX) for s in schemes):
-            sync_compressed(state, _param_views(out, views), views, schemes, names)
+            sync_compressed(state, out_views, views, schemes, names)
     with state.lock:
         _note_traffic(state, log, time.perf_counter() - start)
     if is_last:
@@ -188,8 +190,8 @@ def _note_traffic(state: ZenSyncState, log: TrafficLog, elapsed: float) -> None:
     """Add one bucket's sync time and bytes to the step record (caller holds ``state.lock``)."""
     current = state.current
     current["comm_time_s"] += elapsed
-    current["bytes_sent"] += sum(p.bytes_sent + p.control_bytes_sent for p in log.phases.values())
-    current["bytes_recv"] += sum(p.bytes_recv + p.control_bytes_recv for p in log.phases.values())
+    current["bytes_sent"] += log.total_sent
+    current["bytes_recv"] += log.total_recv
 
 
 def _note_dense(state: ZenSyncState, names: list[str], numels: list[int], elapsed: float) -> None:
@@ -291,38 +293,40 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
 
 
 def _sync_dense(
-    state: ZenSyncState, buffer: torch.Tensor, views: list[torch.Tensor], schemes: list[str], names: list[str]
-) -> torch.Tensor:
-    """Step 4a: one fused allreduce for every dense parameter; returns the output buffer."""
+    state: ZenSyncState,
+    buffer: torch.Tensor,
+    views: list[torch.Tensor],
+    out_views: list[torch.Tensor],
+    schemes: list[str],
+    names: list[str],
+) -> None:
+    """Step 4a: one fused allreduce for every dense parameter, written into ``out_views``.
+
+    When every parameter is dense, ``out_views`` are ``views`` and the allreduce runs in place.
+    """
     transport = state.transport
     dense = [i for i, s in enumerate(schemes) if s == "dense"]
     start = time.perf_counter()
     with transport.phase("dense"):
         if len(dense) == len(views):
-            out = transport.all_reduce(buffer, inplace=True)
-        else:
-            out = torch.empty_like(buffer)
-            if dense:
-                summed = transport.all_reduce(torch.cat([views[i].reshape(-1) for i in dense]), inplace=True)
-                offset = 0
-                out_views = _param_views(out, views)
-                for i in dense:
-                    numel = views[i].numel()
-                    out_views[i].view(-1).copy_(summed[offset : offset + numel])
-                    offset += numel
+            transport.all_reduce(buffer, inplace=True)
+        elif dense:
+            summed = transport.all_reduce(torch.cat([views[i].reshape(-1) for i in dense]), inplace=True)
+            for i, part in zip(dense, summed.split([views[i].numel() for i in dense]), strict=True):
+                out_views[i].view(-1).copy_(part)
     elapsed = time.perf_counter() - start
     with state.lock:
         _note_dense(state, [names[i] for i in dense], [views[i].numel() for i in dense], elapsed)
-    return out
 
 
 def _sync_sparse(
-    state: ZenSyncState, out: torch.Tensor, views: list[torch.Tensor], schemes: list[str], names: list[str]
+    state: ZenSyncState,
+    out_views: list[torch.Tensor],
+    views: list[torch.Tensor],
+    schemes: list[str],
+    names: list[str],
 ) -> None:
-    """Step 4b: each sparse parameter through its sparse scheme (``run_agreed``), written into ``out``."""
-    if all(scheme == "dense" for scheme in schemes):
-        return  # the common case of a dense bucket: nothing to split
-    out_views = _param_views(out, views)
+    """Step 4b: each sparse parameter through its sparse scheme (``run_agreed``), written into ``out_views``."""
     for i, scheme in enumerate(schemes):
         if scheme == "dense" or scheme.startswith(COMPRESSED_PREFIX):
             continue

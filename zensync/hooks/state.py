@@ -124,7 +124,6 @@ class ZenSyncState:
         "strategy",
         "_setup_error",
         # Communication: the group, its transport, the fitted alpha-beta model, the comm thread.
-        "process_group",
         "transport",
         "dense_transport",
         "cost_model",
@@ -164,7 +163,6 @@ class ZenSyncState:
         self.hierarchy: Hierarchy | None = None
         self._plan_warned = False
         self._hier2_warned = False
-        self.process_group = process_group
         transport = resolve(process_group)
         # A group of its own: the comm thread's collectives must not interleave with DDP's.
         self.transport: Transport = transport.duplicate() if isinstance(transport, TorchTransport) else transport

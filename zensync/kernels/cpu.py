@@ -32,7 +32,6 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
 from zensync.kernels import reference
-from zensync.kernels.reference import FEISTEL_MUL1, FEISTEL_MUL2
 from zensync.types import Partition
 
 __all__ = [
@@ -45,7 +44,6 @@ __all__ = [
     "unpermute",
 ]
 
-_MASK32 = 0xFFFFFFFF
 _WORD_BITS = 64
 _CHUNKS_PER_THREAD = 4
 """Chunks per thread in parallel kernels: a few, so a slow chunk does not leave threads idle."""
@@ -159,14 +157,9 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- Feistel permutation
 
 
-@_jit
-def _round(half: int, key: int, mask: int) -> int:
-    x = (half ^ key) & _MASK32
-    x = (x * FEISTEL_MUL1) & _MASK32  # < 2^62: a 32-bit value times a multiplier below 2^30
-    x = x ^ (x >> 12)
-    x = (x * FEISTEL_MUL2) & _MASK32
-    x = x ^ (x >> 15)
-    return x & mask
+# The reference round, compiled: on int64 scalars a 32-bit value times a multiplier below 2^30 stays
+# below 2^62, so numba's fixed-width arithmetic gives the same bits as torch's.
+_round = _jit(reference._round)
 
 
 @_jit
@@ -409,7 +402,6 @@ def bucket_nonzero(x2d: torch.Tensor, part: Partition) -> tuple[torch.Tensor, to
     # Step 1
     words, offsets, chunk_words, parallel = scanned
     num_nonzero = int(offsets[-1])
-    parallel = parallel or _use_parallel(num_nonzero if part.hashed else 0, _PARALLEL_MIN_HASH)
     # Step 2
     items_tmp = np.empty(num_nonzero, dtype=np.int64)
     perm_tmp = np.empty(num_nonzero, dtype=np.int64)
@@ -423,7 +415,7 @@ def bucket_nonzero(x2d: torch.Tensor, part: Partition) -> tuple[torch.Tensor, to
     items = np.empty(num_nonzero, dtype=np.int64)
     positions = np.empty(num_nonzero, dtype=np.int64)
     _scatter_owners.pick(parallel)(offsets, items_tmp, perm_tmp, part.range_len, cursor, items, positions)
-    return torch.from_numpy(items), torch.from_numpy(positions), torch.from_numpy(counts.astype(np.int64))
+    return torch.from_numpy(items), torch.from_numpy(positions), torch.from_numpy(counts)
 
 
 # ---------------------------------------------------------------- aggregation

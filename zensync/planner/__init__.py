@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from zensync.planner.cluster import ClusterSpec, parse_bandwidth
 from zensync.planner.costs import FP16_MODEL, FP32_MODEL, AffineCost, CompressorModel, compressor_model
-from zensync.planner.explain import plan_compressor_model, simulate_plan, summarize
+from zensync.planner.explain import measured_compressor_model, plan_compressor_model, simulate_plan, summarize
 from zensync.planner.gpus import GpuSpec, builtin_gpus, gpu_spec
 from zensync.planner.models import builtin_models, builtin_profile
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption, candidate_options, option_costs
@@ -54,6 +54,7 @@ __all__ = [
     "compressor_model",
     "gpu_spec",
     "iteration_time",
+    "measured_compressor_model",
     "option_costs",
     "parse_bandwidth",
     "plan",

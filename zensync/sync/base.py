@@ -22,6 +22,7 @@ __all__ = [
     "SyncOptions",
     "SyncScheme",
     "accumulation_dtype",
+    "default_granularity",
     "index_dtype",
     "item_view",
     "register_scheme",
@@ -77,6 +78,11 @@ class ItemView:
     def item_bytes(self) -> int:
         """Value bytes of one item."""
         return self.x2d.shape[1] * self.x2d.element_size()
+
+
+def default_granularity(tensor: torch.Tensor) -> Granularity:
+    """What 'auto' means: rows for 2-D tensors (embedding gradients), elements otherwise."""
+    return "row" if tensor.dim() == 2 else "element"
 
 
 def item_view(tensor: torch.Tensor, granularity: Granularity) -> ItemView:

@@ -20,8 +20,8 @@ shard, intra-node allgather of the shards.
 Payload sizes are a function of the tensor size (``Compressor.payload_bytes``), so a rank can
 unpack another rank's payloads with the shapes of its own, and the decompression context (shape,
 dtype, shared-seed indices) is the same on every rank for the same name and step. A rank that must
-decompress an owner's re-compression builds that context by compressing its own data under the
-owner's name (one extra compression per chunk: the price of not sending contexts).
+decompress an owner's re-compression uses the layout of its own compression of that part, or, where
+the context depends on the name (random-k), rebuilds it by compressing under the owner's name.
 
 Example::
 
@@ -38,6 +38,7 @@ from typing import Literal, get_args
 import torch
 
 from zensync.compress import Compressed, Compressor, ErrorFeedback, build
+from zensync.sync.base import accumulation_dtype
 from zensync.sync.packing import ByteReader, pack
 from zensync.transport import Transport
 
@@ -121,7 +122,7 @@ class CompressedSync:
         """
         compensated = self.worker_memory.compensate(name, x) if self.error_feedback else x
         if hierarchy is None:
-            out, own = self._flat(compensated, transport, name=name, step=step)
+            out, own = self._flat(compensated, transport, name=name, step=step, want_own=self.error_feedback)
         else:
             out, own = self._two_level(compensated, hierarchy, name=name, step=step)
         if self.error_feedback:
@@ -133,9 +134,13 @@ class CompressedSync:
 
     # -- flat schemes --------------------------------------------------------------------------------
     def _flat(
-        self, x: torch.Tensor, transport: Transport, *, name: str, step: int
+        self, x: torch.Tensor, transport: Transport, *, name: str, step: int, want_own: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(sum over ranks, this rank's own transmitted approximation or None for allreduce)."""
+        """(sum over ranks, this rank's own transmitted approximation).
+
+        The second is None for allreduce (not separable) and when ``want_own`` is False (no error
+        feedback needs it: its decompressions are skipped).
+        """
         if transport.world_size == 1 and self.scheme != "allreduce":
             own = self._roundtrip(x, name, step)
             return own.clone(), own
@@ -144,8 +149,8 @@ class CompressedSync:
         if self.scheme == "allgather":
             return self._allgather(x, transport, name, step)
         if self.scheme == "alltoall_allgather":
-            return self._alltoall_allgather(x, transport, name, step)
-        return self._gather_broadcast(x, transport, name, step)
+            return self._alltoall_allgather(x, transport, name, step, want_own)
+        return self._gather_broadcast(x, transport, name, step, want_own)
 
     def _roundtrip(self, x: torch.Tensor, name: str, step: int) -> torch.Tensor:
         return self.compressor.decompress(self.compressor.compress(x, name=name, step=step))
@@ -166,8 +171,8 @@ class CompressedSync:
         return _sum(parts, x), parts[transport.rank]
 
     def _alltoall_allgather(
-        self, x: torch.Tensor, transport: Transport, name: str, step: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, transport: Transport, name: str, step: int, want_own: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         n, r = transport.world_size, transport.rank
         chunks = list(x.reshape(-1).tensor_split(n))
         # Step 1: compress each chunk; chunk j goes to its owner, rank j.
@@ -177,36 +182,50 @@ class CompressedSync:
         # Step 2: the owner decompresses and sums its chunk from every rank, adds its server error,
         # and re-compresses the sum.
         mine = [self.compressor.decompress(_unpack(buf, packed[r])) for buf in received.split(counts)]
-        own = torch.cat([self.compressor.decompress(p).reshape(-1) for p in packed]).view(x.shape)
+        own = None
+        if want_own:
+            own = torch.cat([self.compressor.decompress(p).reshape(-1) for p in packed]).view(x.shape)
         server = self._server_recompress(_sum(mine, chunks[r]), f"{name}#{r}", step)
         # Step 3: everyone gathers the re-compressed chunks.
         gathered = transport.all_gather_v(pack(*server.payloads))
-        like = [self.compressor.compress(c, name=f"{name}#{j}#server", step=step) for j, c in enumerate(chunks)]
+        like = [
+            server if j == r else self._server_layout(c, packed[j], f"{name}#{j}", step) for j, c in enumerate(chunks)
+        ]
         summed = [self.compressor.decompress(_unpack(buf, like[j])).reshape(-1) for j, buf in enumerate(gathered)]
         return torch.cat(summed).view(x.shape), own
 
     def _gather_broadcast(
-        self, x: torch.Tensor, transport: Transport, name: str, step: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, transport: Transport, name: str, step: int, want_own: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         n, root = transport.world_size, 0
         packed = self.compressor.compress(x, name=name, step=step)
         buf = pack(*packed.payloads)
         # Step 1: gather to the root (an all-to-all whose only non-empty chunks go to the root).
         counts = [buf.numel() if j == root else 0 for j in range(n)]
         received, recv_counts = transport.all_to_all_v(buf, counts)
-        own = self.compressor.decompress(packed)
+        own = self.compressor.decompress(packed) if want_own else None
         key = f"{name}#root"
         if transport.rank == root:
             parts = [self.compressor.decompress(_unpack(b, packed)) for b in received.split(recv_counts)]
             like = self._server_recompress(_sum(parts, x), key, step)
             out_buf = pack(*like.payloads)
         else:
-            # The root's re-compression has this layout and context (same size, name and step).
-            like = self.compressor.compress(x, name=f"{key}#server", step=step)
+            like = self._server_layout(x, packed, key, step)
             out_buf = torch.empty(like.nbytes, dtype=torch.uint8, device=x.device)
         # Step 2: the root broadcasts the re-compressed sum.
         out_buf = transport.broadcast(out_buf, root)
         return self.compressor.decompress(_unpack(out_buf, like)), own
+
+    def _server_layout(self, x: torch.Tensor, own: Compressed, key: str, step: int) -> Compressed:
+        """Payload shapes and context of the owner's re-compression under ``key`` (for unpacking it).
+
+        Sizes depend only on the tensor size, so this rank's own compression of the same part serves,
+        unless the context depends on the name (random-k's shared indices): then the context is
+        rebuilt by compressing under the owner's name and step.
+        """
+        if not self.compressor.context_depends_on_name:
+            return own
+        return self.compressor.compress(x, name=f"{key}#server", step=step)
 
     def _server_recompress(self, summed: torch.Tensor, key: str, step: int) -> Compressed:
         """The owner's re-compression of an aggregated chunk, with server-side error feedback."""
@@ -227,7 +246,7 @@ class CompressedSync:
         received, counts = intra.all_to_all_v(flat.contiguous(), [s.numel() for s in shards])
         shard = _sum(list(received.split(counts)), shards[intra.rank])
         # Step 2: the compressed scheme across nodes, on this local rank's shard.
-        summed, _ = self._flat(shard, levels.inter, name=f"{name}@{intra.rank}", step=step)
+        summed, _ = self._flat(shard, levels.inter, name=f"{name}@{intra.rank}", step=step, want_own=False)
         # Step 3: intra-node allgather of the summed shards.
         out = torch.cat(intra.all_gather_v(summed.reshape(-1).contiguous())).view(x.shape)
         return out, None
@@ -247,7 +266,7 @@ def _unpack(buf: torch.Tensor, like: Compressed) -> Compressed:
 
 def _sum(parts: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     """Sum in rank order, accumulated in float32 for half types; shape and dtype of ``like``."""
-    acc_dtype = torch.float32 if like.dtype in (torch.float16, torch.bfloat16) else like.dtype
+    acc_dtype = accumulation_dtype(like.dtype)
     total = torch.zeros(like.shape, dtype=acc_dtype, device=like.device)
     for part in parts:
         total += part.reshape(like.shape).to(acc_dtype)

@@ -31,7 +31,7 @@ def run_agreed(
     Every rank must pass the same scheme, shapes, dtype, options and seed: nothing is checked here.
     Traffic already recorded in ``stats.phases`` (e.g. a validation exchange) is kept.
     """
-    stats.requested_scheme = stats.requested_scheme or scheme
+    stats.requested_scheme = scheme
     stats.scheme = scheme
     stats.rank = transport.rank
     stats.world_size = transport.world_size

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from zensync.sync.base import default_granularity
 from zensync.transport import Transport
 from zensync.types import Granularity
 
@@ -104,7 +105,7 @@ class LocalRequest:
         if self.granularity == "element":
             return "element"
         assert self.tensor is not None
-        return "row" if self.tensor.dim() == 2 else "element"
+        return default_granularity(self.tensor)
 
     def descriptor(self, local_nnz: int) -> torch.Tensor:
         desc = [-1] * _SIZE

@@ -93,12 +93,6 @@ class _Config:
         """One-way delay in seconds, or None."""
         return None if self.delay is None else parse_time_s(self.delay)
 
-    def build(self) -> EmulatedCluster:
-        """An (unentered) cluster with this config."""
-        return EmulatedCluster(
-            self.num_hosts, rate=self.rate, delay=self.delay, subnet=self.subnet, offload=self.offload
-        )
-
 
 class EmulatedCluster(ClusterBase):
     """``num_hosts`` hosts in network namespaces behind one bridge, links shaped to ``rate``.

@@ -69,6 +69,16 @@ class TrafficLog:
             record = self.phases[phase] = PhaseTraffic()
         return record
 
+    @property
+    def total_sent(self) -> int:
+        """Payload plus control bytes sent, over every phase."""
+        return sum(p.bytes_sent + p.control_bytes_sent for p in self.phases.values())
+
+    @property
+    def total_recv(self) -> int:
+        """Payload plus control bytes received, over every phase."""
+        return sum(p.bytes_recv + p.control_bytes_recv for p in self.phases.values())
+
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
@@ -172,11 +182,17 @@ class Transport(abc.ABC):
         if inplace and not tensor.is_contiguous():
             raise ValueError("all_reduce(inplace=True) needs a contiguous tensor")
         out = self._all_reduce(tensor if inplace else tensor.contiguous().clone())
-        n = self.world_size
-        elems = 2 * (tensor.numel() - _ring_chunk(tensor.numel(), n, self.rank)) if n > 1 else 0
-        nbytes = elems * tensor.element_size()
-        self._account(nbytes, nbytes, 0, 2 * (n - 1) if nbytes else 0, time.perf_counter() - start)
+        nbytes, messages = self._ring_traffic(tensor)
+        self._account(nbytes, nbytes, 0, messages, time.perf_counter() - start)
         return out
+
+    def _ring_traffic(self, tensor: torch.Tensor) -> tuple[int, int]:
+        """(bytes sent = bytes received, messages sent) of this rank in a ring allreduce of ``tensor``."""
+        n = self.world_size
+        if n == 1:
+            return 0, 0
+        nbytes = 2 * (tensor.numel() - _ring_chunk(tensor.numel(), n, self.rank)) * tensor.element_size()
+        return nbytes, 2 * (n - 1) if nbytes else 0
 
     def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
         """Sum the contiguous 1-D ``tensor`` over ranks in place, asynchronously where the backend can.
@@ -189,14 +205,11 @@ class Transport(abc.ABC):
             raise ValueError("all_reduce_async needs a contiguous tensor")
         start = self._start()
         logs, phase = list(self._logs), self._phase
-        n = self.world_size
-        nbytes = (
-            2 * (tensor.numel() - _ring_chunk(tensor.numel(), n, self.rank)) * tensor.element_size() if n > 1 else 0
-        )
+        nbytes, messages = self._ring_traffic(tensor)
 
         def account(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             result = done.value()  # re-raises a failed collective
-            self._account_to(logs, phase, nbytes, nbytes, 0, 2 * (n - 1) if nbytes else 0, time.perf_counter() - start)
+            self._account_to(logs, phase, nbytes, nbytes, 0, messages, time.perf_counter() - start)
             return result
 
         return self._all_reduce_async(tensor).then(account)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from zensync.transport.base import Transport
+from zensync.transport.base import Transport, _ring_chunk
 
 __all__ = ["SimulatedTransport", "SimulatedWorld", "WorldAborted"]
 
@@ -138,7 +138,7 @@ class SimulatedTransport(Transport):
         # chunk bounds as torch.tensor_split, computed directly (O(1) per input, not O(n)).
         numel, n, r = tensor.numel(), self.world_size, self.rank
         start = r * (numel // n) + min(r, numel % n)
-        stop = start + numel // n + (1 if r < numel % n else 0)
+        stop = start + _ring_chunk(numel, n, r)
         mine = inputs[0][start:stop].clone()
         for other in inputs[1:]:
             mine += other[start:stop]

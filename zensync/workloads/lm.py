@@ -72,6 +72,9 @@ class Config:
     """LSTM hidden width."""
     num_layers: int = 1
     """Stacked LSTM layers."""
+    output_vocab_size: int | None = None
+    """Classes of the decoder: the ``output_vocab_size - 1`` most frequent words plus one <unk>
+    class (None: ``vocab_size``, the full vocabulary)."""
     tie_weights: bool = False
     """Share the embedding with the decoder (needs embed_dim == hidden_size; makes the gradient dense)."""
     seq_len: int = 35
@@ -90,6 +93,13 @@ class Config:
         for name in ("embed_dim", "hidden_size", "num_layers", "seq_len", "batch_size", "max_files"):
             _check_at_least(name, getattr(self, name), 1, "it is a size")
         _check_at_least("max_bytes", self.max_bytes, 1024, "smaller corpora cannot fill a batch")
+        if self.output_vocab_size is not None and not 2 <= self.output_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"output_vocab_size={self.output_vocab_size} must be in 2..vocab_size={self.vocab_size}: the "
+                f"decoder predicts the most frequent words plus <unk>"
+            )
+        if self.tie_weights and self.output_vocab_size not in (None, self.vocab_size):
+            raise ValueError("tie_weights=True needs the full vocabulary as output (output_vocab_size=None)")
         if self.tie_weights and self.embed_dim != self.hidden_size:
             raise ValueError(
                 f"tie_weights=True needs embed_dim == hidden_size, got embed_dim={self.embed_dim} and "
@@ -209,7 +219,7 @@ class LanguageModel(nn.Module):
         self.lstm = nn.LSTM(
             config.embed_dim, config.hidden_size, num_layers=config.num_layers, batch_first=True, device="meta"
         )
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, device="meta")
+        self.decoder = nn.Linear(config.hidden_size, config.output_vocab_size or config.vocab_size, device="meta")
         self.to_empty(device="cpu")
         if config.tie_weights:
             self.decoder.weight = self.embedding.weight
