@@ -39,6 +39,7 @@ __all__ = [
     "build",
     "check_ratio",
     "compressor_names",
+    "compute_dtype",
     "format_spec",
     "fp32_round_up",
     "parse_spec",
@@ -124,6 +125,11 @@ class Compressor(abc.ABC):
 
     def __hash__(self) -> int:
         return hash((type(self), self.spec()))
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Arithmetic precision of a quantizer: float64 inputs in float64, everything else in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 _REGISTRY: dict[str, type[Compressor]] = {}

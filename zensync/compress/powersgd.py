@@ -34,13 +34,17 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from zensync.compress.base import Compressed, Compressor, format_spec, register_compressor, shared_generator, to_int
+from zensync.compress.base import (
+    Compressed,
+    Compressor,
+    compute_dtype,
+    format_spec,
+    register_compressor,
+    shared_generator,
+    to_int,
+)
 
 __all__ = ["PowerSGDCompressor"]
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _orthogonalize(matrix: torch.Tensor) -> torch.Tensor:
@@ -125,7 +129,7 @@ class PowerSGDCompressor(Compressor):
         dims = self.matrix_shape(x.shape)
         if dims is None:
             return Compressed((x.contiguous(),), x.shape)
-        matrix = x.reshape(dims).to(_compute_dtype(x.dtype)).contiguous()
+        matrix = x.reshape(dims).to(compute_dtype(x.dtype)).contiguous()
         q = self._warm_q(name, x, dims[1], matrix.dtype)
         p = _orthogonalize(matrix @ q)
         q = matrix.T @ p
@@ -136,7 +140,7 @@ class PowerSGDCompressor(Compressor):
         if len(compressed.payloads) == 1:
             return compressed.payloads[0]
         p, q = compressed.payloads
-        compute = _compute_dtype(p.dtype)
+        compute = compute_dtype(p.dtype)
         return (p.to(compute) @ q.to(compute).T).to(p.dtype).view(compressed.ctx)
 
     def allreduce_sync(
@@ -157,7 +161,7 @@ class PowerSGDCompressor(Compressor):
         dims = self.matrix_shape(x.shape)
         if dims is None:
             return all_reduce(x.contiguous())
-        matrix = x.reshape(dims).to(_compute_dtype(x.dtype)).contiguous()
+        matrix = x.reshape(dims).to(compute_dtype(x.dtype)).contiguous()
         q = self._warm_q(name, x, dims[1], matrix.dtype)
         # Step 1: P = sum over ranks of M Q, sent in the input dtype.
         p = all_reduce((matrix @ q).to(x.dtype)).to(matrix.dtype)

@@ -30,6 +30,7 @@ import torch
 from zensync.compress.base import (
     Compressed,
     Compressor,
+    compute_dtype,
     format_spec,
     fp32_round_up,
     register_compressor,
@@ -42,10 +43,6 @@ __all__ = ["MAX_LEVELS", "QSGDCompressor"]
 MAX_LEVELS = 127
 """The largest ``levels``: sign * l must fit an int8."""
 _DEFAULT_BUCKET = 128
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _bucketed(flat: torch.Tensor, bucket: int) -> torch.Tensor:
@@ -106,7 +103,7 @@ class QSGDCompressor(Compressor):
 
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
         s, bucket = self.config.levels, self.config.bucket
-        compute = _compute_dtype(x.dtype)
+        compute = compute_dtype(x.dtype)
         flat = x.reshape(-1).to(compute)
         numel = flat.numel()
         buckets = _bucketed(flat, bucket)  # (num_buckets, bucket), a zero-padded copy
@@ -125,7 +122,7 @@ class QSGDCompressor(Compressor):
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         signed, norms = compressed.payloads
         shape, dtype = compressed.ctx
-        compute = _compute_dtype(dtype)
+        compute = compute_dtype(dtype)
         # norm * (sign * level) / s, one bucket per row.
         values = _bucketed(signed.to(compute), self.config.bucket).mul_(
             (norms.to(compute) / self.config.levels)[:, None]

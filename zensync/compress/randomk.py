@@ -33,7 +33,7 @@ from zensync.compress.base import (
     to_float,
     to_int,
 )
-from zensync.compress.topk import topk_indices
+from zensync.compress.topk import scatter_values, topk_indices
 
 __all__ = ["RandomKCompressor"]
 
@@ -120,12 +120,9 @@ class RandomKCompressor(Compressor):
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         ctx: _Context = compressed.ctx
         (values,) = compressed.payloads
-        numel = ctx.shape.numel()
-        out = torch.zeros(numel, dtype=values.dtype, device=values.device)
         if self.config.scale and values.numel() > 0:
-            values = values * (numel / values.numel())
-        out[ctx.indices] = values
-        return out.view(ctx.shape)
+            values = values * (ctx.shape.numel() / values.numel())
+        return scatter_values(values, ctx.indices, ctx.shape)
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return selected_count(self.config.ratio, numel) * dtype.itemsize

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from zensync.compress.base import Compressed, Compressor, register_compressor
+from zensync.compress.base import Compressed, Compressor, compute_dtype, register_compressor
 
 __all__ = ["EFSignSGDCompressor", "OneBitCompressor", "SignSGDCompressor"]
 
@@ -68,10 +68,6 @@ def _unpack_bits(packed: torch.Tensor, numel: int, levels: torch.Tensor | None =
     return byte_values.index_select(0, packed.to(torch.int32)).view(-1)[:numel]
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 class _SignCompressor(Compressor):
     """Shared body: payload 0 is the packed ``x >= 0`` bits, then ``num_scales`` fp32 scales.
 
@@ -90,7 +86,7 @@ class _SignCompressor(Compressor):
         return torch.tensor([-1.0, 1.0], device=scales.device)
 
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
-        flat = x.reshape(-1).to(_compute_dtype(x.dtype))
+        flat = x.reshape(-1).to(compute_dtype(x.dtype))
         nonnegative = flat >= 0
         scales = self._scales(flat, nonnegative)
         payloads = (_pack_bits(nonnegative), scales) if self.num_scales else (_pack_bits(nonnegative),)

@@ -22,6 +22,7 @@ import torch
 from zensync.compress.base import (
     Compressed,
     Compressor,
+    compute_dtype,
     format_spec,
     fp32_round_up,
     register_compressor,
@@ -63,7 +64,7 @@ class TernGradCompressor(Compressor):
         return format_spec(self.name, [], {"seed": self.config.seed} if self.config.seed != 0 else {})
 
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        compute = compute_dtype(x.dtype)
         flat = x.reshape(-1).to(compute)
         magnitude = flat.abs()
         # Step 1: the scale, max |x| (0 for an empty tensor), rounded up to its fp32 wire value.
@@ -80,7 +81,7 @@ class TernGradCompressor(Compressor):
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         ternary, scale = compressed.payloads
         shape, dtype = compressed.ctx
-        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        compute = compute_dtype(dtype)
         return (scale.to(compute) * ternary.to(compute)).to(dtype).view(shape)
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:

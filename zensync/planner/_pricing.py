@@ -12,7 +12,7 @@ from zensync.planner.cluster import ClusterSpec
 from zensync.planner.costs import CompressorModel, Device, FloatArray
 from zensync.planner.options import OptionCosts, TensorOption, candidate_options, option_costs
 from zensync.planner.profile import ModelProfile
-from zensync.planner.simulator import Unit
+from zensync.planner.simulator import Unit, iteration_time
 
 __all__ = ["MaxPlus", "PricedOptions"]
 
@@ -67,6 +67,18 @@ class PricedOptions:
             stages=tuple((resource, float(seconds[i])) for resource, seconds in costs.stages),
             gpu_kernel_s=kernel_s if option.device == "gpu" else 0.0,
             cpu_kernel_s=kernel_s if option.device == "cpu" else 0.0,
+        )
+
+    def iteration_s(self, choice: np.ndarray) -> float:
+        """Simulated iteration time of an unfused choice, from the prices already computed.
+
+        The same event loop as ``simulate`` on the same units, without pricing the options again.
+        """
+        return iteration_time(
+            [self.unit(i, int(k)) for i, k in enumerate(choice)],
+            forward_s=self.profile.forward_s,
+            backward_s=self.profile.backward_s,
+            cpu_workers=self.cluster.cpu_workers,
         )
 
     def best_level(self, kind: str) -> np.ndarray:

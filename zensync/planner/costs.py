@@ -122,7 +122,8 @@ class CompressorModel:
     divisible: bool = True
     """Payloads split into chunks that can be decompressed, aggregated and re-compressed (alltoall schemes)."""
     sparse: bool = False
-    """Decoding another payload costs in proportion to its size (sparsifiers), not the dense size (quantizers)."""
+    """A sparsifier (random-k, top-k, DGC). Descriptive only: decoding is priced from the payload size
+    for every compressor (``aggregate_elements``)."""
     gpu_compress: AffineCost
     gpu_decompress: AffineCost
     cpu_compress: AffineCost = _CPU_COST
@@ -200,7 +201,9 @@ class CompressorModel:
         """Seconds to decompress into ``numel`` elements on ``device``."""
         return (self.gpu_decompress if device == "gpu" else self.cpu_decompress)(numel)
 
-    def aggregate_elements(self, numel: FloatArray, count: int, cache: dict[int, int] | None = None) -> FloatArray:
+    def aggregate_elements(
+        self, numel: FloatArray, count: int, cache: dict[int, int] | None = None, payload: FloatArray | None = None
+    ) -> FloatArray:
         """Work, in elements, of decompressing ``count`` payloads of ``numel`` elements and summing them.
 
         One fused decode-and-accumulate pass: the output is written once (``numel``) and each further
@@ -211,7 +214,9 @@ class CompressorModel:
         """
         if count <= 1:
             return numel
-        payload_fraction = self.payload_array(numel, cache) / np.maximum(numel * 4.0, 1.0)
+        if payload is None:
+            payload = self.payload_array(numel, cache)
+        payload_fraction = payload / np.maximum(numel * 4.0, 1.0)
         return numel + (count - 1) * numel * np.minimum(payload_fraction, 1.0)
 
 
@@ -284,43 +289,38 @@ def compressor_model(spec: str, overrides: Mapping[str, Any] | None = None) -> C
 # broadcast). One rank costs nothing.
 
 
-def allreduce_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
-    """Ring allreduce: ``alpha + 2 (k-1)/k * nbytes / B``."""
+def _alpha_beta(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float, volume: float) -> Num:
+    """``alpha + volume * nbytes / B`` over ``ranks`` ranks; nothing when there is one rank."""
     if ranks <= 1:
         return nbytes * 0.0
-    return latency_s + 2.0 * (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s
+    return latency_s + volume * nbytes / bandwidth_bytes_per_s
+
+
+def allreduce_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
+    """Ring allreduce: ``alpha + 2 (k-1)/k * nbytes / B``."""
+    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, 2.0 * (ranks - 1) / ranks)
 
 
 def reduce_scatter_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
     """Ring reduce-scatter of ``nbytes`` per rank into 1/k shards: ``alpha + (k-1)/k * nbytes / B``."""
-    if ranks <= 1:
-        return nbytes * 0.0
-    return latency_s + (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s
+    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, (ranks - 1) / ranks)
 
 
 def allgather_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
     """Ring allgather of ``nbytes`` from each rank: every rank receives ``(k-1) * nbytes``."""
-    if ranks <= 1:
-        return nbytes * 0.0
-    return latency_s + (ranks - 1) * nbytes / bandwidth_bytes_per_s
+    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, (ranks - 1))
 
 
 def alltoall_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
     """Alltoall of ``nbytes`` per rank split in k chunks: each rank sends and receives ``(k-1)/k * nbytes``."""
-    if ranks <= 1:
-        return nbytes * 0.0
-    return latency_s + (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s
+    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, (ranks - 1) / ranks)
 
 
 def gather_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
     """Gather of ``nbytes`` from each rank to one root: the root receives ``(k-1) * nbytes``."""
-    if ranks <= 1:
-        return nbytes * 0.0
-    return latency_s + (ranks - 1) * nbytes / bandwidth_bytes_per_s
+    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, (ranks - 1))
 
 
 def broadcast_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
     """Pipelined (chain) broadcast of ``nbytes`` from one root: ``alpha + nbytes / B``."""
-    if ranks <= 1:
-        return nbytes * 0.0
-    return latency_s + nbytes / bandwidth_bytes_per_s
+    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, 1.0)

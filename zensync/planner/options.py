@@ -115,11 +115,6 @@ class TensorOption:
             raise ValueError(f"option code {code!r} is invalid: {exc}") from exc
 
     @property
-    def compressed(self) -> bool:
-        """Anything but float32."""
-        return self.kind != "fp32"
-
-    @property
     def espresso_code(self) -> int | None:
         """The nearest option code of Espresso's runtime, or None where Espresso has no equivalent."""
         if self.kind != "comp":
@@ -213,21 +208,22 @@ class _Pricer:
         ring, a2a = (self.flat_ring, self.flat_a2a) if flat else (self.inter, self.inter)
         ranks, payload, agg = ring[0], self.payload(numel), self.model.aggregate_elements
         if scheme == "ag":
-            return [("comm", allgather_s(payload, *ring)), ("dec", agg(numel, ranks, self.cache), numel)]
+            return [("comm", allgather_s(payload, *ring)), ("dec", agg(numel, ranks, payload=payload), numel)]
         if scheme == "gb":
             return [
                 ("comm", gather_s(payload, *ring)),
-                ("dec", agg(numel, ranks, self.cache), numel),
+                ("dec", agg(numel, ranks, payload=payload), numel),
                 ("enc", numel),
                 ("comm", broadcast_s(payload, *ring)),
                 ("dec", numel, numel),
             ]
         chunk = np.ceil(numel / ranks)
+        chunk_payload = self.payload(chunk)
         return [
             ("comm", alltoall_s(payload, *a2a)),
-            ("dec", agg(chunk, ranks, self.cache), chunk),
+            ("dec", agg(chunk, ranks, payload=chunk_payload), chunk),
             ("enc", chunk),
-            ("comm", allgather_s(self.payload(chunk), *ring)),
+            ("comm", allgather_s(chunk_payload, *ring)),
             ("dec", numel, numel),
         ]
 

@@ -38,6 +38,7 @@ What is exact and what is heuristic (all "exact" is relative to the simulator's 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -148,6 +149,7 @@ def _cpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
     base = [priced.unit(i, int(k)) for i, k in enumerate(choice)]
     offloaded = {i: priced.unit(i, on_cpu[g]) for g, group in enumerate(members) for i in group}
 
+    @functools.cache  # coordinate descent revisits count tuples; each is a full simulation
     def evaluate(counts: tuple[int, ...]) -> float:
         units = list(base)
         for group, count in zip(members, counts, strict=True):
@@ -260,7 +262,7 @@ def plan(
 def _fused(priced: PricedOptions, choice: np.ndarray, fusion: bool) -> tuple[Strategy, float]:
     """The choice as a strategy, fused when ``fusion`` and not slower; with its simulated time."""
     strategy = _strategy(priced, choice, None)
-    plan_s = _simulate(priced, strategy)
+    plan_s = priced.iteration_s(choice)
     if fusion:
         on_cpu = any(priced.options[k].device == "cpu" for k in choice)
         fused, groups = fuse_simulated(priced, choice) if on_cpu else fuse_gpu(priced, choice)
@@ -303,7 +305,7 @@ def _finish(
     fusion: bool,
 ) -> Plan:
     """Step 5 of ``plan``: predictions, fallback to the faster baseline, the ``Plan``."""
-    fp32_s, fp16_s = (_simulate(priced, _strategy(priced, b, None)) for b in baselines)
+    fp32_s, fp16_s = (priced.iteration_s(b) for b in baselines)
     upper_s = _upper_bound(priced, strategy)
     chosen = "search"
     if plan_s > min(fp32_s, fp16_s):

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import torch
 
+from zensync.compress.topk import index_dtype  # one rule for every index payload: int32 below 2**31
 from zensync.transport import Transport
 from zensync.types import Granularity, SyncStats
 
@@ -29,7 +30,6 @@ __all__ = [
     "scheme_registry",
 ]
 
-_INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,11 +93,6 @@ def item_view(tensor: torch.Tensor, granularity: Granularity) -> ItemView:
     else:
         x2d = flat.reshape(-1, 1)
     return ItemView(x2d=x2d, granularity=granularity)
-
-
-def index_dtype(num_items: int) -> torch.dtype:
-    """int32 indices while the item space fits, int64 beyond 2**31 - 1 items."""
-    return torch.int32 if num_items <= _INT32_MAX else torch.int64
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
