@@ -9,9 +9,11 @@ import dataclasses
 from typing import Literal
 
 __all__ = [
+    "MASK64",
     "Granularity",
     "PhaseTraffic",
     "SyncStats",
+    "splitmix64",
 ]
 
 Granularity = Literal["element", "row"]
@@ -148,3 +150,15 @@ class Partition:
         """(first perm-space position, length) of ``owner``'s range; length may be 0."""
         base = owner * self.range_len
         return base, max(0, min(self.range_len, self.num_items - base))
+
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state: int) -> tuple[int, int]:
+    """One splitmix64 step: (next state, output); the mixer behind hash keys and derived seeds."""
+    state = (state + 0x9E3779B97F4A7C15) & MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return state, z ^ (z >> 31)

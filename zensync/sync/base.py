@@ -31,7 +31,6 @@ __all__ = [
 ]
 
 
-
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class SyncOptions:
     """Tunables of the sparse schemes (all ranks must pass the same values)."""

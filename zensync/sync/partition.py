@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-from zensync.types import Partition
+from zensync.types import MASK64, Partition, splitmix64
 
 __all__ = ["NUM_FEISTEL_ROUNDS", "make_partition"]
 
 NUM_FEISTEL_ROUNDS = 4
 """Rounds of the Feistel permutation: 3 suffice for a pseudorandom permutation; 4 for margin."""
 _BITMAP_WORD_BITS = 32
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(state: int) -> tuple[int, int]:
-    state = (state + 0x9E3779B97F4A7C15) & _MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return state, z ^ (z >> 31)
 
 
 def make_partition(num_items: int, num_owners: int, *, seed: int, hashed: bool = True) -> Partition:
@@ -41,9 +32,9 @@ def make_partition(num_items: int, num_owners: int, *, seed: int, hashed: bool =
     bits = max(1, (num_items - 1).bit_length()) if num_items > 1 else 1
     half_bits = max(1, -(-bits // 2))
     keys = []
-    state = seed & _MASK64
+    state = seed & MASK64
     for _ in range(NUM_FEISTEL_ROUNDS):
-        state, value = _splitmix64(state)
+        state, value = splitmix64(state)
         keys.append(value & 0xFFFFFFFF)
     return Partition(
         num_items=num_items,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["mix_seed"]
+from zensync.types import MASK64, splitmix64
 
-_MASK64 = (1 << 64) - 1
+__all__ = ["mix_seed"]
 
 
 def mix_seed(*parts: int) -> int:
@@ -14,9 +14,5 @@ def mix_seed(*parts: int) -> int:
     """
     state = 0
     for part in parts:
-        state = (state + (part & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        state = z ^ (z >> 31)
+        _, state = splitmix64((state + (part & MASK64)) & MASK64)
     return state >> 1
