@@ -24,7 +24,16 @@ from zensync.planner.costs import AffineCost, CompressorModel
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption, candidate_options
 from zensync.planner.plan import PLAN_VERSION, Plan
 from zensync.planner.profile import ModelProfile, TensorProfile
-from zensync.planner.search import MIN_CPU_EXTRA_NUMEL, _cheapest_cpu_options, _cpu_pass, _finish, _gpu_pass, plan
+from zensync.planner.search import (
+    MIN_CPU_EXTRA_NUMEL,
+    MIN_JOINT_NUMEL,
+    _cheapest_cpu_options,
+    _cpu_pass,
+    _finish,
+    _gpu_pass,
+    _joint_pass,
+    plan,
+)
 from zensync.planner.simulator import Strategy, iteration_time, simulate
 
 SELECTION_BOUND_S = 0.5
@@ -406,3 +415,37 @@ def test_plan_with_a_registered_compressor() -> None:
 
     result = plan(vgg_like(), CLUSTERS["8x8-pcie-25g"], compressor_model("dgc:0.01"))
     assert result.compressor == "dgc:0.01" and result.predicted.plan_s <= result.predicted.fp32_s
+
+
+def test_joint_pass_ends_in_a_local_optimum() -> None:
+    """From the two Espresso passes, the joint pass never gets slower, and no single change of one of
+    its candidate tensors to any option (GPU or CPU) is faster under the Python event loop."""
+    rng, improved = random.Random(3), 0
+    model = dataclasses.replace(MODELS["efsignsgd"], cpu_compress=AffineCost(fixed_s=1e-5, per_element_s=4e-10))
+    for _ in range(60):
+        n = rng.randint(2, 8)
+        numels = [rng.choice([2**12, MIN_JOINT_NUMEL, 2**20, 2**22]) for _ in range(n)]
+        ready = list(itertools.accumulate(rng.uniform(0, 0.004) for _ in range(n)))
+        tensors = tuple(
+            TensorProfile(name=f"t{i}", shape=(s,), ready_s=r)
+            for i, (s, r) in enumerate(zip(numels, ready, strict=True))
+        )
+        profile = ModelProfile(model="tiny", tensors=tensors, forward_s=0.003, backward_s=ready[-1] + 0.001)
+        cluster = ClusterSpec.from_strings(
+            nodes=rng.choice([2, 4]), gpus_per_node=rng.choice([1, 4]), inter="10Gbit", cpu_workers=rng.choice([1, 2])
+        )
+        priced = PricedOptions(profile, cluster, model, devices=("gpu", "cpu"), two_level=True)
+        start = _cpu_pass(priced, _gpu_pass(priced, priced.best_level("fp32")))
+        joint = _joint_pass(priced, start)
+        joint_s = priced.iteration_s(joint)
+        assert joint_s <= priced.iteration_s(start)
+        improved += joint_s < priced.iteration_s(start)
+        for i in range(n):
+            if priced.numel[i] < MIN_JOINT_NUMEL:
+                assert joint[i] == start[i]
+                continue
+            for k in range(len(priced.options)):
+                trial = joint.copy()
+                trial[i] = k
+                assert priced.iteration_s(trial) >= joint_s - 1e-12
+    assert improved >= 3

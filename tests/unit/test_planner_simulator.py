@@ -12,12 +12,13 @@ import random
 import numpy as np
 import pytest
 
+from zensync.kernels import timeline
 from zensync.planner._pricing import MaxPlus, PricedOptions
 from zensync.planner.cluster import ClusterSpec
 from zensync.planner.costs import CompressorModel, allreduce_s
 from zensync.planner.options import FP32_OPTION, TensorOption
 from zensync.planner.profile import ModelProfile, TensorProfile
-from zensync.planner.simulator import Strategy, Unit, render_timeline, simulate, simulate_units
+from zensync.planner.simulator import Strategy, Unit, iteration_time, render_timeline, simulate, simulate_units
 
 MAX_PLUS_REL = 1e-12
 """The max-plus expression and the event loop add the same floats in different orders."""
@@ -185,3 +186,45 @@ def test_max_plus_pricing_matches_the_simulator() -> None:
         changed = timeline.times_with(u, priced.compute[:, u], priced.wait[:, u], priced.comm[:, u])
         for r in range(len(priced.gpu)):
             assert changed[r] == pytest.approx(simulated(np.where(columns == u, r, rows)), rel=MAX_PLUS_REL)
+
+
+def _unit_arrays(units: list[Unit], max_stages: int) -> tuple[np.ndarray, ...]:
+    codes = {"wait": timeline.WAIT, "comm": timeline.COMM, "cpu": timeline.CPU}
+    resource = np.full((len(units), max_stages), timeline.WAIT, np.int8)
+    seconds = np.zeros((len(units), max_stages))
+    for u, unit in enumerate(units):
+        for s, (name, duration) in enumerate(unit.stages):
+            resource[u, s], seconds[u, s] = codes[name], duration
+    return (
+        np.array([u.ready_s for u in units]),
+        np.array([u.compute_s for u in units]),
+        resource,
+        seconds,
+        np.array([len(u.stages) for u in units], np.int64),
+    )
+
+
+def test_compiled_event_loop_equals_the_python_one() -> None:
+    """zensync.kernels.timeline.iteration_time must reproduce simulator.iteration_time bit for bit,
+    including ties (equal ready times, zero-length stages) and several CPU workers."""
+    rng = random.Random(5)
+    resources = ("wait", "comm", "cpu")
+    for _ in range(300):
+        n = rng.randint(1, 25)
+        ready = list(itertools.accumulate(rng.choice([0.0, 0.0, rng.uniform(0, 2e-3)]) for _ in range(n)))
+        units = [
+            Unit(
+                label=f"u{u}",
+                ready_s=ready[u],
+                compute_s=rng.choice([0.0, rng.uniform(0, 1e-3)]),
+                stages=tuple(
+                    (rng.choice(resources), rng.choice([0.0, 1e-3, rng.uniform(0, 3e-3)]))
+                    for _ in range(rng.randint(0, 5))
+                ),
+            )
+            for u in range(n)
+        ]
+        workers, forward, backward = rng.randint(1, 3), rng.uniform(0, 0.01), ready[-1] + rng.uniform(0, 0.01)
+        expected = iteration_time(units, forward_s=forward, backward_s=backward, cpu_workers=workers)
+        got = timeline.iteration_time(forward, backward, *_unit_arrays(units, 5), workers)
+        assert got == expected

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from zensync.kernels import timeline
 from zensync.planner.cluster import ClusterSpec
 from zensync.planner.costs import CompressorModel, Device, FloatArray
 from zensync.planner.options import OptionCosts, TensorOption, candidate_options, option_costs
@@ -80,6 +81,22 @@ class PricedOptions:
             backward_s=self.profile.backward_s,
             cpu_workers=self.cluster.cpu_workers,
         )
+
+    def stage_arrays(self) -> tuple[FloatArray, np.ndarray, FloatArray, np.ndarray]:
+        """Every option's prices as ``timeline.descend`` takes them: compute ``[K, n]``, stage resources
+        ``[K, S]`` (a stage's resource depends on the option only), stage seconds ``[K, n, S]`` and
+        stage counts ``[K]``."""
+        codes = {"wait": timeline.WAIT, "comm": timeline.COMM, "cpu": timeline.CPU}
+        max_stages = max(len(costs.stages) for costs in self.costs)
+        k, n = len(self.costs), len(self.numel)
+        resource = np.full((k, max_stages), timeline.WAIT, np.int8)
+        seconds = np.zeros((k, n, max_stages))
+        for o, costs in enumerate(self.costs):
+            for stage, (name, duration) in enumerate(costs.stages):
+                resource[o, stage] = codes[name]
+                seconds[o, :, stage] = duration
+        compute = np.stack([costs.compute_s for costs in self.costs])
+        return compute, resource, seconds, np.array([len(costs.stages) for costs in self.costs], np.int64)
 
     def best_level(self, kind: str) -> np.ndarray:
         """Per tensor, the option index of ``kind`` (fp32 or fp16) with the shortest comm (flat or hier)."""
