@@ -90,8 +90,12 @@ def iteration_time(
     seconds: np.ndarray,
     num_stages: np.ndarray,
     cpu_workers: int,
+    stop_at: float = np.inf,
 ) -> float:
     """Forward + max(backward end with encode delays, the last unit's completion).
+
+    With ``stop_at``, returns as soon as some stage ends at or after it (a search only needs to know
+    the trial is not faster): the value returned is then a lower bound >= ``stop_at``, not the time.
 
     Example::
 
@@ -117,6 +121,8 @@ def iteration_time(
         )
         delay += compute[index]
     backward_end = forward_s + backward_s + delay
+    if backward_end >= stop_at:
+        return backward_end
     order = np.argsort(first_t, kind="mergesort")  # stable: ties keep unit order, as tuples sort
     # Step 2: serve requests in time order; follow-up requests go through a heap.
     capacity = n * max(resource.shape[1], 1) + 1
@@ -149,6 +155,8 @@ def iteration_time(
             worker = int(np.argmin(workers))
             start = workers[worker] if workers[worker] > time else time
             workers[worker] = start + duration
+        if start + duration >= stop_at:
+            return start + duration  # every later completion of this unit ends no earlier
         following_t, following_s = _skip_waits(resource, seconds, num_stages, index, stage + 1, start + duration)
         if following_s < num_stages[index]:
             size = _push(heap_t, heap_i, heap_s, size, following_t, index, following_s)
@@ -225,7 +233,9 @@ def descend(
                     unit, option, compute, resource, seconds, num_stages,
                     option_compute, option_resource, option_seconds, option_stages,
                 )  # fmt: skip
-                time = iteration_time(forward_s, backward_s, ready, compute, resource, seconds, num_stages, cpu_workers)
+                time = iteration_time(
+                    forward_s, backward_s, ready, compute, resource, seconds, num_stages, cpu_workers, best - eps
+                )
                 if time < best - eps:
                     best, current, changed = time, option, True
             choice[unit] = current

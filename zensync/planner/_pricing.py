@@ -13,7 +13,7 @@ from zensync.planner.cluster import ClusterSpec
 from zensync.planner.costs import CompressorModel, Device, FloatArray
 from zensync.planner.options import OptionCosts, TensorOption, candidate_options, option_costs
 from zensync.planner.profile import ModelProfile
-from zensync.planner.simulator import Unit, iteration_time
+from zensync.planner.simulator import Unit
 
 __all__ = ["MaxPlus", "PricedOptions"]
 
@@ -37,6 +37,7 @@ class PricedOptions:
         self.index = {option: k for k, option in enumerate(self.options)}
         self.cache: dict[int, int] = {}
         self.costs = [self.price(option, self.numel) for option in self.options]
+        self._stage_arrays: tuple[FloatArray, np.ndarray, FloatArray, np.ndarray] | None = None
         gpu = [k for k, o in enumerate(self.options) if o.device == "gpu"]
         self.gpu = np.array(gpu)
         self.compute = np.stack([self.costs[k].compute_s for k in gpu])
@@ -73,19 +74,33 @@ class PricedOptions:
     def iteration_s(self, choice: np.ndarray) -> float:
         """Simulated iteration time of an unfused choice, from the prices already computed.
 
-        The same event loop as ``simulate`` on the same units, without pricing the options again.
+        The event loop of ``simulate`` on the same units, compiled (``zensync.kernels.timeline``, equal
+        to the Python loop bit for bit), without pricing the options again.
         """
-        return iteration_time(
-            [self.unit(i, int(k)) for i, k in enumerate(choice)],
-            forward_s=self.profile.forward_s,
-            backward_s=self.profile.backward_s,
-            cpu_workers=self.cluster.cpu_workers,
+        compute, resource, seconds, num_stages = self.stage_arrays()
+        columns = np.arange(len(choice))
+        return float(
+            timeline.iteration_time(
+                self.profile.forward_s,
+                self.profile.backward_s,
+                self.ready,
+                compute[choice, columns],
+                resource[choice],
+                seconds[choice, columns],
+                num_stages[choice],
+                self.cluster.cpu_workers,
+            )
         )
 
     def stage_arrays(self) -> tuple[FloatArray, np.ndarray, FloatArray, np.ndarray]:
         """Every option's prices as ``timeline.descend`` takes them: compute ``[K, n]``, stage resources
         ``[K, S]`` (a stage's resource depends on the option only), stage seconds ``[K, n, S]`` and
-        stage counts ``[K]``."""
+        stage counts ``[K]``. Built once."""
+        if self._stage_arrays is None:
+            self._stage_arrays = self._build_stage_arrays()
+        return self._stage_arrays
+
+    def _build_stage_arrays(self) -> tuple[FloatArray, np.ndarray, FloatArray, np.ndarray]:
         codes = {"wait": timeline.WAIT, "comm": timeline.COMM, "cpu": timeline.CPU}
         max_stages = max(len(costs.stages) for costs in self.costs)
         k, n = len(self.costs), len(self.numel)

@@ -58,7 +58,7 @@ from zensync.planner.cluster import ClusterSpec
 from zensync.planner.costs import CompressorModel, Device
 from zensync.planner.plan import Plan, PlanTensor, Predictions
 from zensync.planner.profile import ModelProfile
-from zensync.planner.simulator import Strategy, iteration_time, simulate
+from zensync.planner.simulator import Strategy, simulate
 
 __all__ = [
     "EXACT_OFFLOAD_LIMIT",
@@ -144,8 +144,8 @@ def _cpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
        coordinate descent over the groups, largest tensors first;
     3. return the choice with the fastest simulated iteration (ties: fewer offloads).
     """
-    profile, options = priced.profile, priced.options
-    # Step 1: the groups and the two units of every candidate tensor. Besides Espresso's candidates
+    options = priced.options
+    # Step 1: the groups of candidate tensors and their CPU options. Besides Espresso's candidates
     # (GPU-compressed tensors, moved to the CPU with the same scheme), large uncompressed tensors may
     # be compressed on the CPU with their cheapest CPU option: the GPU pass left them uncompressed
     # because GPU encoding would delay backward, which CPU compression does not.
@@ -164,18 +164,13 @@ def _cpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
     keys = sorted(groups, key=lambda key: (-key[0], key[1]))
     members = [sorted(groups[key], key=lambda t: (priced.ready[t], t)) for key in keys]
     on_cpu = [key[1] for key in keys]
-    base = [priced.unit(i, int(k)) for i, k in enumerate(choice)]
-    offloaded = {i: priced.unit(i, on_cpu[g]) for g, group in enumerate(members) for i in group}
 
     @functools.cache  # coordinate descent revisits count tuples; each is a full simulation
     def evaluate(counts: tuple[int, ...]) -> float:
-        units = list(base)
-        for group, count in zip(members, counts, strict=True):
-            for i in group[:count]:
-                units[i] = offloaded[i]
-        return iteration_time(
-            units, forward_s=profile.forward_s, backward_s=profile.backward_s, cpu_workers=priced.cluster.cpu_workers
-        )
+        trial = choice.copy()
+        for group, count, target in zip(members, counts, on_cpu, strict=True):
+            trial[group[:count]] = target
+        return priced.iteration_s(trial)
 
     # Step 2: exhaustive or coordinate descent.
     sizes = [len(group) for group in members]
