@@ -1,102 +1,183 @@
-"""Micro-benchmark: numba CPU kernels vs the torch reference on a Zen-sized push.
+"""Micro-benchmark: every kernel op, numba CPU vs its torch baseline and vs a memory copy, in one run.
 
-Launch: ``python benchmarks/kernels_cpu.py [--numel 10000000] [--density 0.01] [--owners 16] [--stat min]``.
-Prints the median (or min) wall time of each op, after a warm-up call that also JIT-compiles, for
-the reference, the numba kernels from the main thread (parallel version) and from a worker thread
-(serial version), and the speedups. Expected: every numba op at least as fast as the reference.
+Launch (from the repository root)::
+
+    python benchmarks/kernels_cpu.py                       # CPU section; the GPU section too when a GPU is present
+    python benchmarks/kernels_cpu.py --numel 10000000 --density 0.01 --topk-numel 25000000 --rounds 7
+
+For each op: the torch baseline the issue names (``torch.topk(x, k, sorted=False)`` for both
+selections, ``zeros().index_add_`` for scatter-add, nonzero + argsort bucketing for hashing, the
+torch reference for the others), the numba kernel from the main thread (parallel version) and
+from a worker thread (serial version), and ``clone()`` of the op's input bytes (memory copy).
+Variants are timed round-robin (one call of each per round, medians over rounds) so machine noise
+hits them alike. Every numba result is checked equal to the reference first. Writes
+``experiments/results/kernels_cpu_<date>.md``.
+
+Targets (issue 5, 2 cores): hashing + bucketing (bucket_nonzero) >= 3x the torch reference on 10M
+elements at 1 % density; exact top-k >= 1.5x and sampled-threshold top-k >= 5x torch.topk for
+k = 1 % of 25M floats.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import pathlib
+import platform
+import runpy
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numba
 import torch
 
-from zensync.kernels import cpu, reference
+from zensync.kernels import cpu, cpu_codec, cpu_select, reference
 from zensync.sync.partition import make_partition
 
-_NUM_RUNS = 9
+RESULTS = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "results"
 _SEED = 0
 
 
-_STATS = {"median": statistics.median, "min": min}
-"""min is the robust choice on a shared machine: other processes only ever add time."""
+def _in_thread(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` called from a non-main thread, where numba kernels take their serial path."""
+
+    def call() -> object:
+        out: list[object] = []
+        worker = threading.Thread(target=lambda: out.append(fn()))
+        worker.start()
+        worker.join()
+        return out[0]
+
+    return call
 
 
-def _time_s(fn: Callable[[], object], stat: str) -> float:
-    fn()  # warm-up (and JIT compilation or cache load)
-    times = []
-    for _ in range(_NUM_RUNS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return _STATS[stat](times)
+def _round_robin(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median seconds of each variant, one call of each per round after a warm-up round."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for fn in variants.values():
+        fn()  # warm-up: JIT compilation or cache load, first-touch of buffers
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
-def _time_in_thread_s(fn: Callable[[], object], stat: str) -> float:
-    """Time of ``fn`` called from a non-main thread, where cpu kernels take their serial path."""
-    result: list[float] = []
-    worker = threading.Thread(target=lambda: result.append(_time_s(fn, stat)))
-    worker.start()
-    worker.join()
-    return result[0]
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple):
+        return all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a.dtype == b.dtype and torch.equal(a, b)
 
 
-def _sparse(numel: int, density: float, generator: torch.Generator) -> torch.Tensor:
-    x = torch.randn(numel, 1, generator=generator)
-    x[torch.rand(numel, 1, generator=generator) >= density] = 0
-    return x
-
-
-def _cases(numel: int, density: float, num_owners: int) -> dict[str, tuple[Callable, tuple]]:
-    generator = torch.Generator().manual_seed(_SEED)
-    part = make_partition(numel, num_owners, seed=_SEED)
-    x2d = _sparse(numel, density, generator)
+def _cases(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """(label, baseline, numba function, reference function, call args, bytes of the input)."""
+    g = torch.Generator().manual_seed(_SEED)
+    n, owners = args.numel, args.owners
+    x2d = torch.randn(n, 1, generator=g)
+    x2d[torch.rand(n, 1, generator=g) >= args.density] = 0
+    part = make_partition(n, owners, seed=_SEED)
     items = reference.nonzero_items(x2d)
-    perm = reference.permute(items, part)
-    # Owner 0's push from every rank (num_owners ranks): duplicates where the ranks' supports overlap.
-    pushes = [reference.bucket_nonzero(_sparse(numel, density, generator), part) for _ in range(num_owners)]
-    owner_positions = torch.cat([positions[: counts[0]] for _, positions, counts in pushes])
-    owner_values = torch.randn(owner_positions.numel(), 1, generator=generator)
-    words = reference.bitmap_encode(items, numel)
-    return {
-        "nonzero_items": ("nonzero_items", (x2d,)),
-        "bucket_nonzero": ("bucket_nonzero", (x2d, part)),
-        "permute": ("permute", (items, part)),
-        "unpermute": ("unpermute", (perm, part)),
-        f"aggregate (k={owner_positions.numel()})": ("aggregate", (owner_positions, owner_values)),
-        "bitmap_encode": ("bitmap_encode", (items, numel)),
-        "bitmap_decode": ("bitmap_decode", (words, numel)),
-    }
+    words = reference.bitmap_encode(items, n)
+    mags = torch.randn(args.topk_numel, generator=g).abs()
+    k = max(1, args.topk_numel // 100)
+    sample = mags[torch.randint(0, mags.numel(), (mags.numel() // 100,), generator=g)]
+    threshold = float(torch.topk(sample, max(1, sample.numel() // 100)).values.min())
+    indices = torch.randint(0, args.topk_numel, (k,), generator=g)
+    values = torch.randn(k, generator=g)
+    signs = torch.randn(args.topk_numel, generator=g) >= 0
+    packed = reference.pack_bits(signs, 1)
+    levels = torch.tensor([-1.0, 1.0])
+
+    def case(label: str, baseline: Callable, name: str, module: Any, call: tuple, nbytes: int) -> dict[str, Any]:
+        return {"label": label, "baseline": baseline, "name": name, "module": module, "args": call, "bytes": nbytes}
+
+    return [
+        case("bucket_nonzero (hash + bucket)", lambda: reference.bucket_nonzero(x2d, part), "bucket_nonzero", cpu,
+             (x2d, part), x2d.nbytes),
+        case("bitmap_encode", lambda: reference.bitmap_encode(items, n), "bitmap_encode", cpu, (items, n),
+             items.nbytes),
+        case("bitmap_decode", lambda: reference.bitmap_decode(words, n), "bitmap_decode", cpu, (words, n),
+             words.nbytes),
+        case(f"topk exact (k={k})", lambda: torch.topk(mags, k, sorted=False), "topk", cpu_select, (mags, k),
+             mags.nbytes),
+        case(f"topk sampled (k={k})", lambda: torch.topk(mags, k, sorted=False), "sampled_topk", cpu_select,
+             (mags, k, threshold), mags.nbytes),
+        case(f"scatter_add (k={k})", lambda: torch.zeros(mags.numel()).index_add_(0, indices, values),
+             "scatter_add", cpu_codec, (indices, values, mags.numel()), mags.nbytes),
+        case("pack_bits (1 bit)", lambda: reference.pack_bits(signs, 1), "pack_bits", cpu_codec, (signs, 1),
+             signs.nbytes),
+        case("unpack_bits (1 bit, +-1 levels)", lambda: reference.unpack_bits(packed, 1, signs.numel(), levels),
+             "unpack_bits", cpu_codec, (packed, 1, signs.numel(), levels), signs.numel() * 4),
+    ]  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--numel", type=int, default=10_000_000)
+    parser.add_argument("--numel", type=int, default=10_000_000, help="elements of the hashing/bitmap input")
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--owners", type=int, default=16)
-    parser.add_argument("--stat", choices=sorted(_STATS), default="median", help="statistic over the timed runs")
+    parser.add_argument("--topk-numel", type=int, default=25_000_000, help="elements of the selection/codec input")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--no-gpu", action="store_true", help="skip the GPU section even when a GPU is present")
     args = parser.parse_args()
-    print(
-        f"numel={args.numel} density={args.density} owners={args.owners} float32; torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), numba {numba.__version__} ({numba.get_num_threads()} threads); "
-        f"{args.stat} of {_NUM_RUNS} runs; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    header = (
+        f"hashing/bitmaps: {args.numel:,} float32 at density {args.density}, {args.owners} owners; selection and "
+        f"codecs: {args.topk_numel:,} float32, k = 1 %. torch {torch.__version__} ({torch.get_num_threads()} "
+        f"threads), numba {numba.__version__} ({numba.get_num_threads()} threads), Python "
+        f"{platform.python_version()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of "
+        f"{args.rounds} round-robin rounds"
     )
-    print(f"{'op':<26}{'reference ms':>14}{'numba ms':>10}{'serial ms':>11}{'ref/numba':>11}{'ref/serial':>12}")
-    for label, (name, call_args) in _cases(args.numel, args.density, args.owners).items():
-        ref_s = _time_s(lambda: getattr(reference, name)(*call_args), args.stat)  # noqa: B023 - called at once
-        cpu_s = _time_s(lambda: getattr(cpu, name)(*call_args), args.stat)  # noqa: B023
-        serial_s = _time_in_thread_s(lambda: getattr(cpu, name)(*call_args), args.stat)  # noqa: B023
+    print(header)
+    rows = []
+    for c in _cases(args):
+        numba_fn = getattr(c["module"], c["name"])
+        assert _equal(numba_fn(*c["args"]), getattr(reference, c["name"])(*c["args"])), c["label"]
+        src = torch.empty(c["bytes"], dtype=torch.uint8)
+        variants = {
+            "baseline": c["baseline"],
+            "numba": lambda fn=numba_fn, a=c["args"]: fn(*a),
+            "serial": _in_thread(lambda fn=numba_fn, a=c["args"]: fn(*a)),
+            "copy": lambda s=src: s.clone(),
+        }
+        t = _round_robin(variants, args.rounds)
+        rows.append((c["label"], t))
         print(
-            f"{label:<26}{ref_s * 1e3:>14.2f}{cpu_s * 1e3:>10.2f}{serial_s * 1e3:>11.2f}"
-            f"{ref_s / cpu_s:>10.1f}x{ref_s / serial_s:>11.1f}x"
+            f"{c['label']:<34} baseline {t['baseline'] * 1e3:8.2f} ms  numba {t['numba'] * 1e3:8.2f} ms  serial "
+            f"{t['serial'] * 1e3:8.2f} ms  copy {t['copy'] * 1e3:6.2f} ms  baseline/numba "
+            f"{t['baseline'] / t['numba']:5.1f}x  numba/copy {t['numba'] / t['copy']:5.1f}x"
         )
+    _write(rows, header)
+    if torch.cuda.is_available() and not args.no_gpu:
+        print("== GPU section: benchmarks/kernels_gpu.py")
+        sys.argv = [str(pathlib.Path(__file__).with_name("kernels_gpu.py"))]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+def _write(rows: list[tuple[str, dict[str, float]]], header: str) -> None:
+    lines = [
+        f"# Kernel ops on CPU: numba vs torch baselines ({datetime.date.today().isoformat()})",
+        "",
+        "Command: `python benchmarks/kernels_cpu.py`. " + header + ".",
+        "",
+        "| op | torch baseline ms | numba ms | numba serial ms | copy of the input ms | baseline / numba | "
+        "numba / copy |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, t in rows:
+        lines.append(
+            f"| {label} | {t['baseline'] * 1e3:.2f} | {t['numba'] * 1e3:.2f} | {t['serial'] * 1e3:.2f} | "
+            f"{t['copy'] * 1e3:.2f} | {t['baseline'] / t['numba']:.1f}x | {t['numba'] / t['copy']:.1f}x |"
+        )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"kernels_cpu_{datetime.date.today().isoformat()}.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

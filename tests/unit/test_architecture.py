@@ -54,8 +54,8 @@ _RULES = {
 
 
 def _matches(module: str, forbidden: str) -> bool:
-    if forbidden == "cuda_ext":  # the built extension may sit anywhere, e.g. zensync._cuda_ext
-        return any(part.lstrip("_") == "cuda_ext" for part in module.split("."))
+    if forbidden == "cuda_ext":  # the built extension may sit anywhere: zensync._cuda_ext, zensync_cuda_ext
+        return any(part.lstrip("_").endswith("cuda_ext") for part in module.split("."))  # zensync_cuda_ext too
     return module == forbidden or module.startswith(forbidden + ".")
 
 

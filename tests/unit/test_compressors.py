@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from zensync import kernels
 from zensync.compress import Compressed, ErrorFeedback, build, compressor_names
 from zensync.compress.base import shared_generator
 
@@ -280,7 +281,9 @@ def test_qsgd_matches_replayed_reference(dtype, levels, bucket):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_terngrad_matches_replayed_reference(dtype):
     x = randn(2000, dtype)
-    ternary, scale = build("terngrad").compress(x, name=NAME, step=STEP).payloads
+    packed, scale = build("terngrad").compress(x, name=NAME, step=STEP).payloads
+    assert packed.dtype == torch.uint8 and packed.numel() == x.numel() // 4  # 2-bit codes, four per byte
+    ternary = kernels.unpack_bits(packed, 2, x.numel()).to(torch.int8) - 1
     x64 = x.double()
     # The scale is the smallest float32 >= max |x|, so every probability |x| / scale is <= 1.
     below = torch.nextafter(scale, torch.zeros(1))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.strategies import DENSE_DTYPES, SUM_DTYPES, assert_identical, sparse_tensor
-from zensync.kernels import cpu, dispatch, reference
+from zensync.kernels import cpu, cpu_codec, cpu_select, dispatch, reference
 from zensync.sync.partition import make_partition
 
 _NUM_THREADS = 4
@@ -24,10 +24,14 @@ _NUM_THREADS = 4
 
 
 def test_public_api_matches_reference() -> None:
+    """Every dispatched op has exactly one numba implementation, with the reference's signature."""
     expected = {name for name in dispatch.__all__ if name != "implementation_for"}
-    assert set(cpu.__all__) == expected
-    for name in cpu.__all__:
-        assert inspect.signature(getattr(cpu, name)) == inspect.signature(getattr(reference, name)), name
+    modules = (cpu, cpu_codec, cpu_select)
+    assert sorted(name for module in modules for name in module.__all__) == sorted(expected)
+    for module in modules:
+        for name in module.__all__:
+            assert inspect.signature(getattr(module, name)) == inspect.signature(getattr(reference, name)), name
+            assert dispatch._impl(torch.device("cpu"), name) is module, name
 
 
 def test_every_kernel_has_distinct_parallel_and_serial_builds() -> None:
@@ -327,3 +331,24 @@ def test_threads_take_the_serial_path(monkeypatch: pytest.MonkeyPatch) -> None:
         assert_identical(result, expected)
     worker_picks = [parallel for main, parallel in picks if not main]
     assert worker_picks and not any(worker_picks), "worker threads must use the serial builds"
+
+
+def test_dispatch_routes_by_device_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors take numba; CUDA tensors take cuda_ext only for its ops and only when it loads;
+    ZENSYNC_KERNELS=reference forces the torch definitions everywhere."""
+    from zensync.kernels import cuda
+
+    assert dispatch.implementation_for(torch.device("cpu"), "topk") == "cpu"
+    monkeypatch.setattr(cuda, "available", lambda: False)
+    assert dispatch.implementation_for(torch.device("cuda"), "topk") == "reference"
+    monkeypatch.setattr(cuda, "available", lambda: True)
+    assert dispatch.implementation_for(torch.device("cuda"), "topk") == "cuda"
+    assert dispatch._impl(torch.device("cuda"), "scatter_add") is cuda
+    assert dispatch.implementation_for(torch.device("cuda"), "aggregate") == "reference"  # no CUDA kernel
+    assert dispatch.implementation_for(torch.device("meta"), "topk") == "reference"
+    monkeypatch.setenv("ZENSYNC_KERNELS", "reference")
+    assert dispatch.implementation_for(torch.device("cpu"), "topk") == "reference"
+    assert dispatch.implementation_for(torch.device("cuda"), "topk") == "reference"
+    monkeypatch.setenv("ZENSYNC_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="ZENSYNC_KERNELS='fastest' is not one of"):
+        dispatch.implementation_for(torch.device("cpu"), "topk")

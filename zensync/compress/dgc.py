@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from zensync import kernels
 from zensync.compress.base import (
     check_ratio,
     format_spec,
@@ -118,8 +119,7 @@ class DGCCompressor(SelectedValues):
         numel = magnitudes.numel()
         k = selected_count(self.config.ratio, numel)
         # NaN ranks above every number, as in top-k: a NaN gradient is sent, never silently dropped
-        # (comparisons with NaN are false, so the threshold test would skip it).
-        magnitudes = torch.nan_to_num(magnitudes, nan=float("inf"))
+        # (the kernels let NaN pass every threshold).
         # Step 1: small tensors take the exact top-k.
         if numel < EXACT_BELOW_NUMEL:
             return topk_indices(magnitudes, k)
@@ -127,15 +127,9 @@ class DGCCompressor(SelectedValues):
         num_samples = max(1, math.ceil(self.config.sample_fraction * numel))
         generator = shared_generator(self.config.seed, name, step, purpose="dgc", device=magnitudes.device)
         positions = torch.randint(0, numel, (num_samples,), generator=generator, device=magnitudes.device)
-        sample = magnitudes[positions]
+        sample = torch.nan_to_num(magnitudes[positions], nan=float("inf"))  # a NaN threshold passes nothing
         threshold = torch.topk(sample, selected_count(self.config.ratio, num_samples), sorted=False).values.min()
-        # Step 3: relax the threshold until at least k elements pass it.
-        for _ in range(MAX_TRIES):
-            passed = magnitudes >= threshold
-            if int(torch.count_nonzero(passed)) >= k:  # host sync
-                # Step 4: the k largest of the candidates (positions ascending, so ties keep the lowest).
-                candidates = passed.nonzero().squeeze(1)
-                return candidates[topk_indices(magnitudes[candidates], k)]
-            threshold = threshold * RELAX_FACTOR
-        # Step 4 (fallback): still fewer than k after MAX_TRIES thresholds.
-        return topk_indices(magnitudes, k)
+        # Steps 3-4: relax the threshold until k pass, then the k largest of the candidates (a kernel;
+        # equal to the exact top-k whatever the threshold, so only the cost depends on the sample).
+        threshold_value = float(threshold)  # host sync
+        return kernels.sampled_topk(magnitudes, k, threshold_value, relax_factor=RELAX_FACTOR, max_tries=MAX_TRIES)

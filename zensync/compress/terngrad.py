@@ -7,18 +7,24 @@ dtype=<compute dtype>) < |x| / s`` (float32 arithmetic, float64 for float64 inpu
 up to its fp32 wire value first, so |x| / s <= 1). The paper's layer-wise gradient clipping (2.5 sigma) is left to the
 caller. Not allreduce-compatible: each rank has its own scale (GRACE ``terngrad.py``).
 
+On the wire each element is a 2-bit code, sign * b + 1 in {0, 1, 2}, packed four per byte
+(``kernels.pack_bits``, least significant first); decompression unpacks straight to the levels
+(-s, 0, s) in one pass (``kernels.unpack_bits`` with a level table).
+
 Example::
 
     comp = build("terngrad")
-    ternary, scale = comp.compress(grad, name="fc.weight", step=3).payloads  # int8 [numel], fp32 [1]
+    packed, scale = comp.compress(grad, name="fc.weight", step=3).payloads  # uint8 [ceil(numel / 4)], fp32 [1]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
+from zensync import kernels
 from zensync.compress.base import (
     Compressed,
     Compressor,
@@ -32,17 +38,19 @@ from zensync.compress.base import (
 
 __all__ = ["TernGradCompressor"]
 
+_CODE_BITS = 2
+
 
 @register_compressor
 class TernGradCompressor(Compressor):
-    """``terngrad``: int8 in {-1, 0, 1} per element plus one fp32 scale (max |x|).
+    """``terngrad``: a 2-bit code of {-1, 0, 1} per element plus one fp32 scale (max |x|).
 
     Args:
         seed: Seed of the Bernoulli draws; combined with the tensor name and the step.
 
     Example::
 
-        TernGradCompressor().payload_bytes(1000, torch.float32)  # 1000 int8 + 4 = 1004
+        TernGradCompressor().payload_bytes(1000, torch.float32)  # 250 bytes of codes + 4 = 254
     """
 
     name = "terngrad"
@@ -74,15 +82,17 @@ class TernGradCompressor(Compressor):
         probability = magnitude.div_(wire_scale)
         generator = shared_generator(self.config.seed, name, step, purpose="terngrad", device=x.device)
         kept = torch.rand(flat.numel(), generator=generator, dtype=compute, device=x.device) < probability
-        # Step 3: sign * b as int8 (sign(0) = 0).
-        ternary = flat.sign().to(torch.int8).mul_(kept)
-        return Compressed((ternary, scale), (x.shape, x.dtype))
+        # Step 3: sign * b + 1 as 2-bit codes (sign(0) = 0), four per byte.
+        codes = flat.sign().to(torch.int8).mul_(kept).add_(1).view(torch.uint8)
+        return Compressed((kernels.pack_bits(codes, _CODE_BITS), scale), (x.shape, x.dtype))
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
-        ternary, scale = compressed.payloads
+        packed, scale = compressed.payloads
         shape, dtype = compressed.ctx
         compute = compute_dtype(dtype)
-        return (scale.to(compute) * ternary.to(compute)).to(dtype).view(shape)
+        s = scale.to(compute)
+        levels = torch.cat([-s, torch.zeros_like(s), s, torch.zeros_like(s)])  # code 3 never occurs
+        return kernels.unpack_bits(packed, _CODE_BITS, shape.numel(), levels).to(dtype).view(shape)
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
-        return numel + 4
+        return math.ceil(numel * _CODE_BITS / 8) + 4

@@ -23,6 +23,7 @@ import dataclasses
 
 import torch
 
+from zensync import kernels
 from zensync.compress.base import (
     Compressed,
     Compressor,
@@ -42,41 +43,24 @@ def index_dtype(numel: int) -> torch.dtype:
 
 
 def topk_indices(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
-    """Sorted int64 positions of the ``k`` largest entries of the 1-D ``magnitudes``.
+    """Sorted int64 positions of the ``k`` largest entries of the 1-D ``magnitudes``: ``kernels.topk``.
 
-    Ties at the k-th largest value go to the lowest positions.
-
-    Args:
-        magnitudes: 1-D tensor (usually ``x.abs()``).
-        k: How many to keep, 0 <= k.
-
-    Returns:
-        int64 tensor of min(k, numel) positions in ascending order.
+    Ties at the k-th largest value go to the lowest positions; NaN ranks above every number. The
+    kernel is a radix select (numba on CPU, cuda_ext on GPU), equal to the torch reference.
 
     Example::
 
         topk_indices(torch.tensor([1.0, 3.0, 2.0, 3.0, 2.0]), 3)  # tensor([1, 2, 3])
     """
-    numel = magnitudes.numel()
-    if k >= numel:
-        return torch.arange(numel, device=magnitudes.device)
-    if k == 0:
-        return torch.empty(0, dtype=torch.int64, device=magnitudes.device)
-    values, indices = torch.topk(magnitudes, k, sorted=False)
-    kth = values.min()
-    # Host syncs: is the k-th value tied with an element that torch.topk left out?
-    if int(torch.count_nonzero(values == kth)) == int(torch.count_nonzero(magnitudes == kth)):
-        return indices.sort().values
-    above = (magnitudes > kth).nonzero().squeeze(1)
-    tied = (magnitudes == kth).nonzero().squeeze(1)[: k - above.numel()]
-    return torch.cat([above, tied]).sort().values
+    return kernels.topk(magnitudes, k)
 
 
 def scatter_values(values: torch.Tensor, indices: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """A zero tensor of ``shape`` with ``values`` at the flat ``indices`` (distinct positions)."""
-    out = torch.zeros(shape.numel(), dtype=values.dtype, device=values.device)
-    out[indices.long()] = values
-    return out.view(shape)
+    """A zero tensor of ``shape`` with ``values`` at the flat ``indices``: ``kernels.scatter_add``.
+
+    Indices are distinct here (one sender's selection); summed duplicates are the kernel's general case.
+    """
+    return kernels.scatter_add(indices, values, shape.numel()).view(shape)
 
 
 class SelectedValues(Compressor):

@@ -1,4 +1,4 @@
-"""Kernels behind one dispatcher: ``reference`` (torch), ``cpu`` (numba), later ``cuda`` (cuda_ext).
+"""Kernels behind one dispatcher: ``reference`` (torch), ``cpu`` (numba), ``cuda`` (cuda_ext).
 
 Only this package imports numba, torch.cuda and cuda_ext.
 """
@@ -13,7 +13,12 @@ from zensync.kernels.dispatch import (
     bucket_nonzero,
     implementation_for,
     nonzero_items,
+    pack_bits,
     permute,
+    sampled_topk,
+    scatter_add,
+    topk,
+    unpack_bits,
     unpermute,
 )
 
@@ -25,7 +30,12 @@ __all__ = [
     "device_name",
     "implementation_for",
     "nonzero_items",
+    "pack_bits",
     "permute",
+    "sampled_topk",
+    "scatter_add",
     "synchronize",
+    "topk",
+    "unpack_bits",
     "unpermute",
 ]

@@ -1,14 +1,23 @@
-"""One dispatch point for every kernel: CUDA tensors -> (later) cuda_ext, CPU -> numba, else torch.
+"""One dispatch point for every kernel: CUDA tensors -> cuda_ext, CPU tensors -> numba, else torch.
 
-The engine calls only these functions. The choice is by device and can be forced with the
-environment variable ``ZENSYNC_KERNELS`` = ``reference`` | ``cpu`` (default: fastest available).
+The engine and the compressors call only these functions. The choice is by device:
+
+- ``cuda``: the ``cuda_ext`` extension (``zensync.kernels.cuda``), prebuilt by ``setup.py`` or
+  compiled on first use; when it cannot be loaded, one warning says why and CUDA tensors take the
+  torch reference;
+- ``cpu``: the numba kernels (``cpu``, ``cpu_select``, ``cpu_codec``);
+- anything else (or ``ZENSYNC_KERNELS=reference``): ``reference``, the plain-torch definitions every
+  other implementation is tested against.
+
 numba kernels run multi-threaded when called from the main thread and single-threaded (GIL released)
 from other threads, where the caller already provides the parallelism (e.g. the simulated world).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import types
 
 import torch
 
@@ -22,11 +31,34 @@ __all__ = [
     "bucket_nonzero",
     "implementation_for",
     "nonzero_items",
+    "pack_bits",
     "permute",
+    "sampled_topk",
+    "scatter_add",
+    "topk",
+    "unpack_bits",
     "unpermute",
 ]
 
 _VALID_CHOICES = ("auto", "reference", "cpu")
+"""``ZENSYNC_KERNELS``: ``auto`` (fastest available; ``cpu`` is an older spelling of it) or ``reference``."""
+_CPU_MODULE = {"topk": "cpu_select", "sampled_topk": "cpu_select"}
+_CPU_MODULE.update(dict.fromkeys(("scatter_add", "pack_bits", "unpack_bits"), "cpu_codec"))
+"""numba module of each op not in ``cpu``."""
+_CUDA_OPS = frozenset(
+    [
+        "bucket_nonzero",
+        "bitmap_encode",
+        "bitmap_decode",
+        "topk",
+        "sampled_topk",
+        "scatter_add",
+        "pack_bits",
+        "unpack_bits",
+    ]
+)
+"""Ops with a CUDA kernel; the others (permute, unpermute, nonzero_items, aggregate) run the torch
+reference on CUDA tensors, where torch's own kernels already run on the GPU."""
 
 
 def _forced() -> str:
@@ -36,52 +68,88 @@ def _forced() -> str:
     return choice
 
 
-def implementation_for(device: torch.device) -> str:
-    """Which implementation runs for tensors on ``device``: 'cpu' (numba) or 'reference' (torch)."""
-    choice = _forced()
-    if choice == "reference" or device.type != "cpu":
+def _cuda_loaded() -> bool:
+    from zensync.kernels import cuda
+
+    return cuda.available()  # warns once when the extension cannot be loaded
+
+
+def implementation_for(device: torch.device, op: str = "topk") -> str:
+    """Which implementation runs ``op`` for tensors on ``device``: 'cuda', 'cpu' (numba) or 'reference'."""
+    if _forced() == "reference":
         return "reference"
-    return "cpu"
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda" and op in _CUDA_OPS and _cuda_loaded():
+        return "cuda"
+    return "reference"
 
 
-def _impl(device: torch.device):  # noqa: ANN202 - returns a module
-    if implementation_for(device) == "cpu":
-        from zensync.kernels import cpu
-
-        return cpu
-    return reference
+def _impl(device: torch.device, op: str) -> types.ModuleType:
+    kind = implementation_for(device, op)
+    if kind == "reference":
+        return reference
+    return importlib.import_module(f"zensync.kernels.{_CPU_MODULE.get(op, 'cpu') if kind == 'cpu' else 'cuda'}")
 
 
 def permute(items: torch.Tensor, part: Partition) -> torch.Tensor:
     """See ``reference.permute``."""
-    return _impl(items.device).permute(items, part)
+    return _impl(items.device, "permute").permute(items, part)
 
 
 def unpermute(positions: torch.Tensor, part: Partition) -> torch.Tensor:
     """See ``reference.unpermute``."""
-    return _impl(positions.device).unpermute(positions, part)
+    return _impl(positions.device, "unpermute").unpermute(positions, part)
 
 
 def nonzero_items(x2d: torch.Tensor) -> torch.Tensor:
     """See ``reference.nonzero_items``."""
-    return _impl(x2d.device).nonzero_items(x2d)
+    return _impl(x2d.device, "nonzero_items").nonzero_items(x2d)
 
 
 def bucket_nonzero(x2d: torch.Tensor, part: Partition) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """See ``reference.bucket_nonzero``."""
-    return _impl(x2d.device).bucket_nonzero(x2d, part)
+    """See ``reference.bucket_nonzero``; on CUDA, Zen's hierarchical hashing (order within an owner arbitrary)."""
+    return _impl(x2d.device, "bucket_nonzero").bucket_nonzero(x2d, part)
 
 
 def aggregate(positions: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """See ``reference.aggregate``."""
-    return _impl(values.device).aggregate(positions, values)
+    return _impl(values.device, "aggregate").aggregate(positions, values)
 
 
 def bitmap_encode(positions: torch.Tensor, length: int) -> torch.Tensor:
     """See ``reference.bitmap_encode``."""
-    return _impl(positions.device).bitmap_encode(positions, length)
+    return _impl(positions.device, "bitmap_encode").bitmap_encode(positions, length)
 
 
 def bitmap_decode(words: torch.Tensor, length: int) -> torch.Tensor:
     """See ``reference.bitmap_decode``."""
-    return _impl(words.device).bitmap_decode(words, length)
+    return _impl(words.device, "bitmap_decode").bitmap_decode(words, length)
+
+
+def topk(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+    """See ``reference.topk``."""
+    return _impl(magnitudes.device, "topk").topk(magnitudes, k)
+
+
+def sampled_topk(
+    magnitudes: torch.Tensor, k: int, threshold: float, *, relax_factor: float = 0.8, max_tries: int = 10
+) -> torch.Tensor:
+    """See ``reference.sampled_topk``."""
+    impl = _impl(magnitudes.device, "sampled_topk")
+    return impl.sampled_topk(magnitudes, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+
+
+def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:
+    """See ``reference.scatter_add``."""
+    return _impl(values.device, "scatter_add").scatter_add(indices, values, numel)
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """See ``reference.pack_bits``."""
+    return _impl(codes.device, "pack_bits").pack_bits(codes, bits)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tensor | None = None) -> torch.Tensor:
+    """See ``reference.unpack_bits``."""
+    return _impl(packed.device, "unpack_bits").unpack_bits(packed, bits, numel, levels)

@@ -15,12 +15,18 @@ from zensync.types import Partition
 __all__ = [
     "FEISTEL_MUL1",
     "FEISTEL_MUL2",
+    "PACK_WIDTHS",
     "aggregate",
     "bitmap_decode",
     "bitmap_encode",
     "bucket_nonzero",
     "nonzero_items",
+    "pack_bits",
     "permute",
+    "sampled_topk",
+    "scatter_add",
+    "topk",
+    "unpack_bits",
     "unpermute",
 ]
 
@@ -144,3 +150,147 @@ def bitmap_decode(words: torch.Tensor, length: int) -> torch.Tensor:
     shifts = torch.arange(32, device=words.device, dtype=torch.int64)
     bits = ((words.to(torch.int64).unsqueeze(1) >> shifts) & 1).view(-1)[:length]
     return bits.nonzero().squeeze(1)
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k={k!r} must be an int >= 0 (how many elements to select)")
+
+
+def topk(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+    """Ascending int64 positions of the ``k`` largest entries of the 1-D ``magnitudes`` (canonical).
+
+    Order: numbers as usual (-0.0 equals 0.0), NaN above every number (as ``torch.topk``). Where
+    several entries tie at the k-th largest value the lowest positions win, so the result depends
+    only on the input. k >= numel selects everything.
+
+    Example: topk(tensor([1.0, 3.0, 2.0, 3.0, 2.0]), 3) -> tensor([1, 2, 3]).
+    """
+    _check_k(k)
+    numel = magnitudes.numel()
+    if k >= numel:
+        return torch.arange(numel, device=magnitudes.device)
+    if k == 0:
+        return torch.empty(0, dtype=torch.int64, device=magnitudes.device)
+    values, indices = torch.topk(magnitudes, k, sorted=False)
+    numbers = values[~values.isnan()]  # host sync; min() would propagate a NaN
+    if numbers.numel() == 0:  # the k-th largest is a NaN: NaNs tie, the lowest positions win
+        return magnitudes.isnan().nonzero().squeeze(1)[:k]
+    kth = numbers.min()
+    # Host syncs: is the k-th value tied with an entry that torch.topk left out?
+    if int(torch.count_nonzero(numbers == kth)) == int(torch.count_nonzero(magnitudes == kth)):
+        return indices.sort().values
+    above = ((magnitudes > kth) | magnitudes.isnan()).nonzero().squeeze(1)
+    tied = (magnitudes == kth).nonzero().squeeze(1)[: k - above.numel()]
+    return torch.cat([above, tied]).sort().values
+
+
+def sampled_topk(
+    magnitudes: torch.Tensor, k: int, threshold: float, *, relax_factor: float = 0.8, max_tries: int = 10
+) -> torch.Tensor:
+    """DGC's selection with exact-k output: ``topk(magnitudes, k)``, found through a threshold.
+
+    Entries at or above ``threshold`` (NaN always passes) are the candidates; while fewer than k
+    pass, the threshold is multiplied by ``relax_factor`` (at most ``max_tries`` thresholds), then
+    the exact top-k of the candidates is taken; with still too few, the exact top-k of everything.
+    Whenever k entries pass, the k-th largest value is >= the threshold, so every entry of the
+    top-k (ties included) is a candidate: the result always equals ``topk(magnitudes, k)`` and
+    only the cost depends on the threshold.
+
+    Example: sampled_topk(tensor([1.0, 3.0, 2.0, 3.0, 2.0]), 3, threshold=2.5) -> tensor([1, 2, 3])
+    (two pass at 2.5, all five at 2.0).
+    """
+    _check_k(k)
+    if not 0.0 < relax_factor < 1.0:
+        raise ValueError(f"relax_factor={relax_factor!r} must be in (0, 1): it lowers the threshold")
+    if k == 0 or k >= magnitudes.numel():
+        return topk(magnitudes, k)
+    for _ in range(max_tries):
+        passed = (magnitudes >= threshold) | magnitudes.isnan()
+        if int(torch.count_nonzero(passed)) >= k:  # host sync
+            candidates = passed.nonzero().squeeze(1)
+            return candidates[topk(magnitudes[candidates], k)]
+        threshold *= relax_factor
+    return topk(magnitudes, k)
+
+
+def _check_indices(op: str, indices: torch.Tensor, values: torch.Tensor, numel: int) -> None:
+    if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
+        raise ValueError(
+            f"{op}: indices and values must be 1-D of equal length, got {tuple(indices.shape)} and "
+            f"{tuple(values.shape)}"
+        )
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{op}: indices must be int32 or int64, got {indices.dtype}")
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= numel):  # host sync
+        raise ValueError(f"{op}: indices must lie in [0, {numel}), got [{int(indices.min())}, {int(indices.max())}]")
+
+
+def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:
+    """A dense tensor of ``numel`` zeros plus each value at its index (duplicates summed): decompression.
+
+    Example: scatter_add(tensor([2, 0, 2]), tensor([1.0, 2.0, 3.0]), 4) -> tensor([2.0, 0.0, 4.0, 0.0]).
+    """
+    _check_indices("scatter_add", indices, values, numel)
+    out = torch.zeros(numel, dtype=values.dtype, device=values.device)
+    return out.index_add_(0, indices.long(), values)
+
+
+PACK_WIDTHS = (1, 2, 4, 8)
+"""Code widths (bits) that ``pack_bits`` supports: a code never straddles two bytes."""
+
+
+def _check_width(op: str, bits: int) -> None:
+    if bits not in PACK_WIDTHS:
+        raise ValueError(f"{op}: bits={bits!r} must be one of {PACK_WIDTHS}")
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """1-D uint8 codes (only the low ``bits`` bits count) -> ceil(numel * bits / 8) uint8 bytes.
+
+    Code i sits in bits [(i * bits) % 8, (i * bits) % 8 + bits) of byte (i * bits) // 8, least
+    significant first (``numpy.packbits(bitorder="little")`` for bits=1); padding bits are zero.
+
+    Example: pack_bits(tensor([1, 0, 1], dtype=uint8), 1) -> tensor([5]); pack_bits(tensor([3, 1]), 2) -> tensor([7]).
+    """
+    _check_width("pack_bits", bits)
+    if codes.dtype not in (torch.uint8, torch.bool) or codes.dim() != 1:
+        raise ValueError(f"pack_bits: codes must be 1-D uint8 or bool, got {codes.dtype} of shape {tuple(codes.shape)}")
+    per_byte = 8 // bits
+    numel = codes.numel()
+    padded = torch.zeros(-(-numel // per_byte) * per_byte, dtype=torch.uint8, device=codes.device)
+    padded[:numel] = codes.to(torch.uint8) & ((1 << bits) - 1)
+    columns = padded.view(-1, per_byte)
+    packed = columns[:, 0].clone()
+    for slot in range(1, per_byte):
+        packed |= columns[:, slot] << (slot * bits)
+    return packed
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of ``pack_bits``: the first ``numel`` codes as uint8, or ``levels[code]`` when given.
+
+    Args:
+        packed: 1-D uint8 bytes from ``pack_bits``.
+        bits: Code width, one of ``PACK_WIDTHS``.
+        numel: Codes to unpack (at most 8 // bits per byte).
+        levels: Optional 1-D table of 2**bits values; the output then takes its dtype (a quantizer's
+            dequantization fused into the unpacking).
+
+    Example: unpack_bits(tensor([7], dtype=uint8), 2, 2) -> tensor([3, 1]);
+    unpack_bits(tensor([5], dtype=uint8), 1, 3, tensor([-1.0, 1.0])) -> tensor([1.0, -1.0, 1.0]).
+    """
+    _check_width("unpack_bits", bits)
+    per_byte = 8 // bits
+    if packed.dtype != torch.uint8 or packed.dim() != 1 or not 0 <= numel <= packed.numel() * per_byte:
+        raise ValueError(
+            f"unpack_bits: packed must be 1-D uint8 holding at least numel={numel} codes of {bits} bits, got "
+            f"{packed.dtype} of shape {tuple(packed.shape)}"
+        )
+    if levels is not None and (levels.dim() != 1 or levels.numel() != 1 << bits):
+        raise ValueError(
+            f"unpack_bits: levels must be 1-D with 2**bits = {1 << bits} entries, got {tuple(levels.shape)}"
+        )
+    shifts = torch.arange(per_byte, device=packed.device, dtype=torch.uint8) * bits
+    codes = ((packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(-1)[:numel].contiguous()
+    return codes if levels is None else levels[codes.long()]

@@ -1,0 +1,97 @@
+// scatter_add on CUDA: sparse (index, value) payload -> dense tensor, duplicates summed.
+//
+// Definition (zensync/kernels/reference.py: scatter_add): numel zeros of values' dtype plus each
+// value at its index. One thread per pair, gpuAtomicAddNoReturn (ATen's atomics: native for
+// float32/float64, the half/bfloat16 forms for 16-bit types). Duplicate indices are summed in an
+// unspecified order, as index_add_ does on CUDA; integer-valued data sums exactly in any order.
+// Indices outside [0, numel) are skipped and the first is reported as a ValueError (one host sync,
+// the reference's range check also syncs).
+#include <ATen/cuda/Atomic.cuh>
+#include <torch/library.h>
+
+#include "common.cuh"
+
+namespace zensync_cuda {
+namespace {
+
+template <typename scalar_t, typename index_t>
+__global__ void __launch_bounds__(kThreads)
+    scatter_add_kernel(const index_t* indices, const scalar_t* values, int64_t n, int64_t numel, scalar_t* out,
+                       unsigned long long* first_bad) {
+  for (int64_t t = global_thread(); t < n; t += grid_threads()) {
+    const int64_t index = static_cast<int64_t>(indices[t]);
+    if (index < 0 || index >= numel) {
+      atomicMin(first_bad, static_cast<unsigned long long>(t));
+      continue;
+    }
+    gpuAtomicAddNoReturn(out + index, values[t]);
+  }
+}
+
+template <typename scalar_t, typename index_t>
+void launch(const at::Tensor& indices, const at::Tensor& values, int64_t numel, at::Tensor& out,
+            at::Tensor& first_bad) {
+  const int64_t n = values.numel();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  scatter_add_kernel<scalar_t, index_t><<<grid_stride_blocks(n), kThreads, 0, stream>>>(
+      indices.data_ptr<index_t>(), values.data_ptr<scalar_t>(), n, numel, out.data_ptr<scalar_t>(),
+      reinterpret_cast<unsigned long long*>(first_bad.data_ptr<int64_t>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename scalar_t>
+void dispatch_index(const at::Tensor& indices, const at::Tensor& values, int64_t numel, at::Tensor& out,
+                    at::Tensor& first_bad) {
+  if (indices.scalar_type() == at::kLong) {
+    launch<scalar_t, int64_t>(indices, values, numel, out, first_bad);
+  } else {
+    launch<scalar_t, int32_t>(indices, values, numel, out, first_bad);
+  }
+}
+
+at::Tensor scatter_add_cuda(const at::Tensor& indices, const at::Tensor& values, int64_t numel) {
+  check_cuda(indices, "scatter_add", "indices");
+  check_cuda(values, "scatter_add", "values");
+  TORCH_CHECK(indices.device() == values.device(), "scatter_add: indices on ", indices.device(),
+              " and values on ", values.device(), " must be on one device");
+  TORCH_CHECK_VALUE(indices.dim() == 1 && values.dim() == 1 && indices.numel() == values.numel(),
+                    "scatter_add: indices and values must be 1-D of equal length, got ", indices.sizes(), " and ",
+                    values.sizes());
+  TORCH_CHECK_VALUE(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt,
+                    "scatter_add: indices must be int32 or int64, got ", indices.scalar_type());
+  TORCH_CHECK_VALUE(numel >= 0, "scatter_add: numel=", numel, " must be >= 0");
+  const at::ScalarType dtype = values.scalar_type();
+  TORCH_CHECK_VALUE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
+                    "scatter_add: values must be float16, bfloat16, float32 or float64, got ", dtype);
+  const c10::cuda::CUDAGuard guard(values.device());
+  at::Tensor out = at::zeros({numel}, values.options());
+  const int64_t n = values.numel();
+  if (n == 0) return out;
+  const at::Tensor idx = indices.contiguous();
+  const at::Tensor val = values.contiguous();
+  at::Tensor first_bad = at::full({1}, n, values.options().dtype(at::kLong));
+  switch (dtype) {
+    case at::kHalf:
+      dispatch_index<at::Half>(idx, val, numel, out, first_bad);
+      break;
+    case at::kBFloat16:
+      dispatch_index<at::BFloat16>(idx, val, numel, out, first_bad);
+      break;
+    case at::kFloat:
+      dispatch_index<float>(idx, val, numel, out, first_bad);
+      break;
+    default:  // kDouble, checked above
+      dispatch_index<double>(idx, val, numel, out, first_bad);
+      break;
+  }
+  const int64_t bad = first_bad.item<int64_t>();  // host sync
+  TORCH_CHECK_VALUE(bad == n, "scatter_add: indices must lie in [0, ", numel, "), got ", idx[bad].item<int64_t>(),
+                    " at position ", bad);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(zensync_cuda, CUDA, m) { m.impl("scatter_add", &scatter_add_cuda); }
+
+}  // namespace zensync_cuda

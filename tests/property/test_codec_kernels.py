@@ -1,0 +1,146 @@
+"""Property tests: numba ``scatter_add``, ``pack_bits`` and ``unpack_bits`` equal the torch reference.
+
+``many_chunks`` makes the parallel pack/unpack run on tiny chunks, so chunk boundaries fall inside
+every drawn input (byte boundaries of 2- and 4-bit codes included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.strategies import assert_identical, force_many_chunks
+from zensync import kernels
+from zensync.kernels import cpu_codec, reference
+
+_SETTINGS = settings(deadline=None, max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+_LEVEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _tiny_chunks(enabled: bool) -> contextlib.AbstractContextManager[object]:
+    if not enabled:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(force_many_chunks())
+    stack.enter_context(mock.patch.multiple(cpu_codec, _PARALLEL_MIN_CODES=0, _MIN_CHUNK_BYTES=1))
+    return stack
+
+
+@_SETTINGS
+@given(
+    numel=st.integers(1, 5000),
+    num_values=st.integers(0, 400),
+    dtype=st.sampled_from((torch.float32, torch.float64, torch.float16)),
+    index_dtype=st.sampled_from((torch.int32, torch.int64)),
+    seed=st.integers(0, 2**31),
+    special=st.booleans(),
+)
+def test_scatter_add_matches_reference(
+    numel: int, num_values: int, dtype: torch.dtype, index_dtype: torch.dtype, seed: int, special: bool
+) -> None:
+    """Duplicates are summed in input order, as index_add_ does: random floats compare bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    indices = torch.randint(0, min(numel, 7) if seed % 3 == 0 else numel, (num_values,), generator=g)
+    values = torch.randn(num_values, generator=g, dtype=torch.float64)
+    if special and num_values:
+        values[torch.randint(0, num_values, (3,), generator=g)] = torch.tensor([math.nan, math.inf, -0.0]).double()
+    indices, values = indices.to(index_dtype), values.to(dtype)
+    assert_identical(cpu_codec.scatter_add(indices, values, numel), reference.scatter_add(indices, values, numel))
+
+
+def test_scatter_add_sums_duplicates_exactly() -> None:
+    """Integer-valued data: any summation order is exact, so the result is the float64 definition."""
+    indices = torch.tensor([3, 0, 3, 3, 9, 0])
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    expected = torch.zeros(10)
+    expected[[0, 3, 9]] = torch.tensor([8.0, 8.0, 5.0])
+    assert_identical(kernels.scatter_add(indices, values, 10), expected)
+    assert_identical(kernels.scatter_add(indices[:0], values[:0], 4), torch.zeros(4))
+
+
+@pytest.mark.parametrize("impl", [cpu_codec, reference])
+@pytest.mark.parametrize(
+    ("indices", "values", "numel", "message"),
+    [
+        (torch.tensor([5]), torch.tensor([1.0]), 3, r"indices must lie in \[0, 3\)"),
+        (torch.tensor([-1]), torch.tensor([1.0]), 3, r"indices must lie in \[0, 3\)"),
+        (torch.tensor([0, 1]), torch.tensor([1.0]), 3, "1-D of equal length"),
+        (torch.tensor([0.0]), torch.tensor([1.0]), 3, "int32 or int64"),
+    ],
+)
+def test_scatter_add_rejects_bad_input(impl, indices, values, numel, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        impl.scatter_add(indices, values, numel)
+
+
+@_SETTINGS
+@given(
+    numel=st.one_of(st.sampled_from([0, 1, 7, 8, 9, 15, 16, 17]), st.integers(0, 40_000)),
+    bits=st.sampled_from(reference.PACK_WIDTHS),
+    as_bool=st.booleans(),
+    seed=st.integers(0, 2**31),
+    many_chunks=st.booleans(),
+)
+def test_pack_and_unpack_match_reference(numel: int, bits: int, as_bool: bool, seed: int, many_chunks: bool) -> None:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (numel,), generator=g, dtype=torch.uint8)  # high bits must be ignored
+    if as_bool:
+        codes = codes >= 128
+    with _tiny_chunks(many_chunks):
+        packed = cpu_codec.pack_bits(codes, bits)
+        assert_identical(packed, reference.pack_bits(codes, bits))
+        assert packed.numel() == math.ceil(numel * bits / 8)
+        unpacked = cpu_codec.unpack_bits(packed, bits, numel)
+    assert_identical(unpacked, reference.unpack_bits(packed, bits, numel))
+    assert_identical(unpacked, codes.to(torch.uint8) & ((1 << bits) - 1))  # round trip
+
+
+@_SETTINGS
+@given(
+    numel=st.integers(0, 5000),
+    bits=st.sampled_from(reference.PACK_WIDTHS),
+    dtype=st.sampled_from(_LEVEL_DTYPES),
+    seed=st.integers(0, 2**31),
+    many_chunks=st.booleans(),
+)
+def test_unpack_to_levels_matches_reference(
+    numel: int, bits: int, dtype: torch.dtype, seed: int, many_chunks: bool
+) -> None:
+    """The fused dequantization equals levels[code] (the sign compressors' +-scale decode)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 1 << bits, (numel,), generator=g, dtype=torch.uint8)
+    levels = torch.randn(1 << bits, generator=g, dtype=torch.float64).to(dtype)
+    packed = reference.pack_bits(codes, bits)
+    with _tiny_chunks(many_chunks):
+        actual = cpu_codec.unpack_bits(packed, bits, numel, levels)
+    assert_identical(actual, reference.unpack_bits(packed, bits, numel, levels))
+    assert_identical(actual, levels[codes.long()])
+
+
+def test_pack_docstring_examples() -> None:
+    assert_identical(kernels.pack_bits(torch.tensor([True, False, True]), 1), torch.tensor([5], dtype=torch.uint8))
+    assert_identical(
+        kernels.pack_bits(torch.tensor([3, 1], dtype=torch.uint8), 2), torch.tensor([7], dtype=torch.uint8)
+    )
+    assert_identical(
+        kernels.unpack_bits(torch.tensor([5], dtype=torch.uint8), 1, 3, torch.tensor([-1.0, 1.0])),
+        torch.tensor([1.0, -1.0, 1.0]),
+    )
+
+
+@pytest.mark.parametrize("impl", [cpu_codec, reference])
+def test_pack_and_unpack_reject_bad_input(impl) -> None:
+    with pytest.raises(ValueError, match=r"bits=3 must be one of \(1, 2, 4, 8\)"):
+        impl.pack_bits(torch.zeros(4, dtype=torch.uint8), 3)
+    with pytest.raises(ValueError, match="codes must be 1-D uint8 or bool"):
+        impl.pack_bits(torch.zeros(4), 1)
+    with pytest.raises(ValueError, match="holding at least numel=17 codes"):
+        impl.unpack_bits(torch.zeros(2, dtype=torch.uint8), 1, 17)
+    with pytest.raises(ValueError, match="levels must be 1-D with 2\\*\\*bits = 4 entries"):
+        impl.unpack_bits(torch.zeros(2, dtype=torch.uint8), 2, 8, torch.zeros(2))

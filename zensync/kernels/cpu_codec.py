@@ -1,0 +1,133 @@
+"""numba CPU kernels for decompression and low-bit codes: ``scatter_add``, ``pack_bits``, ``unpack_bits``.
+
+Same signatures and bit-identical results as ``reference`` (the tests compare them with
+``torch.equal``). ``scatter_add`` accumulates in input order on one thread, as ``index_add_`` does,
+so sums of duplicates round the same way; it is a pass of k random read-modify-writes, memory-bound,
+and threads would race on shared positions. Packing and unpacking are independent per output byte
+or code and run in parallel over fixed chunks (``cpu._kernel``), so the result never depends on the
+thread count.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from zensync.kernels import reference
+from zensync.kernels.cpu import _chunk_size, _jit, _kernel, _use_parallel
+
+__all__ = ["pack_bits", "scatter_add", "unpack_bits"]
+
+_PARALLEL_MIN_CODES = 1 << 18
+"""Fewest codes for the parallel pack/unpack: a byte-per-iteration loop is a few ns per code, so
+smaller inputs finish before a thread launch pays off."""
+_MIN_CHUNK_BYTES = 1 << 14
+"""Fewest packed bytes per parallel chunk."""
+_SUM_DTYPES = (torch.float32, torch.float64)
+_TABLE_DTYPES = (torch.float32, torch.float64, torch.uint8)
+"""dtypes of an ``unpack_bits`` levels table that numba handles (float16/bfloat16 run the reference)."""
+"""dtypes numba adds natively; others (float16, bfloat16, integers) run the reference."""
+
+
+@_jit
+def _accumulate(indices: np.ndarray, values: np.ndarray, out: np.ndarray) -> int:
+    """out[indices[t]] += values[t] in input order; returns the first out-of-range t, or -1."""
+    numel = out.shape[0]
+    for t in range(indices.shape[0]):
+        i = indices[t]
+        if i < 0 or i >= numel:
+            return t
+        out[i] += values[t]
+    return -1
+
+
+def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:
+    """Zeros of ``numel`` plus each value at its index (duplicates summed); see ``reference.scatter_add``.
+
+    Args:
+        indices: 1-D int32 or int64 positions in [0, numel).
+        values: 1-D values, as many as indices.
+        numel: Length of the dense output.
+
+    Returns:
+        A new 1-D tensor of ``values.dtype``.
+
+    Example::
+
+        scatter_add(torch.tensor([2, 0, 2]), torch.tensor([1.0, 2.0, 3.0]), 4)  # tensor([2., 0., 4., 0.])
+    """
+    if values.dtype not in _SUM_DTYPES or indices.dtype not in (torch.int32, torch.int64):
+        return reference.scatter_add(indices, values, numel)
+    if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
+        reference.scatter_add(indices, values, numel)  # raises its ValueError
+    out = torch.zeros(numel, dtype=values.dtype)
+    bad = _accumulate(indices.detach().contiguous().numpy(), values.detach().contiguous().numpy(), out.numpy())
+    if bad >= 0:
+        raise ValueError(f"scatter_add: indices must lie in [0, {numel}), got {int(indices[bad])} at position {bad}")
+    return out
+
+
+@_kernel
+def _pack(codes: np.ndarray, bits: int, chunk: int, out: np.ndarray) -> None:
+    per_byte = 8 // bits
+    mask = (1 << bits) - 1
+    num_codes = codes.shape[0]
+    for c in numba.prange(-(-out.shape[0] // chunk)):
+        for j in range(c * chunk, min((c + 1) * chunk, out.shape[0])):
+            acc = 0
+            first = j * per_byte
+            for s in range(min(per_byte, num_codes - first)):
+                acc |= (np.int64(codes[first + s]) & mask) << (s * bits)
+            out[j] = acc
+
+
+@_kernel
+def _unpack(packed: np.ndarray, bits: int, chunk: int, levels: np.ndarray, out: np.ndarray) -> None:
+    """out[i] = levels[code i] (levels = the identity table for plain codes)."""
+    per_byte = 8 // bits
+    mask = (1 << bits) - 1
+    num_codes = out.shape[0]
+    for c in numba.prange(-(-packed.shape[0] // chunk)):
+        for j in range(c * chunk, min((c + 1) * chunk, packed.shape[0])):
+            byte = np.int64(packed[j])
+            first = j * per_byte
+            for s in range(min(per_byte, num_codes - first)):
+                out[first + s] = levels[(byte >> (s * bits)) & mask]
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Low ``bits`` bits of each uint8/bool code, packed LSB first; see ``reference.pack_bits``.
+
+    Example::
+
+        pack_bits(torch.tensor([3, 1], dtype=torch.uint8), 2)  # tensor([7], dtype=torch.uint8)
+    """
+    if bits not in reference.PACK_WIDTHS or codes.dtype not in (torch.uint8, torch.bool) or codes.dim() != 1:
+        return reference.pack_bits(codes, bits)  # raises its ValueError
+    src = codes.detach().contiguous().view(torch.uint8).numpy()
+    num_bytes = -(-src.shape[0] * bits // 8)
+    out = np.empty(num_bytes, dtype=np.uint8)
+    parallel = _use_parallel(src.shape[0], _PARALLEL_MIN_CODES)
+    _pack.pick(parallel)(src, bits, _chunk_size(num_bytes, _MIN_CHUNK_BYTES, parallel), out)
+    return torch.from_numpy(out)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tensor | None = None) -> torch.Tensor:
+    """The first ``numel`` codes of ``bits`` bits as uint8, or ``levels[code]``; see ``reference.unpack_bits``.
+
+    Example::
+
+        unpack_bits(torch.tensor([7], dtype=torch.uint8), 2, 2)  # tensor([3, 1], dtype=torch.uint8)
+    """
+    per_byte = 8 // bits if bits in reference.PACK_WIDTHS else 0
+    valid = per_byte and packed.dtype == torch.uint8 and packed.dim() == 1 and 0 <= numel <= packed.numel() * per_byte
+    table_ok = levels is None or (levels.dim() == 1 and levels.numel() == 1 << bits and levels.dtype in _TABLE_DTYPES)
+    if not (valid and table_ok):
+        return reference.unpack_bits(packed, bits, numel, levels)  # raises its ValueError, or an unusual table dtype
+    table = np.arange(1 << bits, dtype=np.uint8) if levels is None else levels.detach().contiguous().numpy()
+    src = packed.detach().contiguous().numpy()[: -(-numel // per_byte)]
+    out = np.empty(numel, dtype=table.dtype)
+    parallel = _use_parallel(numel, _PARALLEL_MIN_CODES)
+    _unpack.pick(parallel)(src, bits, _chunk_size(src.shape[0], _MIN_CHUNK_BYTES, parallel), table, out)
+    return torch.from_numpy(out)
