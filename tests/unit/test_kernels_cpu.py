@@ -352,3 +352,18 @@ def test_dispatch_routes_by_device_and_falls_back(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("ZENSYNC_KERNELS", "fastest")
     with pytest.raises(ValueError, match="ZENSYNC_KERNELS='fastest' is not one of"):
         dispatch.implementation_for(torch.device("cpu"), "topk")
+
+
+def test_bitmap_positions_beyond_int32() -> None:
+    """A range longer than 2**31 (a 268 MB bitmap): positions past int32 encode and decode exactly.
+    The torch reference would need a 2**31-element bool tensor, so the expected words are written out."""
+    length = 2**31 + 100
+    positions = torch.tensor([0, 2**31 - 1, 2**31, 2**31 + 99])
+    words = cpu.bitmap_encode(positions, length)
+    assert words.numel() == -(-length // 32)
+    nonzero = words.nonzero().squeeze(1)
+    assert_identical(nonzero, torch.tensor([0, (2**31 - 1) // 32, 2**31 // 32, (2**31 + 99) // 32]))
+    assert_identical(words[nonzero], torch.tensor([1, -(2**31), 1, 1 << 3], dtype=torch.int32))
+    assert_identical(cpu.bitmap_decode(words, length), positions)
+    with pytest.raises(IndexError, match="outside"):
+        cpu.bitmap_encode(torch.tensor([length + 32]), length)

@@ -61,11 +61,13 @@ def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torc
         return reference.scatter_add(indices, values, numel)
     if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
         reference.scatter_add(indices, values, numel)  # raises its ValueError
-    out = torch.zeros(numel, dtype=values.dtype)
-    bad = _accumulate(indices.detach().contiguous().numpy(), values.detach().contiguous().numpy(), out.numpy())
+    # np.zeros is calloc: fresh zero pages cost nothing until written, and only the k written
+    # positions are, so a sparse decode no longer pays a memset of the whole dense tensor.
+    out = np.zeros(numel, dtype=np.float32 if values.dtype == torch.float32 else np.float64)
+    bad = _accumulate(indices.detach().contiguous().numpy(), values.detach().contiguous().numpy(), out)
     if bad >= 0:
         raise ValueError(f"scatter_add: indices must lie in [0, {numel}), got {int(indices[bad])} at position {bad}")
-    return out
+    return torch.from_numpy(out)
 
 
 @_kernel
@@ -80,6 +82,16 @@ def _pack(codes: np.ndarray, bits: int, chunk: int, out: np.ndarray) -> None:
             for s in range(min(per_byte, num_codes - first)):
                 acc |= (np.int64(codes[first + s]) & mask) << (s * bits)
             out[j] = acc
+
+
+@_kernel
+def _pack_bits1(words: np.ndarray, chunk: int, out: np.ndarray) -> None:
+    """1-bit codes, 8 at a time: the low bit of each byte of a little-endian 64-bit word, gathered
+    into one byte by a multiply (bit i of byte i lands in bit 56 + i; the partial products never
+    overlap, so nothing carries)."""
+    for c in numba.prange(-(-words.shape[0] // chunk)):
+        for j in range(c * chunk, min((c + 1) * chunk, words.shape[0])):
+            out[j] = ((words[j] & np.uint64(0x0101010101010101)) * np.uint64(0x0102040810204080)) >> np.uint64(56)
 
 
 @_kernel
@@ -109,7 +121,13 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     num_bytes = -(-src.shape[0] * bits // 8)
     out = np.empty(num_bytes, dtype=np.uint8)
     parallel = _use_parallel(src.shape[0], _PARALLEL_MIN_CODES)
-    _pack.pick(parallel)(src, bits, _chunk_size(num_bytes, _MIN_CHUNK_BYTES, parallel), out)
+    chunk = _chunk_size(num_bytes, _MIN_CHUNK_BYTES, parallel)
+    if bits == 1 and src.ctypes.data % 8 == 0:  # whole groups of 8 codes as 64-bit words, then the tail
+        full = src.shape[0] // 8
+        _pack_bits1.pick(parallel)(src[: full * 8].view(np.uint64), chunk, out[:full])
+        _pack.serial(src[full * 8 :], bits, 1, out[full:])
+    else:
+        _pack.pick(parallel)(src, bits, chunk, out)
     return torch.from_numpy(out)
 
 
