@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import threading
-import time
 from collections.abc import Callable
 
 import numba
 import torch
+from kernels_cpu import _in_thread, _round_robin  # the sibling script (run from benchmarks/ on sys.path)
 
 from zensync.kernels import cpu_select, reference
 
@@ -38,31 +37,6 @@ _CASES = (
     (25_000_000, torch.float64),
     (10_000_000, torch.float32),
 )
-
-
-def _in_thread(fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` called from a non-main thread, where numba kernels take their serial build."""
-
-    def call() -> object:
-        worker = threading.Thread(target=fn)
-        worker.start()
-        worker.join()
-        return None
-
-    return call
-
-
-def _round_robin(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median seconds of each variant, one call of each per round after a warm-up round."""
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for fn in variants.values():
-        fn()  # warm-up: JIT compilation or cache load, first touch of buffers
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _dgc_thresholds(x: torch.Tensor, k: int, draws: int, generator: torch.Generator) -> list[tuple[float, int]]:

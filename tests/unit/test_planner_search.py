@@ -210,6 +210,15 @@ def test_search_is_exact_on_a_hand_made_case() -> None:
     assert result.option_for("c").kind == "comp" and result.option_for("a") == FP32_OPTION  # a, b sit before a bubble
 
 
+def _tiny_profile(rng: random.Random, numels: list[int]) -> ModelProfile:
+    """Tensors t0, t1, ... ready at random gaps of up to 4 ms; forward 3 ms; backward ends 1 ms after."""
+    ready = list(itertools.accumulate(rng.uniform(0, 0.004) for _ in numels))
+    tensors = tuple(
+        TensorProfile(name=f"t{i}", shape=(s,), ready_s=r) for i, (s, r) in enumerate(zip(numels, ready, strict=True))
+    )
+    return ModelProfile(model="tiny", tensors=tensors, forward_s=0.003, backward_s=ready[-1] + 0.001)
+
+
 def test_cpu_offload_pass_matches_brute_force_over_subsets() -> None:
     """Algorithm 2 with complete enumeration vs every subset of its candidates on the CPU (GPU-compressed
     tensors, and uncompressed ones of at least MIN_CPU_EXTRA_NUMEL elements)."""
@@ -218,12 +227,7 @@ def test_cpu_offload_pass_matches_brute_force_over_subsets() -> None:
     for _ in range(40):
         n = rng.choice([3, 4, 5])
         numels = [rng.choice([2**18, 2**20, 2**22]) for _ in range(n)]
-        ready = list(itertools.accumulate(rng.uniform(0, 0.004) for _ in range(n)))
-        tensors = tuple(
-            TensorProfile(name=f"t{i}", shape=(s,), ready_s=r)
-            for i, (s, r) in enumerate(zip(numels, ready, strict=True))
-        )
-        profile = ModelProfile(model="tiny", tensors=tensors, forward_s=0.003, backward_s=ready[-1] + 0.001)
+        profile = _tiny_profile(rng, numels)
         cluster = ClusterSpec.from_strings(
             nodes=rng.choice([2, 4]),
             gpus_per_node=rng.choice([1, 2]),
@@ -425,12 +429,7 @@ def test_joint_pass_ends_in_a_local_optimum() -> None:
     for _ in range(60):
         n = rng.randint(2, 8)
         numels = [rng.choice([2**12, MIN_JOINT_NUMEL, 2**20, 2**22]) for _ in range(n)]
-        ready = list(itertools.accumulate(rng.uniform(0, 0.004) for _ in range(n)))
-        tensors = tuple(
-            TensorProfile(name=f"t{i}", shape=(s,), ready_s=r)
-            for i, (s, r) in enumerate(zip(numels, ready, strict=True))
-        )
-        profile = ModelProfile(model="tiny", tensors=tensors, forward_s=0.003, backward_s=ready[-1] + 0.001)
+        profile = _tiny_profile(rng, numels)
         cluster = ClusterSpec.from_strings(
             nodes=rng.choice([2, 4]), gpus_per_node=rng.choice([1, 4]), inter="10Gbit", cpu_workers=rng.choice([1, 2])
         )
