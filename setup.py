@@ -67,7 +67,7 @@ def _cuda_extension() -> dict:
     return {"ext_modules": [extension], "cmdclass": {"build_ext": BuildExtension}}
 
 
-_TEST_REQUIRES = ["pytest", "hypothesis", "pytest-timeout"]
+_TEST_REQUIRES = ["pytest", "hypothesis", "pytest-timeout", "ninja"]  # ninja: the emulated CUDA build
 
 setup(
     name="zensync",

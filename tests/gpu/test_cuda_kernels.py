@@ -6,9 +6,11 @@ oracle is ``zensync.kernels.reference`` on the CPU copy. Results must be identic
 sorting, positions item by item, counts exactly. Sums use integer-valued data, so the order of the
 atomic additions cannot change them.
 
-The whole module is skipped, with the reason, when torch sees no CUDA device or when the extension
-(prebuilt by setup.py or JIT-built from cuda_ext/csrc) does not load. Run on a GPU machine with
-``bash cuda_ext/gpu_check.sh`` or ``python -m pytest -q tests/gpu``.
+Every test takes the ``device`` fixture. Here it is the GPU, and every test is skipped, with the
+reason, when torch sees no CUDA device or when the extension (prebuilt by setup.py or JIT-built from
+cuda_ext/csrc) does not load. Run on a GPU machine with ``bash cuda_ext/gpu_check.sh`` or
+``python -m pytest -q tests/gpu``. ``tests/emulated/test_cuda_emulated.py`` reruns these tests, unchanged,
+on the CPU emulation of the same kernels (``cuda_ext/emulation``) by overriding ``device``.
 """
 
 from __future__ import annotations
@@ -24,25 +26,26 @@ from tests.strategies import DENSE_DTYPES, assert_identical, partitions, sparse_
 from zensync.kernels import cuda, reference
 from zensync.sync.partition import make_partition
 
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device: torch.cuda.is_available() is False"
+)
+"""Applies to the tests as collected here, not to their reruns in tests/emulated."""
 
-def _skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "needs a CUDA device: torch.cuda.is_available() is False"
+
+@pytest.fixture(scope="module")
+def device() -> torch.device:
+    """Where the kernels under test run: the GPU, through ``zensync.kernels.cuda`` and the real extension.
+
+    Every test takes it, so another module can rerun these tests on another backend by overriding
+    this fixture (tests/emulated/test_cuda_emulated.py: the same kernels on CPU threads).
+    """
     if not cuda.available():
-        return f"the zensync CUDA extension did not load: {cuda.unavailable_reason()}"
-    return None
+        pytest.skip(f"the zensync CUDA extension did not load: {cuda.unavailable_reason()}")
+    return torch.device("cuda")
 
 
-_SKIP_REASON = _skip_reason()
-pytestmark = pytest.mark.skipif(_SKIP_REASON is not None, reason=_SKIP_REASON or "")
-
-DEVICE = torch.device("cuda")
 _SETTINGS = settings(deadline=None, max_examples=50, suppress_health_check=[HealthCheck.too_slow])
 _INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-
-
-def _on_device(x: torch.Tensor) -> torch.Tensor:
-    return x.to(DEVICE)
 
 
 # ---------------------------------------------------------------- bucket_nonzero (Zen's hashing)
@@ -63,9 +66,9 @@ def _by_owner(items: torch.Tensor, positions: torch.Tensor, counts: torch.Tensor
     return torch.cat([empty, *sorted_items]), torch.cat([empty, *sorted_positions]), counts
 
 
-def _check_buckets(x2d: torch.Tensor, part, **kwargs: int) -> None:
-    actual = cuda.bucket_nonzero(_on_device(x2d), part, **kwargs)
-    assert all(t.device.type == DEVICE.type and t.dtype == torch.int64 for t in actual)
+def _check_buckets(device: torch.device, x2d: torch.Tensor, part, **kwargs: int) -> None:
+    actual = cuda.bucket_nonzero(x2d.to(device), part, **kwargs)
+    assert all(t.device.type == device.type and t.dtype == torch.int64 for t in actual)
     assert_identical(_by_owner(*actual), reference.bucket_nonzero(x2d, part))
 
 
@@ -78,11 +81,16 @@ def _check_buckets(x2d: torch.Tensor, part, **kwargs: int) -> None:
     serial_slots=st.sampled_from([0, 0, 1, 3]),
 )
 def test_bucket_nonzero_matches_reference(
-    data: st.DataObject, x2d: torch.Tensor, num_hashes: int, parallel_slots: int, serial_slots: int
+    device: torch.device,
+    data: st.DataObject,
+    x2d: torch.Tensor,
+    num_hashes: int,
+    parallel_slots: int,
+    serial_slots: int,
 ) -> None:
     """Any dtype, NaN/-0.0, empty and all-non-zero inputs; tiny regions force the serial path and its re-run."""
     part = data.draw(partitions(x2d.shape[0]))
-    _check_buckets(x2d, part, num_hashes=num_hashes, parallel_slots=parallel_slots, serial_slots=serial_slots)
+    _check_buckets(device, x2d, part, num_hashes=num_hashes, parallel_slots=parallel_slots, serial_slots=serial_slots)
 
 
 @_SETTINGS
@@ -93,18 +101,22 @@ def test_bucket_nonzero_matches_reference(
     serial_slots=st.sampled_from([0, 1, 5]),
 )
 def test_bucket_nonzero_adversarial_collisions_lose_nothing(
-    data: st.DataObject, num_items: int, hashed: bool, serial_slots: int
+    device: torch.device, data: st.DataObject, num_items: int, hashed: bool, serial_slots: int
 ) -> None:
     """Every item non-zero and one parallel slot per owner: nearly all go serial; small r2 overflows and re-runs."""
     num_owners = data.draw(st.integers(1, 9))
     part = make_partition(num_items, num_owners, seed=data.draw(st.integers(0, 2**62)), hashed=hashed)
     x2d = torch.ones(num_items, 1)
-    _check_buckets(x2d, part, num_hashes=data.draw(st.integers(1, 3)), parallel_slots=1, serial_slots=serial_slots)
+    _check_buckets(
+        device, x2d, part, num_hashes=data.draw(st.integers(1, 3)), parallel_slots=1, serial_slots=serial_slots
+    )
 
 
 @_SETTINGS
 @given(data=st.data(), num_items=st.integers(1, 20000), item_numel=st.integers(1, 3))
-def test_bucket_nonzero_all_in_one_owner(data: st.DataObject, num_items: int, item_numel: int) -> None:
+def test_bucket_nonzero_all_in_one_owner(
+    device: torch.device, data: st.DataObject, num_items: int, item_numel: int
+) -> None:
     """Adversarial skew: every non-zero item hashes into one owner, far beyond its automatic r1 + r2."""
     part = data.draw(partitions(num_items))
     owner = data.draw(st.integers(0, part.num_owners - 1))
@@ -113,26 +125,26 @@ def test_bucket_nonzero_all_in_one_owner(data: st.DataObject, num_items: int, it
     positions = base + torch.randperm(length, generator=generator)[: data.draw(st.integers(0, length))]
     x2d = torch.zeros(num_items, item_numel, dtype=data.draw(st.sampled_from([torch.float16, torch.float32])))
     x2d[reference.unpermute(positions, part), -1] = 1.0
-    _check_buckets(x2d, part)
+    _check_buckets(device, x2d, part)
 
 
 @pytest.mark.parametrize("dtype", [*DENSE_DTYPES, *_INTEGER_DTYPES])
-def test_bucket_nonzero_dtypes_and_empty_shapes(dtype: torch.dtype) -> None:
+def test_bucket_nonzero_dtypes_and_empty_shapes(device: torch.device, dtype: torch.dtype) -> None:
     part = make_partition(3000, 5, seed=11)
     x2d = sparse_tensor(3000, 2, torch.float64, 0.3, seed=5).mul(3).to(dtype)
-    _check_buckets(x2d, part)
-    _check_buckets(torch.zeros(3000, 2, dtype=dtype), part)  # nothing non-zero
-    _check_buckets(torch.ones(3000, 1, dtype=dtype), part)  # everything non-zero
-    _check_buckets(torch.zeros(0, 2, dtype=dtype), make_partition(0, 3, seed=1))  # no items
-    _check_buckets(torch.zeros(10, 0, dtype=dtype), make_partition(10, 3, seed=1))  # empty items
+    _check_buckets(device, x2d, part)
+    _check_buckets(device, torch.zeros(3000, 2, dtype=dtype), part)  # nothing non-zero
+    _check_buckets(device, torch.ones(3000, 1, dtype=dtype), part)  # everything non-zero
+    _check_buckets(device, torch.zeros(0, 2, dtype=dtype), make_partition(0, 3, seed=1))  # no items
+    _check_buckets(device, torch.zeros(10, 0, dtype=dtype), make_partition(10, 3, seed=1))  # empty items
 
 
-def test_bucket_nonzero_rejects_bad_arguments() -> None:
+def test_bucket_nonzero_rejects_bad_arguments(device: torch.device) -> None:
     part = make_partition(10, 2, seed=0)
     with pytest.raises(ValueError, match=r"more than part\.num_items"):
-        cuda.bucket_nonzero(_on_device(torch.ones(11, 1)), part)
+        cuda.bucket_nonzero(torch.ones(11, 1).to(device), part)
     with pytest.raises(ValueError, match="num_hashes"):
-        cuda.bucket_nonzero(_on_device(torch.ones(10, 1)), part, num_hashes=0)
+        cuda.bucket_nonzero(torch.ones(10, 1).to(device), part, num_hashes=0)
 
 
 # ---------------------------------------------------------------- bitmaps
@@ -147,7 +159,7 @@ def test_bucket_nonzero_rejects_bad_arguments() -> None:
     seed=st.integers(0, 2**31 - 1),
 )
 def test_bitmap_round_trip_matches_reference(
-    length: int, fraction: float, duplicates: bool, index_dtype: torch.dtype, seed: int
+    device: torch.device, length: int, fraction: float, duplicates: bool, index_dtype: torch.dtype, seed: int
 ) -> None:
     generator = torch.Generator().manual_seed(seed)
     limit = 32 * -(-length // 32)  # positions up to the last word's end are valid, as in the reference
@@ -157,25 +169,25 @@ def test_bitmap_round_trip_matches_reference(
     else:
         positions = torch.randperm(limit, generator=generator)[:count]
     positions = positions.to(index_dtype)
-    words = cuda.bitmap_encode(_on_device(positions), length)
+    words = cuda.bitmap_encode(positions.to(device), length)
     assert_identical(words.cpu(), reference.bitmap_encode(positions, length))
     assert_identical(cuda.bitmap_decode(words, length).cpu(), reference.bitmap_decode(words.cpu(), length))
 
 
 @_SETTINGS
 @given(num_words=st.integers(0, 5000), length=st.integers(0, 200_000), seed=st.integers(0, 2**31 - 1))
-def test_bitmap_decode_random_words(num_words: int, length: int, seed: int) -> None:
+def test_bitmap_decode_random_words(device: torch.device, num_words: int, length: int, seed: int) -> None:
     """Sign bits, bits past ``length`` and ``length`` past the words are all handled as the reference does."""
     generator = torch.Generator().manual_seed(seed)
     words = torch.randint(-(2**31), 2**31, (num_words,), generator=generator, dtype=torch.int64).to(torch.int32)
-    assert_identical(cuda.bitmap_decode(_on_device(words), length).cpu(), reference.bitmap_decode(words, length))
+    assert_identical(cuda.bitmap_decode(words.to(device), length).cpu(), reference.bitmap_decode(words, length))
 
 
-def test_bitmap_encode_rejects_positions_out_of_range() -> None:
+def test_bitmap_encode_rejects_positions_out_of_range(device: torch.device) -> None:
     with pytest.raises(IndexError, match="outside"):
-        cuda.bitmap_encode(_on_device(torch.tensor([3, 64])), 40)
+        cuda.bitmap_encode(torch.tensor([3, 64]).to(device), 40)
     with pytest.raises(IndexError, match="outside"):
-        cuda.bitmap_encode(_on_device(torch.tensor([-1])), 40)
+        cuda.bitmap_encode(torch.tensor([-1]).to(device), 40)
 
 
 # ---------------------------------------------------------------- top-k
@@ -206,9 +218,9 @@ def _draw_k(data: st.DataObject, numel: int) -> int:
 
 @_SETTINGS
 @given(data=st.data(), magnitudes=_magnitudes())
-def test_topk_matches_reference(data: st.DataObject, magnitudes: torch.Tensor) -> None:
+def test_topk_matches_reference(device: torch.device, data: st.DataObject, magnitudes: torch.Tensor) -> None:
     k = _draw_k(data, magnitudes.numel())
-    assert_identical(cuda.topk(_on_device(magnitudes), k).cpu(), reference.topk(magnitudes, k))
+    assert_identical(cuda.topk(magnitudes.to(device), k).cpu(), reference.topk(magnitudes, k))
 
 
 @_SETTINGS
@@ -220,23 +232,28 @@ def test_topk_matches_reference(data: st.DataObject, magnitudes: torch.Tensor) -
     max_tries=st.integers(0, 10),
 )
 def test_sampled_topk_matches_reference(
-    data: st.DataObject, magnitudes: torch.Tensor, threshold: float, relax_factor: float, max_tries: int
+    device: torch.device,
+    data: st.DataObject,
+    magnitudes: torch.Tensor,
+    threshold: float,
+    relax_factor: float,
+    max_tries: int,
 ) -> None:
     k = _draw_k(data, magnitudes.numel())
-    actual = cuda.sampled_topk(_on_device(magnitudes), k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+    actual = cuda.sampled_topk(magnitudes.to(device), k, threshold, relax_factor=relax_factor, max_tries=max_tries)
     expected = reference.sampled_topk(magnitudes, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
     assert_identical(actual.cpu(), expected)
     assert_identical(actual.cpu(), reference.topk(magnitudes, k))
 
 
-def test_topk_worked_examples() -> None:
+def test_topk_worked_examples(device: torch.device) -> None:
     x = torch.tensor([1.0, 3.0, 2.0, 3.0, 2.0])
-    assert cuda.topk(_on_device(x), 3).tolist() == [1, 2, 3]
-    assert cuda.sampled_topk(_on_device(x), 3, threshold=2.5).tolist() == [1, 2, 3]
+    assert cuda.topk(x.to(device), 3).tolist() == [1, 2, 3]
+    assert cuda.sampled_topk(x.to(device), 3, threshold=2.5).tolist() == [1, 2, 3]
     nan_ties = torch.tensor([math.nan, 1.0, math.nan, math.nan])
-    assert cuda.topk(_on_device(nan_ties), 2).tolist() == [0, 2]
+    assert cuda.topk(nan_ties.to(device), 2).tolist() == [0, 2]
     zeros = torch.tensor([-0.0, 0.0, -1.0, -0.0])
-    assert cuda.topk(_on_device(zeros), 2).tolist() == [0, 1]
+    assert cuda.topk(zeros.to(device), 2).tolist() == [0, 1]
 
 
 # ---------------------------------------------------------------- scatter_add
@@ -251,7 +268,7 @@ def test_topk_worked_examples() -> None:
     seed=st.integers(0, 2**31 - 1),
 )
 def test_scatter_add_matches_reference(
-    numel: int, num_values: int, dtype: torch.dtype, index_dtype: torch.dtype, seed: int
+    device: torch.device, numel: int, num_values: int, dtype: torch.dtype, index_dtype: torch.dtype, seed: int
 ) -> None:
     """Integer values in [-3, 3] with at most 8 duplicates per index: sums stay exact in every dtype."""
     if numel == 0:
@@ -260,16 +277,16 @@ def test_scatter_add_matches_reference(
     indices = torch.randperm(numel * 8, generator=generator)[:num_values] % max(numel, 1)
     values = torch.randint(-3, 4, (indices.numel(),), generator=generator).to(dtype)
     indices = indices.to(index_dtype)
-    actual = cuda.scatter_add(_on_device(indices), _on_device(values), numel)
+    actual = cuda.scatter_add(indices.to(device), values.to(device), numel)
     assert_identical(actual.cpu(), reference.scatter_add(indices, values, numel))
 
 
-def test_scatter_add_rejects_indices_out_of_range() -> None:
-    values = _on_device(torch.ones(3))
+def test_scatter_add_rejects_indices_out_of_range(device: torch.device) -> None:
+    values = torch.ones(3).to(device)
     with pytest.raises(ValueError, match="must lie in"):
-        cuda.scatter_add(_on_device(torch.tensor([0, 4, 1])), values, 4)
+        cuda.scatter_add(torch.tensor([0, 4, 1]).to(device), values, 4)
     with pytest.raises(ValueError, match="must lie in"):
-        cuda.scatter_add(_on_device(torch.tensor([0, -1, 1], dtype=torch.int32)), values, 4)
+        cuda.scatter_add(torch.tensor([0, -1, 1], dtype=torch.int32).to(device), values, 4)
 
 
 # ---------------------------------------------------------------- pack / unpack
@@ -282,17 +299,17 @@ def test_scatter_add_rejects_indices_out_of_range() -> None:
     as_bool=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_pack_unpack_match_reference(numel: int, bits: int, as_bool: bool, seed: int) -> None:
+def test_pack_unpack_match_reference(device: torch.device, numel: int, bits: int, as_bool: bool, seed: int) -> None:
     """Codes carry junk above their low ``bits`` bits, which packing must drop."""
     codes = torch.randint(0, 256, (numel,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
     if as_bool:
         codes = codes.bool()
-    packed = cuda.pack_bits(_on_device(codes), bits)
+    packed = cuda.pack_bits(codes.to(device), bits)
     expected = reference.pack_bits(codes, bits)
     assert_identical(packed.cpu(), expected)
     assert_identical(cuda.unpack_bits(packed, bits, numel).cpu(), reference.unpack_bits(expected, bits, numel))
     levels = torch.arange(1 << bits, dtype=torch.float32) - 0.5
-    unpacked = cuda.unpack_bits(packed, bits, numel, _on_device(levels))
+    unpacked = cuda.unpack_bits(packed, bits, numel, levels.to(device))
     assert_identical(unpacked.cpu(), reference.unpack_bits(expected, bits, numel, levels))
 
 
@@ -300,19 +317,19 @@ def test_pack_unpack_match_reference(numel: int, bits: int, as_bool: bool, seed:
 
 
 @pytest.mark.slow
-def test_sizes_beyond_int32() -> None:
+def test_sizes_beyond_int32(device: torch.device) -> None:
     """2^31 + 100 elements: grid-stride loops, tiles and outputs index with int64 (about 12 GB of GPU memory)."""
     numel = 2**31 + 100
-    codes = torch.zeros(numel, dtype=torch.uint8, device=DEVICE)
-    codes[-3:] = torch.tensor([1, 0, 1], dtype=torch.uint8, device=DEVICE)
+    codes = torch.zeros(numel, dtype=torch.uint8, device=device)
+    codes[-3:] = torch.tensor([1, 0, 1], dtype=torch.uint8, device=device)
     packed = cuda.pack_bits(codes, 1)
     assert packed.numel() == -(-numel // 8)
     assert cuda.unpack_bits(packed, 1, numel)[-4:].tolist() == [0, 1, 0, 1]
     del codes
-    tail = torch.tensor([numel - 5, numel - 1], device=DEVICE)
+    tail = torch.tensor([numel - 5, numel - 1], device=device)
     assert cuda.bitmap_decode(cuda.bitmap_encode(tail, numel), numel).tolist() == tail.tolist()
-    assert cuda.scatter_add(tail, torch.ones(2, device=DEVICE), numel)[-5:].tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
-    magnitudes = torch.zeros(numel, dtype=torch.float16, device=DEVICE)
+    assert cuda.scatter_add(tail, torch.ones(2, device=device), numel)[-5:].tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
+    magnitudes = torch.zeros(numel, dtype=torch.float16, device=device)
     magnitudes[tail] = 1.0
     assert cuda.topk(magnitudes, 2).tolist() == tail.tolist()
     assert cuda.sampled_topk(magnitudes, 2, threshold=0.5).tolist() == tail.tolist()

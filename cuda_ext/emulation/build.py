@@ -1,0 +1,339 @@
+"""Build the CUDA kernels of ``cuda_ext/csrc`` as CPU code, so that CPU-only CI runs them (STYLE.md item 10).
+
+The numba kernels have ``NUMBA_ENABLE_CUDASIM=1``; this is the same idea for the C++ extension. The
+real ``.cu`` sources are copied and rewritten, not re-implemented:
+
+1. every launch ``k<<<grid, block, smem, stream>>>(args)`` becomes
+   ``::emu::launch(grid, block, smem, stream, [](auto... a) { k(a...); }, args)``;
+2. the ops are registered for the CPU dispatch key, and the name ``zensync_cuda`` (op and C++
+   namespace) becomes ``zensync_cuda_emu_<variant>``, so that the real extension and every variant
+   can share a process; ``t.is_cuda()`` checks become ``t.is_cpu()``;
+3. a variant may change the launch constants of ``common.cuh`` (see ``VARIANTS``);
+4. each ``.cu`` file starts with ``#include "emu_runtime.h"`` (the CUDA built-ins, barriers, shuffles,
+   atomics and ``emu::launch``) and is compiled as C++20 by ``torch.utils.cpp_extension.load``, with
+   ``shim/`` on the include path in place of ``c10/cuda/*.h`` and ``ATen/cuda/Atomic.cuh``.
+
+What is emulated faithfully:
+
+- threads and barriers: one OS thread per CUDA thread of a block, so ``__syncthreads`` is a real
+  barrier and without one the threads really race on shared memory (seen when the race window is
+  wide, as in ``selftest.cu``; see "short races" below). A divergent barrier
+  (a barrier that not every thread of the block reaches, undefined in CUDA) is a launch error:
+  every thread must pass the same number of barriers, and a thread that returns early stops
+  counting, so the others are not deadlocked;
+- warp shuffles: ``__shfl_up_sync`` exchanges values between the 32 threads of a warp through a real
+  per-warp barrier (full warps only; every lane must shuffle equally often);
+- atomics: ``atomicCAS/Add/Or/Min`` are ``std::atomic_ref`` operations, concurrent between the
+  threads of a block, so a CAS can lose to another thread (Zen's fall-back to the next hash and to
+  the serial region);
+  ``gpuAtomicAddNoReturn`` rounds every addition to its dtype, as on the GPU;
+- shared memory: ``__shared__`` arrays are shared by the threads of a block and must be written
+  before they are read across threads (a missing barrier races);
+- everything on the host side (argument checks, tile layout, host syncs, the overflow re-run) is the
+  production code, compiled for the CPU, and the launch configuration is validated (1-D grid up to
+  2^31 - 1 blocks, block a multiple of 32 up to 1024 threads).
+
+What is NOT emulated:
+
+- inter-block concurrency: blocks run one after another, in ``blockIdx`` order (thread t of the
+  launch plays ``threadIdx.x == t`` of every block). Races between blocks (two blocks claiming one
+  hash slot, atomics of different blocks interleaving) never happen, and a kernel that waits for
+  another block (a grid-wide spin lock) would hang. Atomics do race within a block;
+- short races in general: only as many threads run at once as the machine has cores, switching at
+  barriers or OS time slices, so a race with a window of nanoseconds is rarely observed (this is
+  not a race detector). The tests do not catch, for example, the removal of the last
+  ``__syncthreads`` of ``block_exclusive_sum`` or a write-then-re-read slot claim in place of the CAS;
+- the CUDA memory model: atomics are sequentially consistent and plain loads and stores are those
+  of the host CPU (x86: total store order), both stronger than the GPU's relaxed model. A missing
+  fence or ``volatile`` and the reordering races it allows are not reproduced;
+- warp-synchronous execution: lanes are not in lock-step, and shuffle masks other than the full warp
+  are rejected; inactive lanes, ``__syncwarp`` and other intrinsics are not provided (a kernel using
+  them fails to compile here; add them to ``shim/emu_runtime.h``);
+- shared memory contents at block start: a kernel that reads ``__shared__`` before writing it sees
+  the previous block's values (zero at first), not garbage; its size limit is not checked;
+- memory errors: device pointers are CPU pointers, so an out-of-bounds access is not reported (use
+  ``compute-sanitizer`` on a GPU), and device memory is unified with the host;
+- timing and resources: streams are ignored (launches are synchronous), there is no scheduling
+  like a GPU's, no register or occupancy limit, and no performance information.
+
+Variants: ``"prod"`` keeps the production constants (256-thread blocks, 2048-element tiles);
+``"small"`` uses 64-thread blocks (2 warps), 128-element tiles and at most 3 blocks per grid-stride
+loop, so that modest inputs cover many tiles, multi-row tiles and every grid-stride iteration.
+
+Example::
+
+    from cuda_ext.emulation import build_ops
+
+    ops = build_ops("small")  # about 25 s on 2 cores the first time, 0.2 s afterwards
+    ops.topk(torch.tensor([1.0, 3.0, 2.0]), 2)  # tensor([1, 2]), computed by the CUDA kernels
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "VARIANTS",
+    "build_directory",
+    "build_ops",
+    "namespace",
+    "rewrite_launches",
+    "run_selftest",
+    "unavailable_reason",
+]
+
+_HERE = Path(__file__).resolve().parent
+_SHIM = _HERE / "shim"
+_RUNTIME_INCLUDE = '#include "emu_runtime.h"  // added by cuda_ext/emulation/build.py\n'
+_SELFTEST = _HERE / "selftest.cu"
+_CSRC = _HERE.parent / "csrc"
+_EXTENSION_NAMESPACE = "zensync_cuda"
+_COMMON = "common.cuh"
+
+VARIANTS: dict[str, dict[str, str]] = {
+    "prod": {},
+    "small": {
+        "constexpr int kThreads = 256;": "constexpr int kThreads = 64;",
+        "constexpr int64_t kTile = kThreads * 8;": "constexpr int64_t kTile = kThreads * 2;",
+        "constexpr int64_t kMaxGridStrideBlocks = 1 << 16;": "constexpr int64_t kMaxGridStrideBlocks = 3;",
+    },
+}
+"""Per variant, exact text of cuda_ext/csrc/cuda/common.cuh -> its replacement (each must match once)."""
+
+_COMPILE_FLAGS = ["-O1"]
+"""-O1: the kernels are cheap next to the thread hand-offs, and it compiles faster than -O3."""
+
+
+def namespace(variant: str) -> str:
+    """The ``torch.ops`` namespace of a variant's ops, e.g. ``zensync_cuda_emu_small``."""
+    _check_variant(variant)
+    return f"{_EXTENSION_NAMESPACE}_emu_{variant}"
+
+
+def unavailable_reason() -> str:
+    """Why the emulation cannot be built on this machine ('' when it can): compiler, ninja or Python.h missing."""
+    compiler = _compiler()
+    if shutil.which(compiler[0]) is None:
+        return f"no C++ compiler: {compiler[0]!r} is not on PATH (install g++ or clang++, or set CXX)"
+    if shutil.which("ninja") is None:
+        return "ninja is not on PATH (torch.utils.cpp_extension.load needs it: pip install ninja)"
+    python_h = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not python_h.is_file():
+        return f"the Python headers are missing ({python_h}; install python3-dev)"
+    return ""
+
+
+def _compiler() -> list[str]:
+    """The C++ compiler command torch.utils.cpp_extension uses: $CXX (e.g. "ccache g++"), else c++."""
+    return shlex.split(os.environ.get("CXX", "c++")) or ["c++"]
+
+
+def _check_variant(variant: str) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not one of {sorted(VARIANTS)}")
+
+
+def _kernel_sources() -> list[Path]:
+    """ops.cpp, then the .cu files and the headers next to them (in a stable order)."""
+    cuda_dir = _CSRC / "cuda"
+    return [_CSRC / "ops.cpp", *sorted(cuda_dir.glob("*.cu")), *sorted(cuda_dir.glob("*.cuh"))]
+
+
+def _matching_paren(text: str, open_at: int) -> int:
+    """Index of the ')' that closes the '(' at ``open_at``."""
+    depth = 0
+    for index in range(open_at, len(text)):
+        if text[index] == "(":
+            depth += 1
+        elif text[index] == ")":
+            depth -= 1
+            if depth == 0:
+                return index
+    raise ValueError(f"unbalanced parentheses after offset {open_at}")
+
+
+def _kernel_name_start(text: str, launch_at: int) -> int:
+    """Where the kernel name before ``<<<`` starts: an identifier, optionally with ``<template args>``."""
+    end = launch_at
+    if text[end - 1] == ">":  # skip back over the template arguments, nested ones included
+        depth = 0
+        while True:
+            end -= 1
+            if end < 0:
+                raise ValueError(f"unbalanced template arguments before the launch at offset {launch_at}")
+            depth += {">": 1, "<": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+    match = re.search(r"[A-Za-z_][A-Za-z_0-9:]*$", text[:end])
+    if match is None:
+        raise ValueError(f"no kernel name before the launch at offset {launch_at}")
+    return match.start()
+
+
+def rewrite_launches(text: str) -> str:
+    """Every ``k<<<cfg>>>(args)`` -> ``::emu::launch(cfg, [](auto... a) { k(a...); }, args)``."""
+    out, position = [], 0
+    while (launch_at := text.find("<<<", position)) >= 0:
+        line_start = text.rfind("\n", 0, launch_at) + 1
+        if "//" in text[line_start:launch_at]:  # a launch quoted in a comment
+            out.append(text[position : launch_at + 3])
+            position = launch_at + 3
+            continue
+        name_at = _kernel_name_start(text, launch_at)
+        config_end = text.index(">>>", launch_at)
+        args_open = config_end + 3
+        if text[args_open] != "(":
+            raise ValueError(f"expected '(' after >>> at offset {config_end}: {text[config_end : config_end + 20]!r}")
+        args_close = _matching_paren(text, args_open)
+        kernel, config, args = (
+            text[name_at:launch_at],
+            text[launch_at + 3 : config_end],
+            text[args_open + 1 : args_close],
+        )
+        out.append(text[position:name_at])
+        args = f", {args}" if args.strip() else ""
+        out.append(f"::emu::launch({config}, [](auto... a) {{ {kernel}(a...); }}{args})")
+        position = args_close + 1
+    out.append(text[position:])
+    return "".join(out)
+
+
+def _rewrite(path: Path, variant: str) -> str:
+    """The emulated form of one source file (Steps 1-3 of the module docstring)."""
+    text = rewrite_launches(path.read_text(encoding="utf-8"))
+    if path.suffix == ".cu":
+        text = _RUNTIME_INCLUDE + text
+    # The op namespace and the C++ namespace both: a variant shares no op name with the real extension
+    # and no symbol with another variant (GCC makes the static variables of inline functions, such as
+    # block_exclusive_sum's __shared__ array, one object per process across shared libraries).
+    ns = namespace(variant)
+    text = re.sub(rf"\b{_EXTENSION_NAMESPACE}\b", ns, text)
+    text = text.replace(f"TORCH_LIBRARY_IMPL({ns}, CUDA,", f"TORCH_LIBRARY_IMPL({ns}, CPU,")
+    text = text.replace(".is_cuda()", ".is_cpu()")
+    if path.name == _COMMON:
+        for old, new in VARIANTS[variant].items():
+            if text.count(old) != 1:
+                raise ValueError(f"variant {variant!r}: {old!r} is not in {path} exactly once; update VARIANTS")
+            text = text.replace(old, new)
+    return text
+
+
+def _emulated_sources(variant: str) -> dict[str, str]:
+    """File name in the build directory (.cu -> .cpp) -> rewritten text, checking that the rewrites applied."""
+    sources = {}
+    for path in _kernel_sources():
+        name = path.with_suffix(".cpp").name if path.suffix == ".cu" else path.name
+        sources[name] = _rewrite(path, variant)
+    joined = "\n".join(sources.values())
+    if "<<<" in re.sub(r"//.*", "", joined):
+        raise ValueError("a kernel launch was not rewritten (see rewrite_launches)")
+    if re.search(r"TORCH_LIBRARY_IMPL\(\w+, CUDA", joined) or ".is_cuda()" in joined:
+        raise ValueError("a CUDA registration or device check was not rewritten (see _rewrite)")
+    return sources
+
+
+def _digest(variant: str, sources: dict[str, str]) -> str:
+    """Hash of everything that decides the build: sources, shims, this file, flags, torch and Python."""
+    digest = hashlib.sha256()
+    shims = sorted(path for path in _SHIM.rglob("*") if path.is_file())
+    for label, text in [*sorted(sources.items()), *((str(p.relative_to(_HERE)), p.read_text()) for p in shims)]:
+        digest.update(f"{label}\0{text}\0".encode())
+    digest.update(Path(__file__).read_bytes())
+    digest.update(f"{variant} {_COMPILE_FLAGS} {torch.__version__} {sys.version}".encode())
+    return digest.hexdigest()[:16]
+
+
+def build_directory(variant: str, root: Path | None = None) -> Path:
+    """``<root>/<variant>-<hash of the sources>``; root defaults to ``<system temp dir>/zensync_cuda_emulation``.
+
+    The hash changes with any edit to the kernels, the shims or this file, so an edit rebuilds in a
+    fresh directory and an unchanged tree reuses its build (ninja then has nothing to do).
+    """
+    _check_variant(variant)
+    base = root if root is not None else Path(tempfile.gettempdir()) / "zensync_cuda_emulation"
+    return base / f"{variant}-{_digest(variant, _emulated_sources(variant))}"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Keep the file's mtime when its text is unchanged, so ninja does not recompile it."""
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+
+
+_LOADED: dict[str, Any] = {}
+"""Variant -> its ops namespace, once loaded: a process registers each op namespace only once."""
+_LOAD_LOCK = threading.Lock()
+
+
+def _build(variant: str, root: Path | None, verbose: bool) -> Any:
+    directory = build_directory(variant, root)
+    source_dir = directory / "src"
+    source_dir.mkdir(parents=True, exist_ok=True)
+    sources = _emulated_sources(variant)
+    for name, text in sources.items():
+        _write_if_changed(source_dir / name, text)
+    from torch.utils.cpp_extension import load
+
+    load(
+        name=namespace(variant),  # also the Python module name (TORCH_EXTENSION_NAME in ops.cpp)
+        sources=[str(source_dir / name) for name in sources if name.endswith(".cpp")],
+        extra_include_paths=[str(_SHIM), str(source_dir)],
+        extra_cflags=_COMPILE_FLAGS,
+        build_directory=str(directory),
+        verbose=verbose,
+    )
+    return getattr(torch.ops, namespace(variant))
+
+
+def build_ops(variant: str = "small", *, root: Path | None = None, verbose: bool = False) -> Any:
+    """Compile (or reuse) the emulated kernels of ``variant`` and return their ops namespace.
+
+    Args:
+        variant: A key of ``VARIANTS``: "small" (many tiles, every grid-stride path) or "prod".
+        root: Parent of the build directories (default: see ``build_directory``).
+        verbose: Show the compiler commands and output.
+
+    Returns:
+        ``torch.ops.zensync_cuda_emu_<variant>``: the ops of ``cuda_ext/csrc/ops.cpp``, taking CPU
+        tensors. Built once per process and variant; later calls return the same namespace (whatever
+        their ``root``).
+
+    Raises:
+        ValueError: unknown variant, or sources the rewrites no longer fit.
+        RuntimeError: the compilation failed (torch.utils.cpp_extension shows the compiler output).
+    """
+    _check_variant(variant)
+    with _LOAD_LOCK:
+        if variant not in _LOADED:
+            _LOADED[variant] = _build(variant, root, verbose)
+        return _LOADED[variant]
+
+
+def run_selftest(work_dir: Path) -> subprocess.CompletedProcess[str]:
+    """Compile ``selftest.cu`` (launches rewritten, no torch) in ``work_dir``, run it and return its result.
+
+    It checks the runtime's own claims: shuffles, barriers over shared memory and atomics work, and
+    divergent barriers (early returns included), partial shuffle masks and bad launch shapes are reported.
+    A few seconds; the caller checks ``returncode == 0`` (stdout names any failed check).
+    """
+    source = work_dir / "selftest.cpp"
+    source.write_text(_RUNTIME_INCLUDE + rewrite_launches(_SELFTEST.read_text(encoding="utf-8")), encoding="utf-8")
+    binary = work_dir / "selftest"
+    command = [*_compiler(), "-std=c++20", *_COMPILE_FLAGS, "-pthread", "-I", str(_SHIM)]
+    compiled = subprocess.run([*command, str(source), "-o", str(binary)], check=False, capture_output=True, text=True)
+    if compiled.returncode != 0:
+        raise RuntimeError(f"the emulation self-test does not compile:\n{compiled.stderr}")
+    return subprocess.run([str(binary)], check=False, capture_output=True, text=True, timeout=60)

@@ -1,0 +1,117 @@
+// Self-test of the CUDA emulation runtime (shim/emu_runtime.h): each check is a property the
+// emulation claims in build.py's docstring. CUDA syntax, but compiled only by the emulator:
+// build.py's run_selftest includes emu_runtime.h, turns the launches into emu::launch and compiles
+// this file alone (no torch), e.g. by tests/emulated/test_cuda_emulated.py. Prints "ok" and exits 0
+// when every check passes, else prints the failed check and exits 1.
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kThreads = 64;  // two warps
+constexpr int kBlocks = 3;
+
+int failures = 0;
+
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::printf("FAILED: %s\n", what);
+    ++failures;
+  }
+}
+
+// Launches `launch_it`, which must throw std::runtime_error mentioning `expected`.
+template <class F>
+void check_throws(F launch_it, const char* expected, const char* what) {
+  try {
+    launch_it();
+  } catch (const std::runtime_error& error) {
+    check(std::strstr(error.what(), expected) != nullptr, what);
+    return;
+  }
+  check(false, what);
+}
+
+// Inclusive prefix sum over each warp with __shfl_up_sync, as common.cuh's warp_inclusive_sum.
+__global__ void warp_scan_kernel(long long* out) {
+  long long value = threadIdx.x + 1;
+  for (int delta = 1; delta < 32; delta <<= 1) {
+    const long long other = __shfl_up_sync(0xffffffffu, value, delta);
+    if ((threadIdx.x & 31) >= delta) value += other;
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = value;
+}
+
+// Reverses each block's slice through shared memory: wrong without a real barrier.
+__global__ void reverse_kernel(const int* in, int* out) {
+  __shared__ int slice[kThreads];
+  slice[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
+  __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = slice[blockDim.x - 1 - threadIdx.x];
+}
+
+// Half the threads return before a barrier the others pass (undefined in CUDA): the launch must
+// report it, not deadlock, because an exited thread stops counting at the barrier.
+__global__ void early_exit_kernel() {
+  if (threadIdx.x % 2 == 1) return;
+  __syncthreads();
+}
+
+// A barrier only some threads reach (undefined behaviour in CUDA): the launch must throw.
+__global__ void divergent_barrier_kernel() {
+  if (threadIdx.x < 32) __syncthreads();
+  __syncthreads();
+}
+
+__global__ void partial_mask_kernel() { __shfl_up_sync(0x0000ffffu, 1, 1); }
+
+// Every thread adds 1 and races for slot threadIdx.x % 4: one CAS winner per slot and launch.
+__global__ void atomics_kernel(unsigned long long* total, unsigned long long* slots, unsigned int* winners) {
+  atomicAdd(total, 1ull);
+  if (atomicCAS(slots + threadIdx.x % 4, 0ull, 1ull + threadIdx.x) == 0ull) atomicAdd(winners, 1u);
+}
+
+__global__ void empty_kernel() {}
+
+}  // namespace
+
+int main() {
+  const int n = kBlocks * kThreads;
+  std::vector<long long> scan(n);
+  warp_scan_kernel<<<kBlocks, kThreads, 0, nullptr>>>(scan.data());
+  bool scan_ok = true;
+  for (int i = 0; i < n; ++i) {
+    const long long lane_value = i % kThreads % 32 + 1 + (i % kThreads / 32) * 32;  // threadIdx.x + 1
+    const long long first = lane_value - i % 32;                                  // the warp's lane 0 value
+    scan_ok = scan_ok && scan[i] == (first + lane_value) * (i % 32 + 1) / 2;
+  }
+  check(scan_ok, "__shfl_up_sync gives each warp's inclusive prefix sum");
+
+  std::vector<int> in(n), out(n, -1);
+  for (int i = 0; i < n; ++i) in[i] = i;
+  reverse_kernel<<<kBlocks, kThreads, 0, nullptr>>>(in.data(), out.data());
+  bool reverse_ok = true;
+  for (int i = 0; i < n; ++i) reverse_ok = reverse_ok && out[i] == (i / kThreads + 1) * kThreads - 1 - i % kThreads;
+  check(reverse_ok, "__syncthreads orders shared-memory writes before reads in every block");
+
+  unsigned long long total = 0, slots[4] = {};
+  unsigned int winners = 0;
+  atomics_kernel<<<kBlocks, kThreads, 0, nullptr>>>(&total, slots, &winners);
+  check(total == static_cast<unsigned long long>(n) && winners == 4, "atomicAdd counts all, atomicCAS has one winner");
+
+  check_throws([] { early_exit_kernel<<<kBlocks, kThreads, 0, nullptr>>>(); }, "__syncthreads count",
+               "a thread that returns before a barrier is reported, without a deadlock");
+  check_throws([] { divergent_barrier_kernel<<<kBlocks, kThreads, 0, nullptr>>>(); }, "__syncthreads count",
+               "a barrier reached by part of a block is reported");
+  check_throws([] { partial_mask_kernel<<<1, kThreads, 0, nullptr>>>(); }, "full-warp",
+               "device-code errors reach the launching thread");
+  check_throws([] { empty_kernel<<<1, 48, 0, nullptr>>>(); }, "unsupported launch",
+               "a block size that is not a multiple of 32 is rejected");
+  check_throws([] { empty_kernel<<<0, kThreads, 0, nullptr>>>(); }, "unsupported launch", "an empty grid is rejected");
+
+  if (failures == 0) std::printf("ok\n");
+  return failures == 0 ? 0 : 1;
+}
