@@ -94,18 +94,33 @@ def _pack_bits1(words: np.ndarray, chunk: int, out: np.ndarray) -> None:
             out[j] = ((words[j] & np.uint64(0x0101010101010101)) * np.uint64(0x0102040810204080)) >> np.uint64(56)
 
 
+@_jit
+def _unpack_run(packed: np.ndarray, byte_table: np.ndarray, out: np.ndarray) -> None:
+    """out[j * per_byte + s] = byte_table[packed[j], s]: a loop from 0 over slices, which LLVM
+    vectorizes (indexing from a chunk offset inside the chunk loop ran 5x slower)."""
+    per_byte = byte_table.shape[1]
+    for j in range(packed.shape[0]):
+        b = packed[j]
+        first = j * per_byte
+        for s in range(per_byte):
+            out[first + s] = byte_table[b, s]
+
+
 @_kernel
-def _unpack(packed: np.ndarray, bits: int, chunk: int, levels: np.ndarray, out: np.ndarray) -> None:
-    """out[i] = levels[code i] (levels = the identity table for plain codes)."""
-    per_byte = 8 // bits
-    mask = (1 << bits) - 1
-    num_codes = out.shape[0]
+def _unpack(packed: np.ndarray, chunk: int, byte_table: np.ndarray, out: np.ndarray) -> None:
+    """``_unpack_run`` over fixed chunks of whole bytes (every code of each byte is wanted)."""
+    per_byte = byte_table.shape[1]
     for c in numba.prange(-(-packed.shape[0] // chunk)):
-        for j in range(c * chunk, min((c + 1) * chunk, packed.shape[0])):
-            byte = np.int64(packed[j])
-            first = j * per_byte
-            for s in range(min(per_byte, num_codes - first)):
-                out[first + s] = levels[(byte >> (s * bits)) & mask]
+        lo = c * chunk
+        hi = min(lo + chunk, packed.shape[0])
+        _unpack_run(packed[lo:hi], byte_table, out[lo * per_byte : hi * per_byte])
+
+
+def _byte_table(levels: np.ndarray, bits: int) -> np.ndarray:
+    """(256, 8 // bits): row b holds the levels of the codes packed in byte value b."""
+    per_byte = 8 // bits
+    codes = (np.arange(256)[:, None] >> (np.arange(per_byte) * bits)) & ((1 << bits) - 1)
+    return np.ascontiguousarray(levels[codes])
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -145,7 +160,14 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tenso
         return reference.unpack_bits(packed, bits, numel, levels)  # raises its ValueError, or an unusual table dtype
     table = np.arange(1 << bits, dtype=np.uint8) if levels is None else levels.detach().contiguous().numpy()
     src = packed.detach().contiguous().numpy()[: -(-numel // per_byte)]
-    out = np.empty(numel, dtype=table.dtype)
+    # torch's allocator, not numpy's: numpy advises huge pages on large arrays, and faulting in a
+    # fresh 16 MB output then cost more than the decoding (27 vs 1.5 ms at 2**22 codes, 1 thread).
+    result = torch.empty(numel, dtype=torch.uint8 if levels is None else levels.dtype)
+    out = result.numpy()
     parallel = _use_parallel(numel, _PARALLEL_MIN_CODES)
-    _unpack.pick(parallel)(src, bits, _chunk_size(src.shape[0], _MIN_CHUNK_BYTES, parallel), table, out)
-    return torch.from_numpy(out)
+    byte_table = _byte_table(table, bits)
+    full = numel // per_byte  # bytes whose codes are all wanted; the last one may be partial
+    _unpack.pick(parallel)(src[:full], _chunk_size(full, _MIN_CHUNK_BYTES, parallel), byte_table, out)
+    if numel > full * per_byte:
+        out[full * per_byte :] = byte_table[src[full], : numel - full * per_byte]
+    return result
