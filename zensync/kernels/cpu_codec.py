@@ -160,14 +160,13 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tenso
         return reference.unpack_bits(packed, bits, numel, levels)  # raises its ValueError, or an unusual table dtype
     table = np.arange(1 << bits, dtype=np.uint8) if levels is None else levels.detach().contiguous().numpy()
     src = packed.detach().contiguous().numpy()[: -(-numel // per_byte)]
-    # torch's allocator, not numpy's: numpy advises huge pages on large arrays, and faulting in a
-    # fresh 16 MB output then cost more than the decoding (27 vs 1.5 ms at 2**22 codes, 1 thread).
-    result = torch.empty(numel, dtype=torch.uint8 if levels is None else levels.dtype)
-    out = result.numpy()
+    # numpy's allocator: it advises huge pages for large arrays, so faulting in a fresh output costs
+    # far less than with torch.empty (25M float32: 6 vs 42 ms here, default glibc settings).
+    out = np.empty(numel, dtype=table.dtype)
     parallel = _use_parallel(numel, _PARALLEL_MIN_CODES)
     byte_table = _byte_table(table, bits)
     full = numel // per_byte  # bytes whose codes are all wanted; the last one may be partial
     _unpack.pick(parallel)(src[:full], _chunk_size(full, _MIN_CHUNK_BYTES, parallel), byte_table, out)
     if numel > full * per_byte:
         out[full * per_byte :] = byte_table[src[full], : numel - full * per_byte]
-    return result
+    return torch.from_numpy(out)
