@@ -85,13 +85,30 @@ def _pack(codes: np.ndarray, bits: int, chunk: int, out: np.ndarray) -> None:
 
 
 @_kernel
-def _pack_bits1(words: np.ndarray, chunk: int, out: np.ndarray) -> None:
-    """1-bit codes, 8 at a time: the low bit of each byte of a little-endian 64-bit word, gathered
-    into one byte by a multiply (bit i of byte i lands in bit 56 + i; the partial products never
-    overlap, so nothing carries)."""
+def _pack_words(words: np.ndarray, bits: int, chunk: int, out: np.ndarray) -> None:
+    """1-, 2- or 4-bit codes, 8 at a time from a little-endian 64-bit word, into ``bits`` bytes.
+
+    1 bit: the low bit of each byte gathered by one multiply (bit i of byte i lands in bit 56 + i;
+    the partial products never overlap, so nothing carries). 2 and 4 bits: shift-or folds that
+    bring the codes of 4 (2 bits) or 2 (4 bits) consecutive bytes into one byte, read at byte
+    offsets 0 and 4, or 0, 2, 4 and 6.
+    """
     for c in numba.prange(-(-words.shape[0] // chunk)):
         for j in range(c * chunk, min((c + 1) * chunk, words.shape[0])):
-            out[j] = ((words[j] & np.uint64(0x0101010101010101)) * np.uint64(0x0102040810204080)) >> np.uint64(56)
+            w = words[j]
+            if bits == 1:
+                out[j] = ((w & np.uint64(0x0101010101010101)) * np.uint64(0x0102040810204080)) >> np.uint64(56)
+            elif bits == 2:
+                w &= np.uint64(0x0303030303030303)
+                w |= w >> np.uint64(6)
+                w |= w >> np.uint64(12)
+                out[2 * j] = w & np.uint64(0xFF)
+                out[2 * j + 1] = (w >> np.uint64(32)) & np.uint64(0xFF)
+            else:
+                w &= np.uint64(0x0F0F0F0F0F0F0F0F)
+                w |= w >> np.uint64(4)
+                for b in range(4):
+                    out[4 * j + b] = (w >> np.uint64(16 * b)) & np.uint64(0xFF)
 
 
 @_jit
@@ -132,15 +149,17 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """
     if bits not in reference.PACK_WIDTHS or codes.dtype not in (torch.uint8, torch.bool) or codes.dim() != 1:
         return reference.pack_bits(codes, bits)  # raises its ValueError
+    if bits == 8:  # one code per byte: packing is a copy
+        return codes.detach().to(torch.uint8, copy=True).contiguous()
     src = codes.detach().contiguous().view(torch.uint8).numpy()
     num_bytes = -(-src.shape[0] * bits // 8)
     out = np.empty(num_bytes, dtype=np.uint8)
     parallel = _use_parallel(src.shape[0], _PARALLEL_MIN_CODES)
     chunk = _chunk_size(num_bytes, _MIN_CHUNK_BYTES, parallel)
-    if bits == 1 and src.ctypes.data % 8 == 0:  # whole groups of 8 codes as 64-bit words, then the tail
+    if bits < 8 and src.ctypes.data % 8 == 0:  # whole groups of 8 codes as 64-bit words, then the tail
         full = src.shape[0] // 8
-        _pack_bits1.pick(parallel)(src[: full * 8].view(np.uint64), chunk, out[:full])
-        _pack.serial(src[full * 8 :], bits, 1, out[full:])
+        _pack_words.pick(parallel)(src[: full * 8].view(np.uint64), bits, chunk, out[: full * bits])
+        _pack.serial(src[full * 8 :], bits, 1, out[full * bits :])
     else:
         _pack.pick(parallel)(src, bits, chunk, out)
     return torch.from_numpy(out)
