@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from zensync.sync.cost import CostModel
+from zensync.sync.cost import CostModel, fit_affine
 from zensync.transport import Transport
 
 __all__ = ["CALIBRATION_BYTES", "calibrate"]
@@ -45,10 +45,7 @@ def calibrate(transport: Transport, device: torch.device, repeats: int = 3) -> C
     # The mean over ranks: identical on every rank, so every rank fits the same model.
     summed = transport.all_reduce(torch.tensor(medians, dtype=torch.float64, device=device)) / n
     timings = summed.cpu().tolist()
-    sizes = torch.tensor(CALIBRATION_BYTES, dtype=torch.float64)
-    values = torch.tensor(timings, dtype=torch.float64)
-    design = torch.stack([torch.ones_like(sizes), sizes], dim=1)
-    intercept, slope = torch.linalg.lstsq(design, values.unsqueeze(1)).solution.squeeze(1).tolist()
+    intercept, slope = fit_affine(CALIBRATION_BYTES, timings)
     latency = max(_MIN_LATENCY_S, intercept / (2 * (n - 1)))
     bandwidth = max(_MIN_BANDWIDTH, 2 * (n - 1) / n / max(slope, 1e-15))
     return CostModel(latency_s=latency, bandwidth_bytes_per_s=bandwidth)

@@ -22,6 +22,7 @@ import torch
 
 from zensync import kernels
 from zensync.compress import build
+from zensync.sync.cost import fit_affine
 
 __all__ = ["CompressorCost", "CostFit", "measure_compressor_costs"]
 
@@ -99,12 +100,10 @@ def _fit(sizes: Sequence[int], seconds: Sequence[float]) -> CostFit:
     """Least-squares affine fit, clamped to non-negative coefficients."""
     if len(sizes) == 1:
         return CostFit(fixed_s=seconds[0], per_element_s=0.0, sizes=tuple(sizes), seconds=tuple(seconds))
-    x = torch.tensor(sizes, dtype=torch.float64)
-    y = torch.tensor(seconds, dtype=torch.float64)
-    design = torch.stack([torch.ones_like(x), x], dim=1)
-    fixed, per = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    fixed, per = fit_affine(sizes, seconds)
     if per < 0:  # noise on tiny sizes: a flat cost
         fixed, per = statistics.fmean(seconds), 0.0
-    if fixed < 0:
-        fixed, per = 0.0, max(0.0, float((x * y).sum() / (x * x).sum()))
+    if fixed < 0:  # through the origin: least squares of y ~ per * x
+        per = max(0.0, sum(a * b for a, b in zip(sizes, seconds, strict=True)) / sum(a * a for a in sizes))
+        fixed = 0.0
     return CostFit(fixed_s=fixed, per_element_s=per, sizes=tuple(sizes), seconds=tuple(seconds))

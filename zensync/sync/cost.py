@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import torch
 
 __all__ = [
     "CostModel",
     "TensorShape",
+    "fit_affine",
     "independent_union",
     "predict_bytes",
     "predict_time",
@@ -101,3 +104,17 @@ def predict_time(scheme: str, shape: TensorShape, union: Callable[[int], float],
         model.latency_s * _messages(scheme, shape.world_size)
         + predict_bytes(scheme, shape, union) / model.bandwidth_bytes_per_s
     )
+
+
+def fit_affine(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y ~ intercept + slope * x, in float64.
+
+    Example::
+
+        fit_affine([1, 2, 3], [3.0, 5.0, 7.0])  # (1.0, 2.0) up to rounding
+    """
+    xs = torch.tensor(x, dtype=torch.float64)
+    design = torch.stack([torch.ones_like(xs), xs], dim=1)
+    solution = torch.linalg.lstsq(design, torch.tensor(y, dtype=torch.float64).unsqueeze(1)).solution
+    intercept, slope = solution.squeeze(1).tolist()
+    return intercept, slope
