@@ -549,11 +549,6 @@ def aggregate(positions: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tens
 # ---------------------------------------------------------------- bitmaps
 
 
-def _check_length(op: str, length: int) -> None:
-    if length < 0:
-        raise ValueError(f"{op}: length={length} must be >= 0 (it is the number of positions the bitmap covers)")
-
-
 @_jit
 def _encode(positions: np.ndarray, words: np.ndarray) -> int:
     """OR each position's bit into the int32 words; returns the index of the first bad position or -1."""
@@ -572,7 +567,7 @@ def bitmap_encode(positions: torch.Tensor, length: int) -> torch.Tensor:
     Serial: one pass of k random ORs into a small array is memory-bound, and threads would race on
     shared words.
     """
-    _check_length("bitmap_encode", length)
+    reference._check_length("bitmap_encode", length)
     keys = positions.detach().to(torch.int64).contiguous().reshape(-1).numpy()
     words = np.zeros((length + 31) // 32, dtype=np.int32)
     bad = _encode(keys, words)
@@ -598,7 +593,7 @@ def bitmap_decode(words: torch.Tensor, length: int) -> torch.Tensor:
 
     Step 1 counts set bits per chunk (popcount); Step 2 extracts them at prefix-summed offsets.
     """
-    _check_length("bitmap_decode", length)
+    reference._check_length("bitmap_decode", length)
     if words.dtype != torch.int32:
         return reference.bitmap_decode(words, length)
     num_bits = min(length, 32 * words.numel())

@@ -57,10 +57,9 @@ def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torc
 
         scatter_add(torch.tensor([2, 0, 2]), torch.tensor([1.0, 2.0, 3.0]), 4)  # tensor([2., 0., 4., 0.])
     """
-    if values.dtype not in _SUM_DTYPES or indices.dtype not in (torch.int32, torch.int64):
+    reference._check_pairs("scatter_add", indices, values)
+    if values.dtype not in _SUM_DTYPES:
         return reference.scatter_add(indices, values, numel)
-    if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
-        reference.scatter_add(indices, values, numel)  # raises its ValueError
     # np.zeros is calloc: fresh zero pages cost nothing until written, and only the k written
     # positions are, so a sparse decode no longer pays a memset of the whole dense tensor.
     out = np.zeros(numel, dtype=np.float32 if values.dtype == torch.float32 else np.float64)
@@ -147,8 +146,7 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
         pack_bits(torch.tensor([3, 1], dtype=torch.uint8), 2)  # tensor([7], dtype=torch.uint8)
     """
-    if bits not in reference.PACK_WIDTHS or codes.dtype not in (torch.uint8, torch.bool) or codes.dim() != 1:
-        return reference.pack_bits(codes, bits)  # raises its ValueError
+    reference._check_pack(codes, bits)
     if bits == 8:  # one code per byte: packing is a copy
         return codes.detach().to(torch.uint8, copy=True).contiguous()
     src = codes.detach().contiguous().view(torch.uint8).numpy()
@@ -172,11 +170,10 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tenso
 
         unpack_bits(torch.tensor([7], dtype=torch.uint8), 2, 2)  # tensor([3, 1], dtype=torch.uint8)
     """
-    per_byte = 8 // bits if bits in reference.PACK_WIDTHS else 0
-    valid = per_byte and packed.dtype == torch.uint8 and packed.dim() == 1 and 0 <= numel <= packed.numel() * per_byte
-    table_ok = levels is None or (levels.dim() == 1 and levels.numel() == 1 << bits and levels.dtype in _TABLE_DTYPES)
-    if not (valid and table_ok):
-        return reference.unpack_bits(packed, bits, numel, levels)  # raises its ValueError, or an unusual table dtype
+    reference._check_unpack(packed, bits, numel, levels)
+    if levels is not None and levels.dtype not in _TABLE_DTYPES:
+        return reference.unpack_bits(packed, bits, numel, levels)
+    per_byte = 8 // bits
     table = np.arange(1 << bits, dtype=np.uint8) if levels is None else levels.detach().contiguous().numpy()
     src = packed.detach().contiguous().numpy()[: -(-numel // per_byte)]
     # numpy's allocator: it advises huge pages for large arrays, so faulting in a fresh output costs

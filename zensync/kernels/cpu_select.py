@@ -333,9 +333,7 @@ def sampled_topk(
 
         sampled_topk(torch.tensor([1.0, 3.0, 2.0, 3.0, 2.0]), 3, threshold=2.5)  # tensor([1, 2, 3])
     """
-    reference._check_k(k)
-    if not 0.0 < relax_factor < 1.0:
-        raise ValueError(f"relax_factor={relax_factor!r} must be in (0, 1): it lowers the threshold")
+    reference._check_sampled(k, relax_factor)
     view = _bits_of(magnitudes)
     if view is None:
         return reference.sampled_topk(magnitudes, k, threshold, relax_factor=relax_factor, max_tries=max_tries)

@@ -196,17 +196,12 @@ def bucket_nonzero(
     return items, positions, counts
 
 
-def _check_length(op: str, length: int) -> None:
-    if length < 0:
-        raise ValueError(f"{op}: length={length} must be >= 0 (it is the number of positions the bitmap covers)")
-
-
 def bitmap_encode(positions: torch.Tensor, length: int) -> torch.Tensor:
     """int32 words with bit p % 32 of word p // 32 set for each position; see ``reference.bitmap_encode``.
 
     A position outside [0, 32 * ceil(length / 32)) raises IndexError (one host sync).
     """
-    _check_length("bitmap_encode", length)
+    reference._check_length("bitmap_encode", length)
     ops = _ops(positions)
     if ops is None or positions.dtype not in _INDEX_DTYPES:
         return reference.bitmap_encode(positions, length)
@@ -215,7 +210,7 @@ def bitmap_encode(positions: torch.Tensor, length: int) -> torch.Tensor:
 
 def bitmap_decode(words: torch.Tensor, length: int) -> torch.Tensor:
     """Ascending int64 positions of the set bits among the first ``length``; see ``reference.bitmap_decode``."""
-    _check_length("bitmap_decode", length)
+    reference._check_length("bitmap_decode", length)
     ops = _ops(words)
     if ops is None or words.dtype != torch.int32:
         return reference.bitmap_decode(words, length)
@@ -242,9 +237,7 @@ def sampled_topk(
     One counting pass (and host sync) per threshold tried, a compaction of the candidates, then
     ``topk`` on them.
     """
-    reference._check_k(k)
-    if not 0.0 < relax_factor < 1.0:
-        raise ValueError(f"relax_factor={relax_factor!r} must be in (0, 1): it lowers the threshold")
+    reference._check_sampled(k, relax_factor)
     ops = _ops(magnitudes)
     if ops is None or magnitudes.dim() != 1 or magnitudes.dtype not in _FLOAT_DTYPES:
         return reference.sampled_topk(magnitudes, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
@@ -256,13 +249,7 @@ def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torc
 
     Indices are range-checked on the device: one outside [0, numel) raises ValueError (one host sync).
     """
-    if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
-        raise ValueError(
-            f"scatter_add: indices and values must be 1-D of equal length, got {tuple(indices.shape)} and "
-            f"{tuple(values.shape)}"
-        )
-    if indices.dtype not in _INDEX_DTYPES:
-        raise ValueError(f"scatter_add: indices must be int32 or int64, got {indices.dtype}")
+    reference._check_pairs("scatter_add", indices, values)
     ops = _ops(indices, values)
     if ops is None or values.dtype not in _FLOAT_DTYPES or indices.device != values.device:
         return reference.scatter_add(indices, values, numel)
@@ -271,19 +258,18 @@ def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torc
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """1-D uint8/bool codes -> bytes of ``bits``-bit codes, least significant first; see ``reference.pack_bits``."""
-    reference._check_width("pack_bits", bits)
+    reference._check_pack(codes, bits)
     ops = _ops(codes)
-    if ops is None or codes.dtype not in (torch.uint8, torch.bool) or codes.dim() != 1:
+    if ops is None:
         return reference.pack_bits(codes, bits)
     return ops.pack_bits(codes.detach(), bits)
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tensor | None = None) -> torch.Tensor:
     """The first ``numel`` codes of ``packed`` as uint8, or ``levels[code]``; see ``reference.unpack_bits``."""
-    reference._check_width("unpack_bits", bits)
+    reference._check_unpack(packed, bits, numel, levels)
     ops = _ops(packed)
-    valid = packed.dtype == torch.uint8 and packed.dim() == 1 and 0 <= numel <= packed.numel() * (8 // bits)
-    if ops is None or not valid or (levels is not None and (levels.dim() != 1 or levels.numel() != 1 << bits)):
-        return reference.unpack_bits(packed, bits, numel, levels)  # raises on invalid arguments
+    if ops is None:
+        return reference.unpack_bits(packed, bits, numel, levels)
     codes = ops.unpack_bits(packed.detach(), bits, numel)
     return codes if levels is None else levels[codes.long()]

@@ -42,8 +42,13 @@ __all__ = [
 
 _VALID_CHOICES = ("auto", "reference", "cpu")
 """``ZENSYNC_KERNELS``: ``auto`` (fastest available; ``cpu`` is an older spelling of it) or ``reference``."""
-_CPU_MODULE = {"topk": "cpu_select", "sampled_topk": "cpu_select"}
-_CPU_MODULE.update(dict.fromkeys(("scatter_add", "pack_bits", "unpack_bits"), "cpu_codec"))
+_CPU_MODULE = {
+    "topk": "cpu_select",
+    "sampled_topk": "cpu_select",
+    "scatter_add": "cpu_codec",
+    "pack_bits": "cpu_codec",
+    "unpack_bits": "cpu_codec",
+}
 """numba module of each op not in ``cpu``."""
 _CUDA_OPS = frozenset(
     [

@@ -152,9 +152,23 @@ def bitmap_decode(words: torch.Tensor, length: int) -> torch.Tensor:
     return bits.nonzero().squeeze(1)
 
 
+# Argument checks shared by every implementation (``cpu*`` and ``cuda`` call them before choosing a path).
+
+
+def _check_length(op: str, length: int) -> None:
+    if length < 0:
+        raise ValueError(f"{op}: length={length} must be >= 0 (it is the number of positions the bitmap covers)")
+
+
 def _check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k={k!r} must be an int >= 0 (how many elements to select)")
+
+
+def _check_sampled(k: int, relax_factor: float) -> None:
+    _check_k(k)
+    if not 0.0 < relax_factor < 1.0:
+        raise ValueError(f"relax_factor={relax_factor!r} must be in (0, 1): it lowers the threshold")
 
 
 def topk(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
@@ -200,9 +214,7 @@ def sampled_topk(
     Example: sampled_topk(tensor([1.0, 3.0, 2.0, 3.0, 2.0]), 3, threshold=2.5) -> tensor([1, 2, 3])
     (two pass at 2.5, all five at 2.0).
     """
-    _check_k(k)
-    if not 0.0 < relax_factor < 1.0:
-        raise ValueError(f"relax_factor={relax_factor!r} must be in (0, 1): it lowers the threshold")
+    _check_sampled(k, relax_factor)
     if k == 0 or k >= magnitudes.numel():
         return topk(magnitudes, k)
     for _ in range(max_tries):
@@ -214,7 +226,8 @@ def sampled_topk(
     return topk(magnitudes, k)
 
 
-def _check_indices(op: str, indices: torch.Tensor, values: torch.Tensor, numel: int) -> None:
+def _check_pairs(op: str, indices: torch.Tensor, values: torch.Tensor) -> None:
+    """Shapes and index dtype of (index, value) pairs (no host sync)."""
     if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
         raise ValueError(
             f"{op}: indices and values must be 1-D of equal length, got {tuple(indices.shape)} and "
@@ -222,6 +235,10 @@ def _check_indices(op: str, indices: torch.Tensor, values: torch.Tensor, numel: 
         )
     if indices.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{op}: indices must be int32 or int64, got {indices.dtype}")
+
+
+def _check_indices(op: str, indices: torch.Tensor, values: torch.Tensor, numel: int) -> None:
+    _check_pairs(op, indices, values)
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= numel):  # host sync
         raise ValueError(f"{op}: indices must lie in [0, {numel}), got [{int(indices.min())}, {int(indices.max())}]")
 
@@ -245,6 +262,25 @@ def _check_width(op: str, bits: int) -> None:
         raise ValueError(f"{op}: bits={bits!r} must be one of {PACK_WIDTHS}")
 
 
+def _check_pack(codes: torch.Tensor, bits: int) -> None:
+    _check_width("pack_bits", bits)
+    if codes.dtype not in (torch.uint8, torch.bool) or codes.dim() != 1:
+        raise ValueError(f"pack_bits: codes must be 1-D uint8 or bool, got {codes.dtype} of shape {tuple(codes.shape)}")
+
+
+def _check_unpack(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tensor | None) -> None:
+    _check_width("unpack_bits", bits)
+    if packed.dtype != torch.uint8 or packed.dim() != 1 or not 0 <= numel <= packed.numel() * (8 // bits):
+        raise ValueError(
+            f"unpack_bits: packed must be 1-D uint8 holding at least numel={numel} codes of {bits} bits, got "
+            f"{packed.dtype} of shape {tuple(packed.shape)}"
+        )
+    if levels is not None and (levels.dim() != 1 or levels.numel() != 1 << bits):
+        raise ValueError(
+            f"unpack_bits: levels must be 1-D with 2**bits = {1 << bits} entries, got {tuple(levels.shape)}"
+        )
+
+
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """1-D uint8 codes (only the low ``bits`` bits count) -> ceil(numel * bits / 8) uint8 bytes.
 
@@ -253,9 +289,7 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
     Example: pack_bits(tensor([1, 0, 1], dtype=uint8), 1) -> tensor([5]); pack_bits(tensor([3, 1]), 2) -> tensor([7]).
     """
-    _check_width("pack_bits", bits)
-    if codes.dtype not in (torch.uint8, torch.bool) or codes.dim() != 1:
-        raise ValueError(f"pack_bits: codes must be 1-D uint8 or bool, got {codes.dtype} of shape {tuple(codes.shape)}")
+    _check_pack(codes, bits)
     per_byte = 8 // bits
     numel = codes.numel()
     padded = torch.zeros(-(-numel // per_byte) * per_byte, dtype=torch.uint8, device=codes.device)
@@ -280,17 +314,8 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tenso
     Example: unpack_bits(tensor([7], dtype=uint8), 2, 2) -> tensor([3, 1]);
     unpack_bits(tensor([5], dtype=uint8), 1, 3, tensor([-1.0, 1.0])) -> tensor([1.0, -1.0, 1.0]).
     """
-    _check_width("unpack_bits", bits)
+    _check_unpack(packed, bits, numel, levels)
     per_byte = 8 // bits
-    if packed.dtype != torch.uint8 or packed.dim() != 1 or not 0 <= numel <= packed.numel() * per_byte:
-        raise ValueError(
-            f"unpack_bits: packed must be 1-D uint8 holding at least numel={numel} codes of {bits} bits, got "
-            f"{packed.dtype} of shape {tuple(packed.shape)}"
-        )
-    if levels is not None and (levels.dim() != 1 or levels.numel() != 1 << bits):
-        raise ValueError(
-            f"unpack_bits: levels must be 1-D with 2**bits = {1 << bits} entries, got {tuple(levels.shape)}"
-        )
     shifts = torch.arange(per_byte, device=packed.device, dtype=torch.uint8) * bits
     codes = ((packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(-1)[:numel].contiguous()
     return codes if levels is None else levels[codes.long()]

@@ -37,12 +37,13 @@ class PricedOptions:
         self.index = {option: k for k, option in enumerate(self.options)}
         self.cache: dict[int, int] = {}
         self.costs = [self.price(option, self.numel) for option in self.options]
-        self._stage_arrays: tuple[FloatArray, np.ndarray, FloatArray, np.ndarray] | None = None
-        gpu = [k for k, o in enumerate(self.options) if o.device == "gpu"]
-        self.gpu = np.array(gpu)
-        self.compute = np.stack([self.costs[k].compute_s for k in gpu])
-        self.wait = np.stack([self.costs[k].stages[0][1] for k in gpu])
-        self.comm = np.stack([self.costs[k].stages[1][1] for k in gpu])
+        self.stage_arrays = self._stage_arrays()
+        """Every option's prices as ``timeline`` takes them: compute ``[K, n]``, stage resources ``[K, S]``
+        (a stage's resource depends on the option only), stage seconds ``[K, n, S]``, stage counts ``[K]``."""
+        self.gpu = np.array([k for k, o in enumerate(self.options) if o.device == "gpu"])
+        # GPU options run (wait, comm): the rows MaxPlus prices.
+        compute, _, seconds, _ = self.stage_arrays
+        self.compute, self.wait, self.comm = compute[self.gpu], seconds[self.gpu, :, 0], seconds[self.gpu, :, 1]
 
     def price(self, option: TensorOption, numel: FloatArray, upper_bound: bool = False) -> OptionCosts:
         return option_costs(
@@ -77,7 +78,7 @@ class PricedOptions:
         The event loop of ``simulate`` on the same units, compiled (``zensync.kernels.timeline``, equal
         to the Python loop bit for bit), without pricing the options again.
         """
-        compute, resource, seconds, num_stages = self.stage_arrays()
+        compute, resource, seconds, num_stages = self.stage_arrays
         columns = np.arange(len(choice))
         return float(
             timeline.iteration_time(
@@ -92,15 +93,7 @@ class PricedOptions:
             )
         )
 
-    def stage_arrays(self) -> tuple[FloatArray, np.ndarray, FloatArray, np.ndarray]:
-        """Every option's prices as ``timeline.descend`` takes them: compute ``[K, n]``, stage resources
-        ``[K, S]`` (a stage's resource depends on the option only), stage seconds ``[K, n, S]`` and
-        stage counts ``[K]``. Built once."""
-        if self._stage_arrays is None:
-            self._stage_arrays = self._build_stage_arrays()
-        return self._stage_arrays
-
-    def _build_stage_arrays(self) -> tuple[FloatArray, np.ndarray, FloatArray, np.ndarray]:
+    def _stage_arrays(self) -> tuple[FloatArray, np.ndarray, FloatArray, np.ndarray]:
         codes = {"wait": timeline.WAIT, "comm": timeline.COMM, "cpu": timeline.CPU}
         max_stages = max(len(costs.stages) for costs in self.costs)
         k, n = len(self.costs), len(self.numel)

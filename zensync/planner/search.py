@@ -207,7 +207,7 @@ def _joint_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
         priced.profile.forward_s,
         priced.profile.backward_s,
         priced.ready,
-        *priced.stage_arrays(),
+        *priced.stage_arrays,
         choice,
         np.array(candidates, np.int64),
         priced.cluster.cpu_workers,
