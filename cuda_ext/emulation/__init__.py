@@ -1,21 +1,29 @@
 """CPU emulation of the CUDA kernels in ``cuda_ext/csrc``, for CPU-only CI; ``build.py`` says what it covers."""
 
 from cuda_ext.emulation.build import (
+    SELFTEST_RACES,
     VARIANTS,
+    Variant,
     build_directory,
     build_ops,
     namespace,
     rewrite_launches,
+    rewrite_shared,
     run_selftest,
+    tsan_runtime,
     unavailable_reason,
 )
 
 __all__ = [
+    "SELFTEST_RACES",
     "VARIANTS",
+    "Variant",
     "build_directory",
     "build_ops",
     "namespace",
     "rewrite_launches",
+    "rewrite_shared",
     "run_selftest",
+    "tsan_runtime",
     "unavailable_reason",
 ]

@@ -5,60 +5,70 @@ real ``.cu`` sources are copied and rewritten, not re-implemented:
 
 1. every launch ``k<<<grid, block, smem, stream>>>(args)`` becomes
    ``::emu::launch(grid, block, smem, stream, [](auto... a) { k(a...); }, args)``;
-2. the ops are registered for the CPU dispatch key, and the name ``zensync_cuda`` (op and C++
+2. every ``__shared__ T name[N];`` becomes ``auto& name = ::emu::shared<T[N], id>();``, the running
+   block's own copy of that array (``rewrite_shared``);
+3. the ops are registered for the CPU dispatch key, and the name ``zensync_cuda`` (op and C++
    namespace) becomes ``zensync_cuda_emu_<variant>``, so that the real extension and every variant
    can share a process; ``t.is_cuda()`` checks become ``t.is_cpu()``;
-3. a variant may change the launch constants of ``common.cuh`` (see ``VARIANTS``);
-4. each ``.cu`` file starts with ``#include "emu_runtime.h"`` (the CUDA built-ins, barriers, shuffles,
-   atomics and ``emu::launch``) and is compiled as C++20 by ``torch.utils.cpp_extension.load``, with
-   ``shim/`` on the include path in place of ``c10/cuda/*.h`` and ``ATen/cuda/Atomic.cuh``.
+4. a variant may change the launch constants of ``common.cuh``, the number of blocks that run at once
+   and the sanitizer (see ``VARIANTS``);
+5. each ``.cu`` file starts with ``#include "emu_runtime.h"`` (the CUDA built-ins, barriers, shuffles,
+   atomics, shared memory and ``emu::launch``) and is compiled as C++20 by
+   ``torch.utils.cpp_extension.load``, with ``shim/`` on the include path in place of ``c10/cuda/*.h``
+   and ``ATen/cuda/Atomic.cuh``.
 
 What is emulated faithfully:
 
 - threads and barriers: one OS thread per CUDA thread of a block, so ``__syncthreads`` is a real
-  barrier and without one the threads really race on shared memory (seen when the race window is
-  wide, as in ``selftest.cu``; see "short races" below). A divergent barrier
-  (a barrier that not every thread of the block reaches, undefined in CUDA) is a launch error:
-  every thread must pass the same number of barriers, and a thread that returns early stops
-  counting, so the others are not deadlocked;
+  barrier and without one the threads really race on shared memory. A divergent barrier (a barrier
+  that not every thread of the block reaches, undefined in CUDA) is a launch error: every thread
+  must pass the same number of barriers, and a thread that returns early stops counting, so the
+  others are not deadlocked;
+- blocks at once: a variant's ``resident_blocks`` blocks of a launch run concurrently (2 or 3, like
+  blocks resident on different SMs; the rest wait for a free slot), so blocks really race for hash
+  slots and counters, and a block may wait for another (``selftest.cu`` checks it);
 - warp shuffles: ``__shfl_up_sync`` exchanges values between the 32 threads of a warp through a real
   per-warp barrier (full warps only; every lane must shuffle equally often);
-- atomics: ``atomicCAS/Add/Or/Min`` are ``std::atomic_ref`` operations, concurrent between the
-  threads of a block, so a CAS can lose to another thread (Zen's fall-back to the next hash and to
-  the serial region);
+- atomics: ``atomicCAS/Add/Or/Min`` are relaxed ``std::atomic_ref`` operations, concurrent between
+  threads and blocks, so a CAS can lose to another thread (Zen's fall-back to the next hash and to
+  the serial region), and, as in CUDA, an atomic orders no other memory access;
   ``gpuAtomicAddNoReturn`` rounds every addition to its dtype, as on the GPU;
-- shared memory: ``__shared__`` arrays are shared by the threads of a block and must be written
-  before they are read across threads (a missing barrier races);
+- shared memory: one copy per block, filled with 0xA5 bytes when the block first touches it, so a
+  read before any write sees garbage, never another block's data;
+- races, with the ``tsan`` variant: the same build under ThreadSanitizer, in a process that preloads
+  its runtime (``tsan_runtime``; ``tests/emulated/test_cuda_races.py``). It reports every pair of
+  accesses, one a plain write, that CUDA's rules leave unordered: within a block only
+  ``__syncthreads`` orders, between blocks only the end of the launch, and atomics order nothing
+  else. It checks happens-before, not timing, so a race with a window of nanoseconds is reported as
+  surely as a wide one (a write-then-re-read slot claim in place of the CAS, a missing last barrier
+  in ``block_exclusive_sum``: both reported, ``test_cuda_races.py`` says how it was measured);
 - everything on the host side (argument checks, tile layout, host syncs, the overflow re-run) is the
   production code, compiled for the CPU, and the launch configuration is validated (1-D grid up to
   2^31 - 1 blocks, block a multiple of 32 up to 1024 threads).
 
 What is NOT emulated:
 
-- inter-block concurrency: blocks run one after another, in ``blockIdx`` order (thread t of the
-  launch plays ``threadIdx.x == t`` of every block). Races between blocks (two blocks claiming one
-  hash slot, atomics of different blocks interleaving) never happen, and a kernel that waits for
-  another block (a grid-wide spin lock) would hang. Atomics do race within a block;
-- short races in general: only as many threads run at once as the machine has cores, switching at
-  barriers or OS time slices, so a race with a window of nanoseconds is rarely observed (this is
-  not a race detector). The tests do not catch, for example, the removal of the last
-  ``__syncthreads`` of ``block_exclusive_sum`` or a write-then-re-read slot claim in place of the CAS;
-- the CUDA memory model: atomics are sequentially consistent and plain loads and stores are those
-  of the host CPU (x86: total store order), both stronger than the GPU's relaxed model. A missing
-  fence or ``volatile`` and the reordering races it allows are not reproduced;
+- without the ``tsan`` variant, short races: only as many threads run at once as the machine has
+  cores, switching at barriers or OS time slices, so a race with a narrow window rarely changes a
+  result. The ``prod`` and ``small`` variants are functional tests, not race detectors;
+- the rest of the CUDA memory model: fences, ``volatile`` and scoped atomics (``atomicAdd_block``)
+  are not provided (a kernel using them fails to compile here), and plain loads and stores are those
+  of the host CPU (x86: total store order), stronger than the GPU's. ThreadSanitizer still reports
+  the unordered accesses, but a run without it cannot show the reorderings a GPU may make;
 - warp-synchronous execution: lanes are not in lock-step, and shuffle masks other than the full warp
   are rejected; inactive lanes, ``__syncwarp`` and other intrinsics are not provided (a kernel using
   them fails to compile here; add them to ``shim/emu_runtime.h``);
-- shared memory contents at block start: a kernel that reads ``__shared__`` before writing it sees
-  the previous block's values (zero at first), not garbage; its size limit is not checked;
+- the shared memory size limit, and more blocks at once than a variant's ``resident_blocks`` (a kernel
+  that waits for more blocks than that hangs, as on a GPU with fewer SMs);
 - memory errors: device pointers are CPU pointers, so an out-of-bounds access is not reported (use
   ``compute-sanitizer`` on a GPU), and device memory is unified with the host;
 - timing and resources: streams are ignored (launches are synchronous), there is no scheduling
   like a GPU's, no register or occupancy limit, and no performance information.
 
-Variants: ``"prod"`` keeps the production constants (256-thread blocks, 2048-element tiles);
-``"small"`` uses 64-thread blocks (2 warps), 128-element tiles and at most 3 blocks per grid-stride
-loop, so that modest inputs cover many tiles, multi-row tiles and every grid-stride iteration.
+Variants (``VARIANTS``): ``"prod"`` keeps the production constants (256-thread blocks, 2048-element
+tiles), 2 blocks at once; ``"small"`` uses 64-thread blocks (2 warps), 128-element tiles and at most 3
+blocks per grid-stride loop, all 3 at once, so that modest inputs cover many tiles, multi-row tiles and
+every grid-stride iteration; ``"tsan"`` is ``"small"`` under ThreadSanitizer.
 
 Example::
 
@@ -80,18 +90,23 @@ import sys
 import sysconfig
 import tempfile
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 __all__ = [
+    "SELFTEST_RACES",
     "VARIANTS",
+    "Variant",
     "build_directory",
     "build_ops",
     "namespace",
     "rewrite_launches",
+    "rewrite_shared",
     "run_selftest",
+    "tsan_runtime",
     "unavailable_reason",
 ]
 
@@ -103,18 +118,61 @@ _CSRC = _HERE.parent / "csrc"
 _EXTENSION_NAMESPACE = "zensync_cuda"
 _COMMON = "common.cuh"
 
-VARIANTS: dict[str, dict[str, str]] = {
-    "prod": {},
-    "small": {
-        "constexpr int kThreads = 256;": "constexpr int kThreads = 64;",
-        "constexpr int64_t kTile = kThreads * 8;": "constexpr int64_t kTile = kThreads * 2;",
-        "constexpr int64_t kMaxGridStrideBlocks = 1 << 16;": "constexpr int64_t kMaxGridStrideBlocks = 3;",
-    },
+_SMALL_CONSTANTS = {
+    "constexpr int kThreads = 256;": "constexpr int kThreads = 64;",
+    "constexpr int64_t kTile = kThreads * 8;": "constexpr int64_t kTile = kThreads * 2;",
+    "constexpr int64_t kMaxGridStrideBlocks = 1 << 16;": "constexpr int64_t kMaxGridStrideBlocks = 3;",
 }
-"""Per variant, exact text of cuda_ext/csrc/cuda/common.cuh -> its replacement (each must match once)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to build the emulated kernels.
+
+    Attributes:
+        constants: Exact text of cuda_ext/csrc/cuda/common.cuh -> its replacement (each must match once).
+        resident_blocks: Blocks of a launch that run at once (``EMU_RESIDENT_BLOCKS``).
+        sanitize_threads: Compile with ``-fsanitize=thread`` (ThreadSanitizer). Such a build loads only
+            into a process started with ThreadSanitizer's runtime preloaded (see ``tsan_runtime``).
+    """
+
+    constants: dict[str, str] = field(default_factory=dict)
+    resident_blocks: int = 2
+    sanitize_threads: bool = False
+
+
+VARIANTS: dict[str, Variant] = {
+    "prod": Variant(resident_blocks=2),
+    "small": Variant(constants=_SMALL_CONSTANTS, resident_blocks=3),
+    "tsan": Variant(constants=_SMALL_CONSTANTS, resident_blocks=3, sanitize_threads=True),
+}
+"""``prod``: the production constants, 2 blocks at once. ``small``: 64-thread blocks, 128-element tiles
+and at most 3 blocks per grid-stride loop, all 3 at once. ``tsan``: ``small`` under ThreadSanitizer."""
 
 _COMPILE_FLAGS = ["-O1"]
 """-O1: the kernels are cheap next to the thread hand-offs, and it compiles faster than -O3."""
+
+_TSAN_FLAGS = ["-fsanitize=thread", "-g"]
+
+_SHARED_DECLARATION = re.compile(r"__shared__\s+([A-Za-z_][\w:<>, ]*?)\s+([A-Za-z_]\w*)\s*\[([^\]]+)\]\s*;")
+"""``__shared__ T name[N];`` (the only form the kernels use: fixed-size arrays)."""
+
+
+def _compile_flags(variant: Variant) -> list[str]:
+    flags = [*_COMPILE_FLAGS, f"-DEMU_RESIDENT_BLOCKS={variant.resident_blocks}"]
+    return [*flags, *_TSAN_FLAGS] if variant.sanitize_threads else flags
+
+
+def tsan_runtime() -> Path | None:
+    """The compiler's ThreadSanitizer runtime library (to LD_PRELOAD), or None when it has none."""
+    try:
+        found = subprocess.run(
+            [*_compiler(), "-print-file-name=libtsan.so"], check=False, capture_output=True, text=True, timeout=30
+        )
+    except OSError:
+        return None
+    path = Path(found.stdout.strip())
+    return path.resolve() if found.returncode == 0 and path.is_absolute() and path.exists() else None
 
 
 def namespace(variant: str) -> str:
@@ -211,35 +269,54 @@ def rewrite_launches(text: str) -> str:
     return "".join(out)
 
 
-def _rewrite(path: Path, variant: str) -> str:
-    """The emulated form of one source file (Steps 1-3 of the module docstring)."""
-    text = rewrite_launches(path.read_text(encoding="utf-8"))
+def rewrite_shared(text: str, first_id: int = 0) -> tuple[str, int]:
+    """Every ``__shared__ T name[N];`` -> ``auto& name = ::emu::shared<T[N], id>();`` (ids from ``first_id``).
+
+    Returns the text and the next free id. Each declaration gets its own id, hence its own per-block
+    array in the runtime (shim/emu_runtime.h).
+    """
+    next_id = first_id
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal next_id
+        element, name, size = match.groups()
+        next_id += 1
+        return f"auto& {name} = ::emu::shared<{element}[{size}], {next_id - 1}>();"
+
+    return _SHARED_DECLARATION.sub(replace, text), next_id
+
+
+def _rewrite(path: Path, variant: str, first_shared_id: int) -> tuple[str, int]:
+    """The emulated form of one source file (Steps 1-4 of the module docstring), and the next shared-array id."""
+    text, next_shared_id = rewrite_shared(rewrite_launches(path.read_text(encoding="utf-8")), first_shared_id)
     if path.suffix == ".cu":
         text = _RUNTIME_INCLUDE + text
     # The op namespace and the C++ namespace both: a variant shares no op name with the real extension
-    # and no symbol with another variant (GCC makes the static variables of inline functions, such as
-    # block_exclusive_sum's __shared__ array, one object per process across shared libraries).
+    # and no symbol with another variant (GCC makes one object per process of the static variables of
+    # inline functions, across shared libraries).
     ns = namespace(variant)
     text = re.sub(rf"\b{_EXTENSION_NAMESPACE}\b", ns, text)
     text = text.replace(f"TORCH_LIBRARY_IMPL({ns}, CUDA,", f"TORCH_LIBRARY_IMPL({ns}, CPU,")
     text = text.replace(".is_cuda()", ".is_cpu()")
     if path.name == _COMMON:
-        for old, new in VARIANTS[variant].items():
+        for old, new in VARIANTS[variant].constants.items():
             if text.count(old) != 1:
                 raise ValueError(f"variant {variant!r}: {old!r} is not in {path} exactly once; update VARIANTS")
             text = text.replace(old, new)
-    return text
+    return text, next_shared_id
 
 
 def _emulated_sources(variant: str) -> dict[str, str]:
     """File name in the build directory (.cu -> .cpp) -> rewritten text, checking that the rewrites applied."""
-    sources = {}
+    sources, shared_id = {}, 0
     for path in _kernel_sources():
         name = path.with_suffix(".cpp").name if path.suffix == ".cu" else path.name
-        sources[name] = _rewrite(path, variant)
-    joined = "\n".join(sources.values())
-    if "<<<" in re.sub(r"//.*", "", joined):
+        sources[name], shared_id = _rewrite(path, variant, shared_id)
+    joined = re.sub(r"//.*", "", "\n".join(sources.values()))
+    if "<<<" in joined:
         raise ValueError("a kernel launch was not rewritten (see rewrite_launches)")
+    if "__shared__" in joined:
+        raise ValueError("a __shared__ declaration was not rewritten (see rewrite_shared: T name[N]; only)")
     if re.search(r"TORCH_LIBRARY_IMPL\(\w+, CUDA", joined) or ".is_cuda()" in joined:
         raise ValueError("a CUDA registration or device check was not rewritten (see _rewrite)")
     return sources
@@ -252,7 +329,7 @@ def _digest(variant: str, sources: dict[str, str]) -> str:
     for label, text in [*sorted(sources.items()), *((str(p.relative_to(_HERE)), p.read_text()) for p in shims)]:
         digest.update(f"{label}\0{text}\0".encode())
     digest.update(Path(__file__).read_bytes())
-    digest.update(f"{variant} {_COMPILE_FLAGS} {torch.__version__} {sys.version}".encode())
+    digest.update(f"{variant} {_compile_flags(VARIANTS[variant])} {torch.__version__} {sys.version}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -287,14 +364,23 @@ def _build(variant: str, root: Path | None, verbose: bool) -> Any:
         _write_if_changed(source_dir / name, text)
     from torch.utils.cpp_extension import load
 
-    load(
-        name=namespace(variant),  # also the Python module name (TORCH_EXTENSION_NAME in ops.cpp)
-        sources=[str(source_dir / name) for name in sources if name.endswith(".cpp")],
-        extra_include_paths=[str(_SHIM), str(source_dir)],
-        extra_cflags=_COMPILE_FLAGS,
-        build_directory=str(directory),
-        verbose=verbose,
-    )
+    sanitize = VARIANTS[variant].sanitize_threads
+    # The compiler and ninja must not inherit a preloaded ThreadSanitizer runtime (they crash under it);
+    # this process keeps it, as the tsan variant needs.
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        load(
+            name=namespace(variant),  # also the Python module name (TORCH_EXTENSION_NAME in ops.cpp)
+            sources=[str(source_dir / name) for name in sources if name.endswith(".cpp")],
+            extra_include_paths=[str(_SHIM), str(source_dir)],
+            extra_cflags=_compile_flags(VARIANTS[variant]),
+            extra_ldflags=_TSAN_FLAGS if sanitize else [],
+            build_directory=str(directory),
+            verbose=verbose,
+        )
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
     return getattr(torch.ops, namespace(variant))
 
 
@@ -302,7 +388,8 @@ def build_ops(variant: str = "small", *, root: Path | None = None, verbose: bool
     """Compile (or reuse) the emulated kernels of ``variant`` and return their ops namespace.
 
     Args:
-        variant: A key of ``VARIANTS``: "small" (many tiles, every grid-stride path) or "prod".
+        variant: A key of ``VARIANTS``: "small" (many tiles, every grid-stride path), "prod", or "tsan"
+            (only in a process that preloads ``tsan_runtime()``: see ``tests/emulated/test_cuda_races.py``).
         root: Parent of the build directories (default: see ``build_directory``).
         verbose: Show the compiler commands and output.
 
@@ -322,18 +409,32 @@ def build_ops(variant: str = "small", *, root: Path | None = None, verbose: bool
         return _LOADED[variant]
 
 
-def run_selftest(work_dir: Path) -> subprocess.CompletedProcess[str]:
-    """Compile ``selftest.cu`` (launches rewritten, no torch) in ``work_dir``, run it and return its result.
+SELFTEST_RACES = ("missing_barrier", "between_blocks", "atomic_as_fence", "write_then_reread")
+"""The deliberately racy kernels of ``selftest.cu`` (``selftest race NAME``)."""
 
-    It checks the runtime's own claims: shuffles, barriers over shared memory and atomics work, and
-    divergent barriers (early returns included), partial shuffle masks and bad launch shapes are reported.
-    A few seconds; the caller checks ``returncode == 0`` (stdout names any failed check).
+
+def run_selftest(work_dir: Path, *, sanitize_threads: bool = False, race: str = "") -> subprocess.CompletedProcess[str]:
+    """Compile ``selftest.cu`` (rewritten, no torch) in ``work_dir`` once, run it and return its result.
+
+    Without ``race`` it checks the runtime's own claims: shuffles, barriers over shared memory and
+    atomics work, shared memory starts poisoned, two blocks run at once, and divergent barriers (early
+    returns included), partial shuffle masks and bad launch shapes are reported; the caller checks
+    ``returncode == 0`` (stdout names any failed check). With ``race`` (one of ``SELFTEST_RACES``) it
+    runs that racy kernel, which ThreadSanitizer must report when ``sanitize_threads``. A few seconds.
     """
-    source = work_dir / "selftest.cpp"
-    source.write_text(_RUNTIME_INCLUDE + rewrite_launches(_SELFTEST.read_text(encoding="utf-8")), encoding="utf-8")
-    binary = work_dir / "selftest"
-    command = [*_compiler(), "-std=c++20", *_COMPILE_FLAGS, "-pthread", "-I", str(_SHIM)]
-    compiled = subprocess.run([*command, str(source), "-o", str(binary)], check=False, capture_output=True, text=True)
-    if compiled.returncode != 0:
-        raise RuntimeError(f"the emulation self-test does not compile:\n{compiled.stderr}")
-    return subprocess.run([str(binary)], check=False, capture_output=True, text=True, timeout=60)
+    if race and race not in SELFTEST_RACES:
+        raise ValueError(f"race={race!r} is not one of {SELFTEST_RACES}")
+    binary = work_dir / ("selftest-tsan" if sanitize_threads else "selftest")
+    if not binary.is_file():
+        source = work_dir / "selftest.cpp"
+        text, _ = rewrite_shared(rewrite_launches(_SELFTEST.read_text(encoding="utf-8")))
+        source.write_text(_RUNTIME_INCLUDE + text, encoding="utf-8")
+        flags = _compile_flags(Variant(resident_blocks=3, sanitize_threads=sanitize_threads))
+        command = [*_compiler(), "-std=c++20", *flags, "-pthread", "-I", str(_SHIM), str(source), "-o", str(binary)]
+        compiled = subprocess.run(command, check=False, capture_output=True, text=True)
+        if compiled.returncode != 0:
+            raise RuntimeError(f"the emulation self-test does not compile:\n{compiled.stderr}")
+    # halt_on_error=0: every race of a run is reported; exitcode 66 marks a run with a report.
+    env = {**os.environ, "TSAN_OPTIONS": "halt_on_error=0 exitcode=66"}
+    command = [str(binary), *(["race", race] if race else [])]
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, env=env)

@@ -3,10 +3,15 @@
 // build.py's run_selftest includes emu_runtime.h, turns the launches into emu::launch and compiles
 // this file alone (no torch), e.g. by tests/emulated/test_cuda_emulated.py. Prints "ok" and exits 0
 // when every check passes, else prints the failed check and exits 1.
+//
+// `selftest race NAME` instead runs one kernel with a deliberate data race (see kRaces): built with
+// ThreadSanitizer, each must be reported, which shows that the sanitizer sees the CUDA model's races
+// through the runtime (and the plain checks, reported by nobody, that the runtime itself is race-free).
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -76,9 +81,83 @@ __global__ void atomics_kernel(unsigned long long* total, unsigned long long* sl
 
 __global__ void empty_kernel() {}
 
+// Reads shared memory before anything wrote it: sees the runtime's poison, not a previous block's data.
+__global__ void uninitialized_shared_kernel(unsigned int* out) {
+  __shared__ unsigned int scratch[kThreads];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = scratch[threadIdx.x];
+  __syncthreads();
+  scratch[threadIdx.x] = 7u;
+}
+
+// Block 1 waits for a flag that block 0 raises: finishes only if two blocks run at once.
+__global__ void blocks_at_once_kernel(unsigned int* flag) {
+  if (threadIdx.x != 0) return;
+  if (blockIdx.x == 0) {
+    atomicAdd(flag, 1u);
+  } else {
+    while (atomicAdd(flag, 0u) == 0u) std::this_thread::yield();
+  }
+}
+
+// ---- deliberate races, one per way a kernel can get the CUDA model wrong (`selftest race NAME`)
+
+// reverse_kernel without its barrier: threads read slots their neighbours write.
+__global__ void race_missing_barrier_kernel(const int* in, int* out) {
+  __shared__ int slice[kThreads];
+  slice[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = slice[blockDim.x - 1 - threadIdx.x];
+}
+
+// Thread 0 of every block writes the same global word: a race between blocks.
+__global__ void race_between_blocks_kernel(int* out) {
+  if (threadIdx.x == 0) out[0] = static_cast<int>(blockIdx.x);
+}
+
+// Message passing through an atomic: thread 1 waits until thread 0's atomicAdd shows, then reads the
+// data thread 0 wrote before it. Correct with release/acquire, a race with CUDA's relaxed atomics.
+__global__ void race_atomic_as_fence_kernel(int* data, unsigned int* flag) {
+  if (threadIdx.x == 0) {
+    data[0] = 42;
+    atomicAdd(flag, 1u);
+  } else if (threadIdx.x == 1) {
+    while (atomicAdd(flag, 0u) == 0u) std::this_thread::yield();
+    data[1] = data[0];
+  }
+}
+
+// Zen's slot claim as the paper writes it (write the tag, read it back), by every thread on one slot.
+__global__ void race_write_then_reread_kernel(unsigned long long* slot, unsigned int* claimed) {
+  const unsigned long long tag = 1ull + blockIdx.x * blockDim.x + threadIdx.x;
+  if (*slot == 0ull) {
+    *slot = tag;
+    if (*slot == tag) atomicAdd(claimed, 1u);
+  }
+}
+
+int run_race(const std::string& name) {
+  std::vector<int> in(kBlocks * kThreads, 1), out(kBlocks * kThreads, 0);
+  unsigned int flag = 0;
+  unsigned long long slot = 0;
+  if (name == "missing_barrier") {
+    race_missing_barrier_kernel<<<kBlocks, kThreads, 0, nullptr>>>(in.data(), out.data());
+  } else if (name == "between_blocks") {
+    race_between_blocks_kernel<<<kBlocks, kThreads, 0, nullptr>>>(out.data());
+  } else if (name == "atomic_as_fence") {
+    race_atomic_as_fence_kernel<<<1, kThreads, 0, nullptr>>>(out.data(), &flag);
+  } else if (name == "write_then_reread") {
+    race_write_then_reread_kernel<<<kBlocks, kThreads, 0, nullptr>>>(&slot, &flag);
+  } else {
+    std::printf("unknown race %s\n", name.c_str());
+    return 2;
+  }
+  std::printf("ran %s\n", name.c_str());
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "race") return run_race(argv[2]);
   const int n = kBlocks * kThreads;
   std::vector<long long> scan(n);
   warp_scan_kernel<<<kBlocks, kThreads, 0, nullptr>>>(scan.data());
@@ -111,6 +190,16 @@ int main() {
   check_throws([] { empty_kernel<<<1, 48, 0, nullptr>>>(); }, "unsupported launch",
                "a block size that is not a multiple of 32 is rejected");
   check_throws([] { empty_kernel<<<0, kThreads, 0, nullptr>>>(); }, "unsupported launch", "an empty grid is rejected");
+
+  std::vector<unsigned int> garbage(n, 0u);
+  uninitialized_shared_kernel<<<kBlocks, kThreads, 0, nullptr>>>(garbage.data());
+  bool poisoned = true;
+  for (unsigned int value : garbage) poisoned = poisoned && value == 0xA5A5A5A5u;
+  check(poisoned, "shared memory holds the poison, never a previous block's values, until written");
+
+  unsigned int flag = 0;
+  blocks_at_once_kernel<<<2, kThreads, 0, nullptr>>>(&flag);  // hangs if blocks ran one after another
+  check(flag == 1u, "two blocks of a launch run at once");
 
   if (failures == 0) std::printf("ok\n");
   return failures == 0 ? 0 : 1;

@@ -2,20 +2,21 @@
 
 CPU-only CI has no GPU, so ``tests/gpu`` skips there. This module imports those tests unchanged and
 gives them another ``device`` fixture: CPU tensors, served by the CUDA sources of ``cuda_ext/csrc``
-compiled as C++ by ``cuda_ext.emulation.build_ops`` (one OS thread per CUDA thread, real block
-barriers, warp shuffles and atomics) and reached through the production wrappers of
-``zensync.kernels.cuda``, argument checks and fall-backs included. Each test runs once per variant
-of ``EMULATED_VARIANTS``:
+compiled as C++ by ``cuda_ext.emulation.build_ops`` (one OS thread per CUDA thread, several blocks at
+once, real block barriers, warp shuffles and atomics, per-block poisoned shared memory) and reached
+through the production wrappers of ``zensync.kernels.cuda``, argument checks and fall-backs included.
+Each test runs once per variant of ``EMULATED_VARIANTS``:
 
-- ``small``: 64-thread blocks, 128-element tiles and at most 3 grid-stride blocks, so the Hypothesis
-  inputs span many tiles, multi-row tiles and several grid-stride iterations per thread;
+- ``small``: 64-thread blocks, 128-element tiles and at most 3 grid-stride blocks (all at once), so the
+  Hypothesis inputs span many tiles, multi-row tiles and several grid-stride iterations per thread;
 - ``prod``: the production constants (256 threads, so 8 warp totals in the block-wide scan, and
-  2048-element tiles).
+  2048-element tiles), 2 blocks at once.
 
 Adversarial collisions (``parallel_slots=1``, tiny ``serial_slots`` forcing the overflow re-run), empty
 and all-non-zero inputs, NaN/Inf/-0.0, every dtype and the k edge cases are therefore covered as on the
-GPU, with the same Hypothesis settings. What the emulation cannot show (races between blocks, the GPU
-memory model, out-of-bounds accesses, timing) is listed in ``cuda_ext/emulation/build.py``;
+GPU, with the same Hypothesis settings. ``test_cuda_races.py`` reruns them under ThreadSanitizer (the
+``tsan`` variant), which reports data races whatever their timing. What the emulation cannot show (the
+GPU's reorderings, out-of-bounds accesses, timing) is listed in ``cuda_ext/emulation/build.py``;
 ``test_sizes_beyond_int32`` is not rerun (see ``_NOT_EMULATED``).
 
 Every test here is skipped, with the reason, on a machine without a C++ compiler, ninja or the Python
@@ -25,6 +26,7 @@ sessions reuse it (``cuda_ext.emulation.build_directory``). Deselect with ``-m "
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,8 +39,10 @@ from zensync.kernels import cuda
 
 pytestmark = pytest.mark.emulated
 
-EMULATED_VARIANTS = ("small", "prod")
-"""Both variants: each about 25 s of build, then about 25 s (small) or 45 s (prod) of tests on 2 cores."""
+EMULATED_VARIANTS = tuple(os.environ.get("ZENSYNC_EMULATED_VARIANTS", "small,prod").split(","))
+"""The variants the tests run on: "small" and "prod" (each about 25 s of build, then 25-45 s of tests on 2
+cores), or those ZENSYNC_EMULATED_VARIANTS names ("tsan" only in tests/emulated/test_cuda_races.py's
+subprocess, which preloads ThreadSanitizer's runtime)."""
 
 _NOT_EMULATED = {
     "test_sizes_beyond_int32": "2^31 + 100 elements: 12 GB of memory, and far too slow on CPU threads",
@@ -85,6 +89,18 @@ def test_launch_rewrite() -> None:
         "::emu::launch(1, 32, 0, s, [](auto... a) { z(a...); });"
     )
     assert emulation.rewrite_launches(source) == expected
+
+
+def test_shared_rewrite() -> None:
+    """Each __shared__ array gets its own id, counting on from first_id; other text is left alone."""
+    source = "__shared__ long long totals[kWarps];\n  __shared__ unsigned int local[1 << 8];\nint shared_x[4];"
+    text, next_id = emulation.rewrite_shared(source, first_id=3)
+    assert text == (
+        "auto& totals = ::emu::shared<long long[kWarps], 3>();\n"
+        "  auto& local = ::emu::shared<unsigned int[1 << 8], 4>();\n"
+        "int shared_x[4];"
+    )
+    assert next_id == 5
 
 
 @pytest.mark.parametrize("variant", sorted(emulation.VARIANTS))

@@ -16,6 +16,7 @@ on the CPU emulation of the same kernels (``cuda_ext/emulation``) by overriding 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -44,7 +45,12 @@ def device() -> torch.device:
     return torch.device("cuda")
 
 
-_SETTINGS = settings(deadline=None, max_examples=50, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(
+    deadline=None,
+    max_examples=int(os.environ.get("ZENSYNC_GPU_TEST_EXAMPLES", "50")),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+"""50 examples per property; ZENSYNC_GPU_TEST_EXAMPLES lowers it for slow backends (ThreadSanitizer runs)."""
 _INTEGER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 

@@ -3,13 +3,19 @@
 // Summary of the execution model:
 //
 //   * a launch (build.py rewrites k<<<grid, block, smem, stream>>>(args) into emu::launch) copies the
-//     arguments once on the launching thread, then starts one OS thread per CUDA thread of a block;
-//   * blocks run one after another, in blockIdx order, on those same threads: thread t plays
-//     threadIdx.x == t in every block, and the next block starts when every thread left the last;
+//     arguments once on the launching thread, then starts EMU_RESIDENT_BLOCKS groups of OS threads, one
+//     OS thread per CUDA thread of a block. The groups run concurrently, like blocks resident on
+//     different SMs: group g plays blocks g, g + R, g + 2R, ... (R = the groups), one after another,
+//     thread t of the group playing threadIdx.x == t; a group starts its next block when every thread
+//     of it left the last one;
 //   * __syncthreads is a real barrier over the block's threads, __shfl_up_sync a real exchange
-//     between the 32 threads of a warp (through a per-warp barrier), atomics are std::atomic_ref;
-//   * __shared__ variables are function-local static variables: one copy, which is the running block's
-//     shared memory because blocks run one at a time and launches are serialized by a mutex;
+//     between the 32 threads of a warp (through a per-warp barrier);
+//   * atomics are std::atomic_ref operations with memory_order_relaxed, as CUDA's atomic functions
+//     order nothing but themselves: under ThreadSanitizer (build.py's "tsan" variant), data passed
+//     between threads through an atomic without a barrier is reported as the race it is on a GPU;
+//   * __shared__ arrays (build.py rewrites each declaration into emu::shared<T[N], id>()) live in the
+//     running block's state: one copy per block, fresh for every block, and filled with 0xA5 bytes at
+//     allocation, so a kernel that reads shared memory before writing it reads garbage, as on a GPU;
 //   * at the end of each block every thread must have passed the same number of __syncthreads, and
 //     every lane of a warp the same number of shuffles, or the launch throws (CUDA leaves such
 //     divergence undefined); a thread that returns stops counting at the block and warp barriers,
@@ -19,6 +25,7 @@
 // compile or throws std::runtime_error at launch: extend this file, do not work around it.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cstdint>
@@ -26,6 +33,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -39,7 +47,12 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static  // see the header comment: one copy, owned by the running block
+// __shared__ declarations are rewritten by build.py (see emu::shared); one left over fails to compile.
+#define __shared__ __shared___is_rewritten_by_build_py
+
+#ifndef EMU_RESIDENT_BLOCKS
+#define EMU_RESIDENT_BLOCKS 2  // blocks that run at once (build.py passes each variant's value)
+#endif
 
 struct dim3 {
   unsigned int x = 1, y = 1, z = 1;
@@ -51,7 +64,7 @@ constexpr int warpSize = 32;
 
 inline thread_local dim3 threadIdx;  // per CUDA thread (each is an OS thread)
 inline thread_local dim3 blockIdx;
-inline dim3 blockDim;  // per launch; launches are serialized
+inline dim3 blockDim;  // per launch; launches are serialized (emu::launch_mutex)
 inline dim3 gridDim;
 
 namespace emu {
@@ -60,6 +73,9 @@ constexpr unsigned int kWarpSize = 32;
 constexpr unsigned int kMaxBlockThreads = 1024;        // CUDA's limit on threads per block
 constexpr unsigned int kMaxGridX = 0x7FFFFFFFu;        // CUDA's limit on gridDim.x
 constexpr unsigned int kFullMask = 0xFFFFFFFFu;
+constexpr int kMaxSharedArrays = 16;                   // __shared__ declarations in the extension
+constexpr unsigned char kSharedPoison = 0xA5;          // what shared memory holds before it is written
+static_assert(EMU_RESIDENT_BLOCKS >= 1, "EMU_RESIDENT_BLOCKS must be at least 1");
 
 // The synchronization state of one block; a fresh one is made before every block.
 struct Warp {
@@ -72,6 +88,10 @@ struct Block {
   }
   std::barrier<> barrier;  // __syncthreads
   std::vector<std::unique_ptr<Warp>> warps;
+  // Shared memory: one lazily made, poisoned array per __shared__ declaration (index = its id).
+  std::atomic<unsigned char*> shared[kMaxSharedArrays] = {};
+  std::unique_ptr<unsigned char[]> shared_storage[kMaxSharedArrays];
+  std::mutex shared_mutex;
 };
 
 // What the current OS thread (one CUDA thread) needs inside device code.
@@ -83,9 +103,30 @@ struct ThreadState {
 };
 inline thread_local ThreadState tl;
 
-// One launch at a time in the process: blockDim, gridDim and the __shared__ static variables are
-// global (inline: one copy for every translation unit of the extension).
+// One launch at a time in the process: blockDim and gridDim are global (inline: one copy for every
+// translation unit of the extension).
 inline std::mutex launch_mutex;
+
+// The running block's copy of the __shared__ array with this id (build.py numbers the declarations).
+// The first thread of the block to reach the declaration makes it; the others wait for it.
+template <class Array, int Id>
+Array& shared() {
+  static_assert(Id >= 0 && Id < kMaxSharedArrays, "raise kMaxSharedArrays");
+  static_assert(std::is_trivially_copyable_v<Array>, "__shared__ holds trivially copyable data");
+  Block& block = *tl.block;
+  unsigned char* bytes = block.shared[Id].load(std::memory_order_acquire);
+  if (bytes == nullptr) {
+    const std::lock_guard<std::mutex> guard(block.shared_mutex);
+    bytes = block.shared[Id].load(std::memory_order_relaxed);
+    if (bytes == nullptr) {
+      block.shared_storage[Id] = std::make_unique<unsigned char[]>(sizeof(Array));
+      bytes = block.shared_storage[Id].get();
+      std::memset(bytes, kSharedPoison, sizeof(Array));
+      block.shared[Id].store(bytes, std::memory_order_release);
+    }
+  }
+  return *std::launder(reinterpret_cast<Array*>(bytes));
+}
 
 // Device code reports misuse by throwing; the launch catches it and rethrows on the caller.
 inline void require(bool ok, const char* what) {
@@ -108,49 +149,77 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t /*stream: l
   blockDim = block;
   gridDim = grid;
   const unsigned int threads = block.x;
+  const unsigned int groups = std::min<unsigned int>(EMU_RESIDENT_BLOCKS, grid.x);
 
-  // Step 1: per-block state, and the hand-over between blocks (runs once all threads are done).
-  std::unique_ptr<Block> current = std::make_unique<Block>(threads);
-  std::vector<long> syncs(threads), shuffles(threads);
-  std::string count_error;           // written only by next_block (no thread runs then)
-  std::atomic<bool> failed{false};   // device code threw: skip the remaining work
+  std::atomic<bool> failed{false};  // device code threw: skip the remaining work
   std::exception_ptr thrown;
-  std::mutex thrown_mutex;
-  auto next_block = [&]() noexcept {
-    for (unsigned int t = 0; t < threads && count_error.empty(); ++t) {
-      if (syncs[t] != syncs[0]) count_error = "__syncthreads count differs within a block";
-      if (shuffles[t] != shuffles[t - t % kWarpSize]) count_error = "shuffle count differs within a warp";
-    }
-    current = std::make_unique<Block>(threads);
-  };
-  std::barrier<decltype(next_block)> between_blocks(threads, next_block);
+  std::string count_error;  // the first barrier/shuffle count mismatch, of any group
+  std::mutex report_mutex;  // guards thrown and count_error
 
-  // Step 2: thread t plays threadIdx.x == t in every block, in blockIdx order.
-  auto run_thread = [&](unsigned int t) {
-    for (unsigned int b = 0; b < grid.x; ++b) {
-      Block& blk = *current;  // made by next_block, before the barrier released this thread
+  // Step 1: per group, the running block's state and the hand-over between its blocks (next_block
+  // runs once all the group's threads are done with a block, before any starts the next).
+  struct Group {
+    explicit Group(unsigned int threads) : current(std::make_unique<Block>(threads)), syncs(threads), shuffles(threads) {}
+    std::unique_ptr<Block> current;
+    std::vector<long> syncs, shuffles;
+  };
+  std::vector<std::unique_ptr<Group>> group_state;
+  for (unsigned int g = 0; g < groups; ++g) group_state.push_back(std::make_unique<Group>(threads));
+  auto next_block_of = [&](Group& group) {
+    return [&group, &count_error, &report_mutex, threads]() noexcept {
+      const char* error = nullptr;
+      for (unsigned int t = 0; t < threads && error == nullptr; ++t) {
+        if (group.syncs[t] != group.syncs[0]) error = "__syncthreads count differs within a block";
+        if (group.shuffles[t] != group.shuffles[t - t % kWarpSize]) error = "shuffle count differs within a warp";
+      }
+      if (error != nullptr) {
+        const std::lock_guard<std::mutex> guard(report_mutex);
+        if (count_error.empty()) count_error = error;
+      }
+      group.current = std::make_unique<Block>(threads);
+    };
+  };
+  using NextBlock = decltype(next_block_of(*group_state[0]));
+  std::vector<std::unique_ptr<std::barrier<NextBlock>>> between_blocks;
+  for (unsigned int g = 0; g < groups; ++g) {
+    between_blocks.push_back(std::make_unique<std::barrier<NextBlock>>(threads, next_block_of(*group_state[g])));
+  }
+  auto stopped = [&]() {
+    if (failed.load(std::memory_order_acquire)) return true;
+    const std::lock_guard<std::mutex> guard(report_mutex);
+    return !count_error.empty();
+  };
+
+  // Step 2: thread t of group g plays threadIdx.x == t in blocks g, g + groups, g + 2 groups, ...
+  auto run_thread = [&](unsigned int g, unsigned int t) {
+    Group& group = *group_state[g];
+    for (unsigned int b = g; b < grid.x; b += groups) {
+      Block& blk = *group.current;  // made by next_block, before the barrier released this thread
       threadIdx = dim3{t};
       blockIdx = dim3{b};
       tl = ThreadState{&blk, blk.warps[t / kWarpSize].get(), 0, 0};
-      if (!failed.load() && count_error.empty()) {
+      if (!stopped()) {
         try {
           kernel(args...);
         } catch (...) {
-          const std::lock_guard<std::mutex> guard(thrown_mutex);
+          const std::lock_guard<std::mutex> guard(report_mutex);
           if (!thrown) thrown = std::current_exception();
-          failed.store(true);
+          failed.store(true, std::memory_order_release);
         }
       }
-      syncs[t] = tl.syncs;
-      shuffles[t] = tl.shuffles;
+      group.syncs[t] = tl.syncs;
+      group.shuffles[t] = tl.shuffles;
       tl.warp->barrier.arrive_and_drop();  // an exited thread no longer holds its warp
       blk.barrier.arrive_and_drop();       // nor its block
-      between_blocks.arrive_and_wait();
+      between_blocks[g]->arrive_and_wait();
     }
+    tl = ThreadState{};
   };
   std::vector<std::thread> workers;
-  workers.reserve(threads);
-  for (unsigned int t = 0; t < threads; ++t) workers.emplace_back(run_thread, t);
+  workers.reserve(static_cast<size_t>(groups) * threads);
+  for (unsigned int g = 0; g < groups; ++g) {
+    for (unsigned int t = 0; t < threads; ++t) workers.emplace_back(run_thread, g, t);
+  }
   for (std::thread& worker : workers) worker.join();
 
   // Step 3: report on the launching thread.
@@ -184,24 +253,25 @@ T __shfl_up_sync(unsigned int mask, T value, unsigned int delta, int width = war
 }
 
 // ---------------------------------------------------------------- atomics (return the old value)
+// Relaxed, as CUDA's: an atomic orders nothing but itself (see the header comment).
 
 inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long expected, unsigned long long desired) {
-  std::atomic_ref<unsigned long long>(*p).compare_exchange_strong(expected, desired);
+  std::atomic_ref<unsigned long long>(*p).compare_exchange_strong(expected, desired, std::memory_order_relaxed);
   return expected;  // the old value, whether or not the swap happened
 }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-  return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+  return std::atomic_ref<unsigned long long>(*p).fetch_add(v, std::memory_order_relaxed);
 }
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
-  return std::atomic_ref<unsigned int>(*p).fetch_add(v);
+  return std::atomic_ref<unsigned int>(*p).fetch_add(v, std::memory_order_relaxed);
 }
 inline unsigned int atomicOr(unsigned int* p, unsigned int v) {
-  return std::atomic_ref<unsigned int>(*p).fetch_or(v);
+  return std::atomic_ref<unsigned int>(*p).fetch_or(v, std::memory_order_relaxed);
 }
 inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
   std::atomic_ref<unsigned long long> a(*p);
-  unsigned long long old = a.load();
-  while (v < old && !a.compare_exchange_weak(old, v)) {  // a failed exchange reloads old
+  unsigned long long old = a.load(std::memory_order_relaxed);
+  while (v < old && !a.compare_exchange_weak(old, v, std::memory_order_relaxed)) {  // a failed exchange reloads old
   }
   return old;
 }
