@@ -1,8 +1,9 @@
 """CPU emulation of the CUDA kernels in ``cuda_ext/csrc``, for CPU-only CI; ``build.py`` says what it covers."""
 
 from cuda_ext.emulation.build import (
-    SELFTEST_RACES,
+    SANITIZERS,
     VARIANTS,
+    Sanitizer,
     Variant,
     build_directory,
     build_ops,
@@ -10,13 +11,15 @@ from cuda_ext.emulation.build import (
     rewrite_launches,
     rewrite_shared,
     run_selftest,
-    tsan_runtime,
+    sanitizer_environment,
+    sanitizer_runtime,
     unavailable_reason,
 )
 
 __all__ = [
-    "SELFTEST_RACES",
+    "SANITIZERS",
     "VARIANTS",
+    "Sanitizer",
     "Variant",
     "build_directory",
     "build_ops",
@@ -24,6 +27,7 @@ __all__ = [
     "rewrite_launches",
     "rewrite_shared",
     "run_selftest",
-    "tsan_runtime",
+    "sanitizer_environment",
+    "sanitizer_runtime",
     "unavailable_reason",
 ]

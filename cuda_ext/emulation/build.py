@@ -36,12 +36,16 @@ What is emulated faithfully:
 - shared memory: one copy per block, filled with 0xA5 bytes when the block first touches it, so a
   read before any write sees garbage, never another block's data;
 - races, with the ``tsan`` variant: the same build under ThreadSanitizer, in a process that preloads
-  its runtime (``tsan_runtime``; ``tests/emulated/test_cuda_races.py``). It reports every pair of
-  accesses, one a plain write, that CUDA's rules leave unordered: within a block only
-  ``__syncthreads`` orders, between blocks only the end of the launch, and atomics order nothing
-  else. It checks happens-before, not timing, so a race with a window of nanoseconds is reported as
-  surely as a wide one (a write-then-re-read slot claim in place of the CAS, a missing last barrier
-  in ``block_exclusive_sum``: both reported, ``test_cuda_races.py`` says how it was measured);
+  its runtime (``sanitizer_environment``; ``tests/emulated/test_cuda_sanitizers.py``). It reports
+  every pair of accesses, one a plain write, that CUDA's rules leave unordered: within a block only
+  ``__syncthreads`` orders, between blocks only the end of the launch (blocks that share a resident
+  slot run in turn and are ordered), and atomics order nothing else. It checks happens-before, not
+  timing, so a race with a window of nanoseconds is reported as surely as a wide one (a
+  write-then-re-read slot claim in place of the CAS is reported; the plain variants pass it);
+- memory errors, with the ``asan`` variant: AddressSanitizer reports any access outside a tensor's
+  allocation (device pointers are the tensors' host allocations; reads past the end of a tile, say)
+  and UndefinedBehaviorSanitizer any undefined arithmetic, such as a signed index product that
+  overflows. It is the counterpart of ``compute-sanitizer``'s memcheck, for host-allocated tensors;
 - everything on the host side (argument checks, tile layout, host syncs, the overflow re-run) is the
   production code, compiled for the CPU, and the launch configuration is validated (1-D grid up to
   2^31 - 1 blocks, block a multiple of 32 up to 1024 threads).
@@ -60,15 +64,17 @@ What is NOT emulated:
   them fails to compile here; add them to ``shim/emu_runtime.h``);
 - the shared memory size limit, and more blocks at once than a variant's ``resident_blocks`` (a kernel
   that waits for more blocks than that hangs, as on a GPU with fewer SMs);
-- memory errors: device pointers are CPU pointers, so an out-of-bounds access is not reported (use
-  ``compute-sanitizer`` on a GPU), and device memory is unified with the host;
+- memory errors without the ``asan`` variant: device pointers are CPU pointers, so an out-of-bounds
+  access goes unreported and may corrupt the process, and device memory is unified with the host
+  (a kernel that dereferences a host pointer by mistake works here);
 - timing and resources: streams are ignored (launches are synchronous), there is no scheduling
   like a GPU's, no register or occupancy limit, and no performance information.
 
 Variants (``VARIANTS``): ``"prod"`` keeps the production constants (256-thread blocks, 2048-element
 tiles), 2 blocks at once; ``"small"`` uses 64-thread blocks (2 warps), 128-element tiles and at most 3
 blocks per grid-stride loop, all 3 at once, so that modest inputs cover many tiles, multi-row tiles and
-every grid-stride iteration; ``"tsan"`` is ``"small"`` under ThreadSanitizer.
+every grid-stride iteration; ``"tsan"`` and ``"asan"`` are ``"small"`` under ThreadSanitizer and under
+AddressSanitizer + UndefinedBehaviorSanitizer (``SANITIZERS``).
 
 Example::
 
@@ -97,8 +103,9 @@ from typing import Any
 import torch
 
 __all__ = [
-    "SELFTEST_RACES",
+    "SANITIZERS",
     "VARIANTS",
+    "Sanitizer",
     "Variant",
     "build_directory",
     "build_ops",
@@ -106,7 +113,8 @@ __all__ = [
     "rewrite_launches",
     "rewrite_shared",
     "run_selftest",
-    "tsan_runtime",
+    "sanitizer_environment",
+    "sanitizer_runtime",
     "unavailable_reason",
 ]
 
@@ -126,53 +134,133 @@ _SMALL_CONSTANTS = {
 
 
 @dataclass(frozen=True)
+class Sanitizer:
+    """A compiler sanitizer the emulated kernels can be built with.
+
+    Attributes:
+        flags: Compile and link flags.
+        runtime: The runtime library's file name; a process that loads such a build must preload it
+            (``LD_PRELOAD``: Python itself is not instrumented).
+        options: Environment variable -> the options that make every report count (exit code 66).
+        log_variables: The variables whose ``log_path`` option sends reports to files.
+        faults: The deliberate faults of ``selftest.cu`` (``selftest fault NAME``) it must report.
+    """
+
+    flags: tuple[str, ...]
+    runtime: str
+    options: dict[str, str]
+    log_variables: tuple[str, ...]
+    faults: tuple[str, ...]
+
+
+SANITIZERS: dict[str, Sanitizer] = {
+    # halt_on_error=0: every race of a run is reported.
+    "thread": Sanitizer(
+        flags=("-fsanitize=thread", "-g"),
+        runtime="libtsan.so",
+        options={"TSAN_OPTIONS": "halt_on_error=0:exitcode=66"},
+        log_variables=("TSAN_OPTIONS",),
+        faults=("missing_barrier", "between_blocks", "atomic_as_fence", "write_then_reread"),
+    ),
+    # AddressSanitizer stops at the first error; UndefinedBehaviorSanitizer is made to stop too.
+    # detect_leaks=0: Python and torch keep memory to the end by design.
+    "address": Sanitizer(
+        flags=("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"),
+        runtime="libasan.so",
+        options={
+            "ASAN_OPTIONS": "detect_leaks=0:exitcode=66",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1:exitcode=66",
+        },
+        log_variables=("ASAN_OPTIONS", "UBSAN_OPTIONS"),
+        faults=("out_of_bounds", "past_the_tile", "signed_overflow"),
+    ),
+}
+"""``thread``: ThreadSanitizer, data races under CUDA's ordering rules. ``address``: AddressSanitizer
+and UndefinedBehaviorSanitizer, accesses outside a tensor's allocation (the emulated counterpart of
+``compute-sanitizer``'s memcheck) and undefined integer arithmetic such as signed overflow."""
+
+
+@dataclass(frozen=True)
 class Variant:
     """One way to build the emulated kernels.
 
     Attributes:
         constants: Exact text of cuda_ext/csrc/cuda/common.cuh -> its replacement (each must match once).
         resident_blocks: Blocks of a launch that run at once (``EMU_RESIDENT_BLOCKS``).
-        sanitize_threads: Compile with ``-fsanitize=thread`` (ThreadSanitizer). Such a build loads only
-            into a process started with ThreadSanitizer's runtime preloaded (see ``tsan_runtime``).
+        sanitizer: A key of ``SANITIZERS``, or "" for none. Such a build loads only into a process
+            that preloads the sanitizer's runtime (``sanitizer_environment``).
     """
 
     constants: dict[str, str] = field(default_factory=dict)
     resident_blocks: int = 2
-    sanitize_threads: bool = False
+    sanitizer: str = ""
 
 
 VARIANTS: dict[str, Variant] = {
     "prod": Variant(resident_blocks=2),
     "small": Variant(constants=_SMALL_CONSTANTS, resident_blocks=3),
-    "tsan": Variant(constants=_SMALL_CONSTANTS, resident_blocks=3, sanitize_threads=True),
+    "tsan": Variant(constants=_SMALL_CONSTANTS, resident_blocks=3, sanitizer="thread"),
+    "asan": Variant(constants=_SMALL_CONSTANTS, resident_blocks=3, sanitizer="address"),
 }
 """``prod``: the production constants, 2 blocks at once. ``small``: 64-thread blocks, 128-element tiles
-and at most 3 blocks per grid-stride loop, all 3 at once. ``tsan``: ``small`` under ThreadSanitizer."""
+and at most 3 blocks per grid-stride loop, all 3 at once. ``tsan`` and ``asan``: ``small`` under the
+thread and the address + undefined-behaviour sanitizers."""
 
 _COMPILE_FLAGS = ["-O1"]
 """-O1: the kernels are cheap next to the thread hand-offs, and it compiles faster than -O3."""
-
-_TSAN_FLAGS = ["-fsanitize=thread", "-g"]
 
 _SHARED_DECLARATION = re.compile(r"__shared__\s+([A-Za-z_][\w:<>, ]*?)\s+([A-Za-z_]\w*)\s*\[([^\]]+)\]\s*;")
 """``__shared__ T name[N];`` (the only form the kernels use: fixed-size arrays)."""
 
 
+def _sanitizer_flags(variant: Variant) -> list[str]:
+    return list(SANITIZERS[variant.sanitizer].flags) if variant.sanitizer else []
+
+
 def _compile_flags(variant: Variant) -> list[str]:
-    flags = [*_COMPILE_FLAGS, f"-DEMU_RESIDENT_BLOCKS={variant.resident_blocks}"]
-    return [*flags, *_TSAN_FLAGS] if variant.sanitize_threads else flags
+    return [*_COMPILE_FLAGS, f"-DEMU_RESIDENT_BLOCKS={variant.resident_blocks}", *_sanitizer_flags(variant)]
 
 
-def tsan_runtime() -> Path | None:
-    """The compiler's ThreadSanitizer runtime library (to LD_PRELOAD), or None when it has none."""
+def sanitizer_runtime(sanitizer: str) -> Path | None:
+    """The compiler's runtime library of a ``SANITIZERS`` key (to preload), or None when it has none."""
+    return _library(SANITIZERS[sanitizer].runtime)
+
+
+def _library(name: str) -> Path | None:
+    """The compiler's own copy of a runtime library, resolved, or None."""
     try:
         found = subprocess.run(
-            [*_compiler(), "-print-file-name=libtsan.so"], check=False, capture_output=True, text=True, timeout=30
+            [*_compiler(), f"-print-file-name={name}"], check=False, capture_output=True, text=True, timeout=30
         )
     except OSError:
         return None
     path = Path(found.stdout.strip())
     return path.resolve() if found.returncode == 0 and path.is_absolute() and path.exists() else None
+
+
+def sanitizer_environment(sanitizer: str, log_prefix: Path | None = None, *, preload: bool = True) -> dict[str, str]:
+    """Environment variables for a process that runs a ``sanitizer`` build (add them to ``os.environ``).
+
+    ``LD_PRELOAD`` of the runtime (unless ``preload`` is False, for an instrumented executable), and
+    the options under which every report makes the process exit with 66; with ``log_prefix`` the
+    reports go to ``<log_prefix>.<pid>`` files instead of stderr.
+
+    Raises:
+        RuntimeError: the compiler has no runtime for this sanitizer.
+    """
+    spec = SANITIZERS[sanitizer]
+    env = dict(spec.options)
+    if log_prefix is not None:
+        for variable in spec.log_variables:
+            env[variable] += f":log_path={log_prefix}"
+    if preload:
+        runtime = sanitizer_runtime(sanitizer)
+        if runtime is None:
+            raise RuntimeError(f"the C++ compiler has no {spec.runtime} (the {sanitizer} sanitizer's runtime)")
+        # The C++ runtime too, right after it: AddressSanitizer looks up __cxa_throw when it starts, and
+        # Python loads libstdc++ only with torch, so a C++ exception would abort the process otherwise.
+        env["LD_PRELOAD"] = " ".join(str(path) for path in (runtime, _library("libstdc++.so")) if path is not None)
+    return env
 
 
 def namespace(variant: str) -> str:
@@ -364,9 +452,8 @@ def _build(variant: str, root: Path | None, verbose: bool) -> Any:
         _write_if_changed(source_dir / name, text)
     from torch.utils.cpp_extension import load
 
-    sanitize = VARIANTS[variant].sanitize_threads
-    # The compiler and ninja must not inherit a preloaded ThreadSanitizer runtime (they crash under it);
-    # this process keeps it, as the tsan variant needs.
+    # The compiler and ninja must not inherit a preloaded sanitizer runtime (they crash under
+    # ThreadSanitizer's); this process keeps it, as the sanitized variants need.
     preload = os.environ.pop("LD_PRELOAD", None)
     try:
         load(
@@ -374,7 +461,7 @@ def _build(variant: str, root: Path | None, verbose: bool) -> Any:
             sources=[str(source_dir / name) for name in sources if name.endswith(".cpp")],
             extra_include_paths=[str(_SHIM), str(source_dir)],
             extra_cflags=_compile_flags(VARIANTS[variant]),
-            extra_ldflags=_TSAN_FLAGS if sanitize else [],
+            extra_ldflags=_sanitizer_flags(VARIANTS[variant]),
             build_directory=str(directory),
             verbose=verbose,
         )
@@ -389,7 +476,8 @@ def build_ops(variant: str = "small", *, root: Path | None = None, verbose: bool
 
     Args:
         variant: A key of ``VARIANTS``: "small" (many tiles, every grid-stride path), "prod", or "tsan"
-            (only in a process that preloads ``tsan_runtime()``: see ``tests/emulated/test_cuda_races.py``).
+            "tsan" or "asan" (only in a process that preloads the sanitizer's runtime: see
+            ``sanitizer_environment`` and ``tests/emulated/test_cuda_sanitizers.py``).
         root: Parent of the build directories (default: see ``build_directory``).
         verbose: Show the compiler commands and output.
 
@@ -409,32 +497,30 @@ def build_ops(variant: str = "small", *, root: Path | None = None, verbose: bool
         return _LOADED[variant]
 
 
-SELFTEST_RACES = ("missing_barrier", "between_blocks", "atomic_as_fence", "write_then_reread")
-"""The deliberately racy kernels of ``selftest.cu`` (``selftest race NAME``)."""
-
-
-def run_selftest(work_dir: Path, *, sanitize_threads: bool = False, race: str = "") -> subprocess.CompletedProcess[str]:
+def run_selftest(work_dir: Path, *, sanitizer: str = "", fault: str = "") -> subprocess.CompletedProcess[str]:
     """Compile ``selftest.cu`` (rewritten, no torch) in ``work_dir`` once, run it and return its result.
 
-    Without ``race`` it checks the runtime's own claims: shuffles, barriers over shared memory and
+    Without ``fault`` it checks the runtime's own claims: shuffles, barriers over shared memory and
     atomics work, shared memory starts poisoned, two blocks run at once, and divergent barriers (early
     returns included), partial shuffle masks and bad launch shapes are reported; the caller checks
-    ``returncode == 0`` (stdout names any failed check). With ``race`` (one of ``SELFTEST_RACES``) it
-    runs that racy kernel, which ThreadSanitizer must report when ``sanitize_threads``. A few seconds.
+    ``returncode == 0`` (stdout names any failed check). With ``sanitizer`` (a ``SANITIZERS`` key) the
+    binary is built with it, and ``fault`` (one of its ``faults``) runs that faulty kernel, which the
+    sanitizer must report (exit code 66). A few seconds.
     """
-    if race and race not in SELFTEST_RACES:
-        raise ValueError(f"race={race!r} is not one of {SELFTEST_RACES}")
-    binary = work_dir / ("selftest-tsan" if sanitize_threads else "selftest")
+    if sanitizer and sanitizer not in SANITIZERS:
+        raise ValueError(f"sanitizer={sanitizer!r} is not one of {sorted(SANITIZERS)}")
+    if fault and (not sanitizer or fault not in SANITIZERS[sanitizer].faults):
+        raise ValueError(f"fault={fault!r} is not a fault of sanitizer {sanitizer!r}")
+    binary = work_dir / f"selftest-{sanitizer or 'plain'}"
     if not binary.is_file():
         source = work_dir / "selftest.cpp"
         text, _ = rewrite_shared(rewrite_launches(_SELFTEST.read_text(encoding="utf-8")))
         source.write_text(_RUNTIME_INCLUDE + text, encoding="utf-8")
-        flags = _compile_flags(Variant(resident_blocks=3, sanitize_threads=sanitize_threads))
+        flags = _compile_flags(Variant(resident_blocks=3, sanitizer=sanitizer))
         command = [*_compiler(), "-std=c++20", *flags, "-pthread", "-I", str(_SHIM), str(source), "-o", str(binary)]
         compiled = subprocess.run(command, check=False, capture_output=True, text=True)
         if compiled.returncode != 0:
             raise RuntimeError(f"the emulation self-test does not compile:\n{compiled.stderr}")
-    # halt_on_error=0: every race of a run is reported; exitcode 66 marks a run with a report.
-    env = {**os.environ, "TSAN_OPTIONS": "halt_on_error=0 exitcode=66"}
-    command = [str(binary), *(["race", race] if race else [])]
+    env = {**os.environ, **(sanitizer_environment(sanitizer, preload=False) if sanitizer else {})}
+    command = [str(binary), *(["fault", fault] if fault else [])]
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, env=env)

@@ -4,9 +4,10 @@
 // this file alone (no torch), e.g. by tests/emulated/test_cuda_emulated.py. Prints "ok" and exits 0
 // when every check passes, else prints the failed check and exits 1.
 //
-// `selftest race NAME` instead runs one kernel with a deliberate data race (see kRaces): built with
-// ThreadSanitizer, each must be reported, which shows that the sanitizer sees the CUDA model's races
-// through the runtime (and the plain checks, reported by nobody, that the runtime itself is race-free).
+// `selftest fault NAME` instead runs one kernel with a deliberate fault (run_fault below): built with
+// the sanitizer of build.py's SANITIZERS that lists NAME, each must be reported. That shows the
+// sanitizers see such faults through the runtime, and the plain checks, which no sanitizer reports,
+// that the runtime itself is race-free and in bounds.
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -99,23 +100,23 @@ __global__ void blocks_at_once_kernel(unsigned int* flag) {
   }
 }
 
-// ---- deliberate races, one per way a kernel can get the CUDA model wrong (`selftest race NAME`)
+// ---- deliberate faults (`selftest fault NAME`). Data races, one per way to get CUDA's ordering wrong:
 
 // reverse_kernel without its barrier: threads read slots their neighbours write.
-__global__ void race_missing_barrier_kernel(const int* in, int* out) {
+__global__ void fault_missing_barrier_kernel(const int* in, int* out) {
   __shared__ int slice[kThreads];
   slice[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
   out[blockIdx.x * blockDim.x + threadIdx.x] = slice[blockDim.x - 1 - threadIdx.x];
 }
 
 // Thread 0 of every block writes the same global word: a race between blocks.
-__global__ void race_between_blocks_kernel(int* out) {
+__global__ void fault_between_blocks_kernel(int* out) {
   if (threadIdx.x == 0) out[0] = static_cast<int>(blockIdx.x);
 }
 
 // Message passing through an atomic: thread 1 waits until thread 0's atomicAdd shows, then reads the
 // data thread 0 wrote before it. Correct with release/acquire, a race with CUDA's relaxed atomics.
-__global__ void race_atomic_as_fence_kernel(int* data, unsigned int* flag) {
+__global__ void fault_atomic_as_fence_kernel(int* data, unsigned int* flag) {
   if (threadIdx.x == 0) {
     data[0] = 42;
     atomicAdd(flag, 1u);
@@ -126,7 +127,7 @@ __global__ void race_atomic_as_fence_kernel(int* data, unsigned int* flag) {
 }
 
 // Zen's slot claim as the paper writes it (write the tag, read it back), by every thread on one slot.
-__global__ void race_write_then_reread_kernel(unsigned long long* slot, unsigned int* claimed) {
+__global__ void fault_write_then_reread_kernel(unsigned long long* slot, unsigned int* claimed) {
   const unsigned long long tag = 1ull + blockIdx.x * blockDim.x + threadIdx.x;
   if (*slot == 0ull) {
     *slot = tag;
@@ -134,20 +135,49 @@ __global__ void race_write_then_reread_kernel(unsigned long long* slot, unsigned
   }
 }
 
-int run_race(const std::string& name) {
-  std::vector<int> in(kBlocks * kThreads, 1), out(kBlocks * kThreads, 0);
+// Memory errors and undefined arithmetic:
+// the last thread reads one element past the end of its input (a classic tile-bound off-by-one).
+__global__ void fault_out_of_bounds_kernel(const int* in, int* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  out[i] = in[i] + (i == n - 1 ? in[i + 1] : 0);
+}
+
+// A tiled copy whose last tile ignores the input's end (n is not a multiple of the tile).
+__global__ void fault_past_the_tile_kernel(const int* in, int* out, int n) {
+  const int tile = static_cast<int>(blockDim.x);
+  const int first = blockIdx.x * tile;
+  const int last = first + tile;  // should be min(first + tile, n)
+  for (int i = first + threadIdx.x; i < last; i += tile) out[i % n] = in[i];
+}
+
+// A position computed in 32 bits that overflows (as `block * kTile` would past 2^31 elements).
+__global__ void fault_signed_overflow_kernel(int* out) {
+  const int scale = 0x40000000 + static_cast<int>(threadIdx.x);
+  out[threadIdx.x % 4] = scale * (2 + static_cast<int>(blockIdx.x));
+}
+
+int run_fault(const std::string& name) {
+  const int n = kBlocks * kThreads;
+  std::vector<int> in(n, 1), out(n, 0);
+  std::vector<int> short_in(n - 5, 1);  // not a multiple of the block: the last tile is partial
   unsigned int flag = 0;
   unsigned long long slot = 0;
   if (name == "missing_barrier") {
-    race_missing_barrier_kernel<<<kBlocks, kThreads, 0, nullptr>>>(in.data(), out.data());
+    fault_missing_barrier_kernel<<<kBlocks, kThreads, 0, nullptr>>>(in.data(), out.data());
   } else if (name == "between_blocks") {
-    race_between_blocks_kernel<<<kBlocks, kThreads, 0, nullptr>>>(out.data());
+    fault_between_blocks_kernel<<<kBlocks, kThreads, 0, nullptr>>>(out.data());
   } else if (name == "atomic_as_fence") {
-    race_atomic_as_fence_kernel<<<1, kThreads, 0, nullptr>>>(out.data(), &flag);
+    fault_atomic_as_fence_kernel<<<1, kThreads, 0, nullptr>>>(out.data(), &flag);
   } else if (name == "write_then_reread") {
-    race_write_then_reread_kernel<<<kBlocks, kThreads, 0, nullptr>>>(&slot, &flag);
+    fault_write_then_reread_kernel<<<kBlocks, kThreads, 0, nullptr>>>(&slot, &flag);
+  } else if (name == "out_of_bounds") {
+    fault_out_of_bounds_kernel<<<kBlocks, kThreads, 0, nullptr>>>(in.data(), out.data(), n);
+  } else if (name == "past_the_tile") {
+    fault_past_the_tile_kernel<<<kBlocks, kThreads, 0, nullptr>>>(short_in.data(), out.data(), n - 5);
+  } else if (name == "signed_overflow") {
+    fault_signed_overflow_kernel<<<kBlocks, kThreads, 0, nullptr>>>(out.data());
   } else {
-    std::printf("unknown race %s\n", name.c_str());
+    std::printf("unknown fault %s\n", name.c_str());
     return 2;
   }
   std::printf("ran %s\n", name.c_str());
@@ -157,7 +187,7 @@ int run_race(const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "race") return run_race(argv[2]);
+  if (argc == 3 && std::string(argv[1]) == "fault") return run_fault(argv[2]);
   const int n = kBlocks * kThreads;
   std::vector<long long> scan(n);
   warp_scan_kernel<<<kBlocks, kThreads, 0, nullptr>>>(scan.data());

@@ -14,9 +14,10 @@ Each test runs once per variant of ``EMULATED_VARIANTS``:
 
 Adversarial collisions (``parallel_slots=1``, tiny ``serial_slots`` forcing the overflow re-run), empty
 and all-non-zero inputs, NaN/Inf/-0.0, every dtype and the k edge cases are therefore covered as on the
-GPU, with the same Hypothesis settings. ``test_cuda_races.py`` reruns them under ThreadSanitizer (the
-``tsan`` variant), which reports data races whatever their timing. What the emulation cannot show (the
-GPU's reorderings, out-of-bounds accesses, timing) is listed in ``cuda_ext/emulation/build.py``;
+GPU, with the same Hypothesis settings. ``test_cuda_sanitizers.py`` reruns them under ThreadSanitizer
+(the ``tsan`` variant: data races, whatever their timing) and AddressSanitizer + UBSan (``asan``: accesses
+outside a tensor, undefined integer arithmetic). What the emulation cannot show (the GPU's reorderings,
+timing) is listed in ``cuda_ext/emulation/build.py``;
 ``test_sizes_beyond_int32`` is not rerun (see ``_NOT_EMULATED``).
 
 Every test here is skipped, with the reason, on a machine without a C++ compiler, ninja or the Python
@@ -41,8 +42,8 @@ pytestmark = pytest.mark.emulated
 
 EMULATED_VARIANTS = tuple(os.environ.get("ZENSYNC_EMULATED_VARIANTS", "small,prod").split(","))
 """The variants the tests run on: "small" and "prod" (each about 25 s of build, then 25-45 s of tests on 2
-cores), or those ZENSYNC_EMULATED_VARIANTS names ("tsan" only in tests/emulated/test_cuda_races.py's
-subprocess, which preloads ThreadSanitizer's runtime)."""
+cores), or those ZENSYNC_EMULATED_VARIANTS names ("tsan" and "asan" only in the subprocesses of
+tests/emulated/test_cuda_sanitizers.py, which preload the sanitizer's runtime)."""
 
 _NOT_EMULATED = {
     "test_sizes_beyond_int32": "2^31 + 100 elements: 12 GB of memory, and far too slow on CPU threads",
