@@ -2,12 +2,16 @@
 # One script for a lent GPU machine: build the CUDA extension, run the GPU tests, run the GPU benchmark.
 #
 #   bash cuda_ext/gpu_check.sh          # from anywhere; works in the repository root; about 5 min on an H200
+#   SKIP_SANITIZER=1 bash cuda_ext/gpu_check.sh   # without Step 4
 #
 # Needs a CUDA build of torch, nvcc and the [test] extras already installed (no network is used).
 # Step 1 builds zensync_cuda_ext in place with setup.py (USE_CUDA=1, --no-build-isolation so the build
 # sees the installed torch). If that fails, its error is shown and Step 2 goes on: zensync.kernels.cuda
 # then JIT-builds the same sources on first use (torch.utils.cpp_extension.load, which needs ninja).
-# Exits non-zero when the extension cannot be loaded at all, a test fails or the benchmark fails.
+# Step 4 reruns the GPU tests (5 Hypothesis examples each) under compute-sanitizer's memcheck (global
+# memory out of bounds) and racecheck (shared-memory hazards), when compute-sanitizer is on PATH.
+# Exits non-zero when the extension cannot be loaded at all, a test fails, the benchmark fails or a
+# sanitizer reports an error.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,7 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPU', torch.cuda.is_available())"
 command -v nvcc >/dev/null && nvcc --version | tail -n 1 || echo "(nvcc not on PATH)"
 
-step "1/3 build the extension (setup.py, USE_CUDA=1)"
+step "1/4 build the extension (setup.py, USE_CUDA=1)"
 if USE_CUDA=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" python -m pip install --no-build-isolation --no-deps -e .; then
     step "setup.py build done"
 else
@@ -31,10 +35,25 @@ assert c.available(), c.unavailable_reason()
 print('zensync_cuda_ext loaded from', c._LOADER.module.__file__)
 "
 
-step "2/3 GPU tests (tests/gpu, slow ones included) and the loader tests"
+step "2/4 GPU tests (tests/gpu, slow ones included) and the loader tests"
 python -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_cuda_loader.py
 
-step "3/3 benchmark (benchmarks/kernels_gpu.py)"
+step "3/4 benchmark (benchmarks/kernels_gpu.py)"
 python benchmarks/kernels_gpu.py
+
+step "4/4 compute-sanitizer over the GPU tests"
+if [[ -n "${SKIP_SANITIZER:-}" ]]; then
+    echo "(skipped: SKIP_SANITIZER is set)"
+elif ! command -v compute-sanitizer >/dev/null; then
+    echo "(skipped: compute-sanitizer is not on PATH)"
+else
+    for tool in memcheck racecheck; do
+        step "compute-sanitizer --tool $tool"
+        # No caching allocator: memcheck then sees each tensor's own bounds.
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 ZENSYNC_GPU_TEST_EXAMPLES=5 timeout 300 \
+            compute-sanitizer --tool "$tool" --error-exitcode 66 --target-processes all \
+            python -m pytest -q -p no:cacheprovider tests/gpu -k "not beyond_int32"
+    done
+fi
 
 step "done"
