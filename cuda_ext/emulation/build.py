@@ -109,6 +109,7 @@ __all__ = [
     "Variant",
     "build_directory",
     "build_ops",
+    "compile_program",
     "namespace",
     "rewrite_launches",
     "rewrite_shared",
@@ -497,6 +498,30 @@ def build_ops(variant: str = "small", *, root: Path | None = None, verbose: bool
         return _LOADED[variant]
 
 
+def compile_program(
+    cuda_source: str, binary: Path, *, sanitizer: str = "", resident_blocks: int = 3, shim: Path | None = None
+) -> Path:
+    """Compile a stand-alone CUDA-syntax program (no torch) on the emulation runtime into ``binary``.
+
+    The source is rewritten like the kernels (launches, ``__shared__``) and compiled as C++20 next to
+    ``binary`` (``<binary>.cpp``), with ``sanitizer`` (a ``SANITIZERS`` key or "") and the runtime of
+    ``shim`` (default: this checkout's ``shim/``). Returns ``binary``.
+
+    Raises:
+        RuntimeError: the program does not compile (the compiler's output is in the message).
+    """
+    text, _ = rewrite_shared(rewrite_launches(cuda_source))
+    source = binary.with_name(binary.name + ".cpp")
+    source.write_text(_RUNTIME_INCLUDE + text, encoding="utf-8")
+    flags = _compile_flags(Variant(resident_blocks=resident_blocks, sanitizer=sanitizer))
+    include = str(shim if shim is not None else _SHIM)
+    command = [*_compiler(), "-std=c++20", *flags, "-pthread", "-I", include, str(source), "-o", str(binary)]
+    compiled = subprocess.run(command, check=False, capture_output=True, text=True)
+    if compiled.returncode != 0:
+        raise RuntimeError(f"{source.name} does not compile:\n{compiled.stderr}")
+    return binary
+
+
 def run_selftest(work_dir: Path, *, sanitizer: str = "", fault: str = "") -> subprocess.CompletedProcess[str]:
     """Compile ``selftest.cu`` (rewritten, no torch) in ``work_dir`` once, run it and return its result.
 
@@ -513,14 +538,7 @@ def run_selftest(work_dir: Path, *, sanitizer: str = "", fault: str = "") -> sub
         raise ValueError(f"fault={fault!r} is not a fault of sanitizer {sanitizer!r}")
     binary = work_dir / f"selftest-{sanitizer or 'plain'}"
     if not binary.is_file():
-        source = work_dir / "selftest.cpp"
-        text, _ = rewrite_shared(rewrite_launches(_SELFTEST.read_text(encoding="utf-8")))
-        source.write_text(_RUNTIME_INCLUDE + text, encoding="utf-8")
-        flags = _compile_flags(Variant(resident_blocks=3, sanitizer=sanitizer))
-        command = [*_compiler(), "-std=c++20", *flags, "-pthread", "-I", str(_SHIM), str(source), "-o", str(binary)]
-        compiled = subprocess.run(command, check=False, capture_output=True, text=True)
-        if compiled.returncode != 0:
-            raise RuntimeError(f"the emulation self-test does not compile:\n{compiled.stderr}")
+        compile_program(_SELFTEST.read_text(encoding="utf-8"), binary, sanitizer=sanitizer)
     env = {**os.environ, **(sanitizer_environment(sanitizer, preload=False) if sanitizer else {})}
     command = [str(binary), *(["fault", fault] if fault else [])]
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, env=env)
