@@ -4,6 +4,10 @@ Launch (from the repository root)::
 
     python benchmarks/kernels_cpu.py                       # CPU section; the GPU section too when a GPU is present
     python benchmarks/kernels_cpu.py --numel 10000000 --density 0.01 --topk-numel 25000000 --rounds 7
+    python benchmarks/kernels_cpu.py --rows 50000 --row-width 768   # the embedding-gradient hashing case
+
+Hashing runs twice: on the issue's 10M x 1 input and on an embedding gradient (50,000 rows of 768,
+1 % of the rows non-zero), the shape Zen syncs.
 
 For each op: the torch baseline the issue names (``torch.topk(x, k, sorted=False)`` for both
 selections, ``zeros().index_add_`` for scatter-add, nonzero + argsort bucketing for hashing, the
@@ -82,6 +86,11 @@ def _cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     n, owners = args.numel, args.owners
     x2d = torch.randn(n, 1, generator=g)
     x2d[torch.rand(n, 1, generator=g) >= args.density] = 0
+    # An embedding gradient: rows of args.row_width, args.density of them non-zero.
+    table = torch.zeros(args.rows, args.row_width)
+    touched = torch.rand(args.rows, generator=g) < args.density
+    table[touched] = torch.randn(int(touched.sum()), args.row_width, generator=g)
+    table_part = make_partition(args.rows, owners, seed=_SEED)
     part = make_partition(n, owners, seed=_SEED)
     items = reference.nonzero_items(x2d)
     words = reference.bitmap_encode(items, n)
@@ -101,6 +110,9 @@ def _cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [
         case("bucket_nonzero (hash + bucket)", lambda: reference.bucket_nonzero(x2d, part), "bucket_nonzero", cpu,
              (x2d, part), x2d.nbytes),
+        case(f"bucket_nonzero ({args.rows:,} x {args.row_width} rows)",
+             lambda: reference.bucket_nonzero(table, table_part), "bucket_nonzero", cpu, (table, table_part),
+             table.nbytes),
         case("bitmap_encode", lambda: reference.bitmap_encode(items, n), "bitmap_encode", cpu, (items, n),
              items.nbytes),
         case("bitmap_decode", lambda: reference.bitmap_decode(words, n), "bitmap_decode", cpu, (words, n),
@@ -123,12 +135,15 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=10_000_000, help="elements of the hashing/bitmap input")
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--owners", type=int, default=16)
+    parser.add_argument("--rows", type=int, default=50_000, help="rows of the embedding-gradient hashing input")
+    parser.add_argument("--row-width", type=int, default=768)
     parser.add_argument("--topk-numel", type=int, default=25_000_000, help="elements of the selection/codec input")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU section even when a GPU is present")
     args = parser.parse_args()
     header = (
-        f"hashing/bitmaps: {args.numel:,} float32 at density {args.density}, {args.owners} owners; selection and "
+        f"hashing/bitmaps: {args.numel:,} float32 at density {args.density}, {args.owners} owners (the embedding "
+        f"case: that density of rows non-zero); selection and "
         f"codecs: {args.topk_numel:,} float32, k = 1 %. torch {torch.__version__} ({torch.get_num_threads()} "
         f"threads), numba {numba.__version__} ({numba.get_num_threads()} threads), Python "
         f"{platform.python_version()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of "

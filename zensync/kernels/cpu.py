@@ -51,6 +51,15 @@ _MIN_CHUNK_WORDS = 256
 """Fewest 64-item words per parallel chunk (16384 items): below that the chunk bookkeeping dominates."""
 _MIN_CHUNK_KEYS = 1 << 13
 """Fewest positions per parallel chunk of aggregate's run detection."""
+_WALK_BLOCK = 256
+"""Values the vectorized Feistel walk (_walk_block) carries through the rounds together."""
+_WALK_CHUNK = _WALK_BLOCK * 64
+"""Values per parallel chunk of permute / unpermute."""
+_ROW_BLOCK = 64
+"""Elements of a row OR-reduced at once by the non-zero scan before it checks for an early exit."""
+_NARROW_ROW = 8
+"""Rows of at most this many elements are OR-reduced whole, with no per-row slice or early exit
+(3x faster on 8-wide rows; wider rows gain from the blocks' early exit, 2-wide to 16-wide measured)."""
 _PARALLEL_MIN_SCAN = 1 << 18
 """Fewest dense elements (nonzero scan) or bitmap bits (decode) for the parallel version.
 
@@ -180,12 +189,70 @@ def _walk(v: int, num_items: int, half_bits: int, keys: np.ndarray, inverse: boo
             return v
 
 
+@_jit
+def _round32(half: np.uint32, key: np.uint64) -> np.uint64:
+    """reference._round without its final mask, on a value below 2^32 (uint64 keeps the wraps explicit)."""
+    x = np.uint64(half) ^ key
+    x = (x * np.uint64(reference.FEISTEL_MUL1)) & np.uint64(reference.MASK32)
+    x = x ^ (x >> np.uint64(12))
+    x = (x * np.uint64(reference.FEISTEL_MUL2)) & np.uint64(reference.MASK32)
+    return x ^ (x >> np.uint64(15))
+
+
+@_jit
+def _walk_block(
+    src: np.ndarray, dst: np.ndarray, num_items: int, half_bits: int, keys: np.ndarray, inverse: bool
+) -> None:
+    """dst[i] = _walk(src[i], ...) for every i, _WALK_BLOCK values at a time.
+
+    The rounds run over the whole block in branch-free loops that LLVM vectorizes; the values still
+    out of range afterwards (cycle walking: about 40 % after the first pass at 10M items) are
+    compacted to the front and walk again. 3x the scalar walk per value, same results.
+    """
+    mask = np.uint32((np.int64(1) << half_bits) - 1)
+    num_rounds = keys.shape[0]
+    lefts = np.empty(_WALK_BLOCK, dtype=np.uint32)
+    rights = np.empty(_WALK_BLOCK, dtype=np.uint32)
+    where = np.empty(_WALK_BLOCK, dtype=np.int64)
+    for start in range(0, src.shape[0], _WALK_BLOCK):
+        pending = min(_WALK_BLOCK, src.shape[0] - start)
+        for i in range(pending):
+            lefts[i] = np.uint32(src[start + i] >> half_bits)
+            rights[i] = np.uint32(src[start + i] & mask)
+            where[i] = start + i
+        while pending > 0:
+            for step in range(num_rounds):
+                if inverse:
+                    key = np.uint64(keys[num_rounds - 1 - step])
+                    for i in range(pending):
+                        left = lefts[i]
+                        lefts[i] = rights[i] ^ (np.uint32(_round32(left, key)) & mask)
+                        rights[i] = left
+                else:
+                    key = np.uint64(keys[step])
+                    for i in range(pending):
+                        right = rights[i]
+                        rights[i] = lefts[i] ^ (np.uint32(_round32(right, key)) & mask)
+                        lefts[i] = right
+            still = 0
+            for i in range(pending):
+                v = (np.int64(lefts[i]) << half_bits) | np.int64(rights[i])
+                if v < num_items:
+                    dst[where[i]] = v
+                else:
+                    lefts[still], rights[still], where[still] = lefts[i], rights[i], where[i]
+                    still += 1
+            pending = still
+
+
 @_kernel
 def _walk_all(
     src: np.ndarray, dst: np.ndarray, num_items: int, half_bits: int, keys: np.ndarray, inverse: bool
 ) -> None:
-    for t in numba.prange(src.shape[0]):
-        dst[t] = _walk(src[t], num_items, half_bits, keys, inverse)
+    num_chunks = (src.shape[0] + _WALK_CHUNK - 1) // _WALK_CHUNK
+    for c in numba.prange(num_chunks):
+        first, last = c * _WALK_CHUNK, min(src.shape[0], (c + 1) * _WALK_CHUNK)
+        _walk_block(src[first:last], dst[first:last], num_items, half_bits, keys, inverse)
 
 
 def _keys(part: Partition) -> np.ndarray:
@@ -237,10 +304,28 @@ def _flag_word(flat: np.ndarray, first: int, last: int, item_numel: int, signmas
         for b in range(last - first):
             word |= np.int64((block[b] & signmask) != 0) << b
     else:
+        # OR-reduce each row in blocks of _ROW_BLOCK elements (a reduction LLVM vectorizes), stopping
+        # at the first block with a non-zero magnitude: zero rows cost one vectorized pass, non-zero
+        # rows usually one block.
+        rows = flat[first * item_numel : last * item_numel]
+        if item_numel <= _NARROW_ROW:
+            for b in range(last - first):
+                acc = rows[b * item_numel]
+                for e in range(1, item_numel):
+                    acc |= rows[b * item_numel + e]
+                word |= np.int64((acc & signmask) != 0) << b
+            return word
         for b in range(last - first):
-            row = flat[(first + b) * item_numel : (first + b + 1) * item_numel]
-            for e in range(item_numel):
-                if (row[e] & signmask) != 0:
+            row = rows[b * item_numel : (b + 1) * item_numel]
+            if (row[0] & signmask) != 0:  # dense rows: one element
+                word |= np.int64(1) << b
+                continue
+            for start in range(0, item_numel, _ROW_BLOCK):
+                block = row[start : min(item_numel, start + _ROW_BLOCK)]
+                acc = block[0]
+                for e in range(1, block.shape[0]):
+                    acc |= block[e]
+                if (acc & signmask) != 0:
                     word |= np.int64(1) << b
                     break
     return word
@@ -353,13 +438,16 @@ def _hash_bits(
         for w in range(c * chunk_words, min(num_words, (c + 1) * chunk_words)):
             word = words[w]
             while word != 0:
-                item = w * _WORD_BITS + trailing_zeros(word)
+                items_out[dst] = w * _WORD_BITS + trailing_zeros(word)
                 word &= word - 1
-                perm = _walk(item, num_items, half_bits, keys, False) if hashed else item
-                items_out[dst] = item
-                perm_out[dst] = perm
-                owner_counts[c, perm // range_len] += 1
                 dst += 1
+        first, last = offsets[c], offsets[c + 1]
+        if hashed:
+            _walk_block(items_out[first:last], perm_out[first:last], num_items, half_bits, keys, False)
+        else:
+            perm_out[first:last] = items_out[first:last]
+        for t in range(first, last):
+            owner_counts[c, perm_out[t] // range_len] += 1
 
 
 @_kernel
