@@ -4,6 +4,7 @@ Launch (from the repository root)::
 
     python benchmarks/select_cpu_timing.py                    # the issue's cases, 9 rounds
     python benchmarks/select_cpu_timing.py --rounds 15 --draws 6
+    python benchmarks/select_cpu_timing.py --small --rounds 25   # small inputs: where dispatch picks torch
 
 Input: ``torch.randn(numel).abs()`` in the case's dtype, k = 1 % of numel. For ``sampled_topk`` the
 threshold is what DGC computes, the top-1 % value of a 1 % random sample (the sampling is not
@@ -13,21 +14,27 @@ per round after a warm-up round, medians over rounds) in one process, so machine
 alike; "serial" is the numba op called from a worker thread (its single-threaded build). Every
 result is first checked equal to ``reference``.
 
+``--small`` times float32 inputs of 64 to 131072 elements instead: the torch reference
+(``reference.topk`` / ``reference.sampled_topk``), the numba op and ``zensync.kernels.topk`` /
+``sampled_topk`` (the dispatcher, which runs the reference for exact top-k below
+``dispatch._CPU_MIN_NUMEL``).
+
 Targets (issue, 2 cores, 25M float32): exact topk >= 1.5x and sampled_topk >= 5x torch.topk.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import statistics
 from collections.abc import Callable
 
 import numba
 import torch
-from kernels_cpu import _in_thread, _round_robin  # the sibling script (run from benchmarks/ on sys.path)
+from kernels_cpu import RESULTS, _in_thread, _round_robin  # the sibling script (run from benchmarks/ on sys.path)
 
-from zensync.kernels import cpu_select, reference
+from zensync.kernels import cpu_select, dispatch, reference
 
 _SEED = 0
 _CASES = (
@@ -84,16 +91,63 @@ def _run_case(numel: int, dtype: torch.dtype, rounds: int, draws: int) -> None:
           f"{base / statistics.median(sampled):6.1f}x")  # fmt: skip
 
 
+_SMALL_SIZES = (64, 1024, 4096, 16384, 32768, 65536, 131072)
+
+
+def _time_small(x: torch.Tensor, rounds: int) -> dict[str, float]:
+    """Microseconds of reference, numba and dispatcher, exact and sampled (threshold: the top-1 % value)."""
+    k = max(1, x.numel() // 100)
+    threshold = float(torch.topk(x, k).values.min())
+    variants: dict[str, Callable[[], object]] = {
+        "topk ref": lambda: reference.topk(x, k),
+        "topk numba": lambda: cpu_select.topk(x, k),
+        "topk dispatch": lambda: dispatch.topk(x, k),
+        "sampled ref": lambda: reference.sampled_topk(x, k, threshold),
+        "sampled numba": lambda: cpu_select.sampled_topk(x, k, threshold),
+        "sampled dispatch": lambda: dispatch.sampled_topk(x, k, threshold),
+    }
+    return {name: seconds * 1e6 for name, seconds in _round_robin(variants, rounds).items()}
+
+
+def _run_small(rounds: int, header: str) -> None:
+    generator = torch.Generator().manual_seed(_SEED)
+    lines = [
+        f"# Small top-k selections on CPU: torch reference vs numba vs dispatcher ({datetime.date.today()})",
+        "",
+        f"Command: `python benchmarks/select_cpu_timing.py --small --rounds {rounds}`. {header}. float32 "
+        "`randn().abs()`, k = 1 % (at least 1); sampled_topk at the exact top-1 % value (one try).",
+        "",
+        "| numel | topk reference us | topk numba us | topk dispatch us | sampled reference us | "
+        "sampled numba us | sampled dispatch us |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for numel in _SMALL_SIZES:
+        t = _time_small(torch.randn(numel, generator=generator).abs(), rounds)
+        lines.append(
+            f"| {numel:,} | {t['topk ref']:.1f} | {t['topk numba']:.1f} | {t['topk dispatch']:.1f} | "
+            f"{t['sampled ref']:.1f} | {t['sampled numba']:.1f} | {t['sampled dispatch']:.1f} |"
+        )
+        print(lines[-1])
+    path = RESULTS / f"select_cpu_small_{datetime.date.today()}.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--draws", type=int, default=4, help="DGC threshold samples timed for sampled_topk")
+    parser.add_argument("--small", action="store_true", help="small inputs (64 to 131072 elements) instead")
     args = parser.parse_args()
-    print(
+    header = (
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
         f"({numba.get_num_threads()} threads, layer {numba.config.THREADING_LAYER}), {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.1f}; medians of {args.rounds} round-robin rounds"
     )
+    print(header)
+    if args.small:
+        _run_small(args.rounds, header)
+        return
     for numel, dtype in _CASES:
         _run_case(numel, dtype, args.rounds, args.draws)
 

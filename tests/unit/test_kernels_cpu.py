@@ -339,10 +339,17 @@ def test_dispatch_routes_by_device_and_falls_back(monkeypatch: pytest.MonkeyPatc
     from zensync.kernels import cuda
 
     assert dispatch.implementation_for(torch.device("cpu"), "topk") == "cpu"
+    # Small exact selections run the torch reference on CPU (faster there); the other ops never do.
+    assert dispatch.implementation_for(torch.device("cpu"), "topk", 64) == "reference"
+    assert dispatch.implementation_for(torch.device("cpu"), "topk", 1 << 15) == "cpu"
+    assert dispatch.implementation_for(torch.device("cpu"), "topk", (1 << 15) - 1) == "reference"
+    assert dispatch.implementation_for(torch.device("cpu"), "sampled_topk", 64) == "cpu"
+    assert dispatch.implementation_for(torch.device("cpu"), "scatter_add", 64) == "cpu"
     monkeypatch.setattr(cuda, "available", lambda: False)
     assert dispatch.implementation_for(torch.device("cuda"), "topk") == "reference"
     monkeypatch.setattr(cuda, "available", lambda: True)
     assert dispatch.implementation_for(torch.device("cuda"), "topk") == "cuda"
+    assert dispatch.implementation_for(torch.device("cuda"), "topk", 64) == "cuda"
     assert dispatch._impl(torch.device("cuda"), "scatter_add") is cuda
     assert dispatch.implementation_for(torch.device("cuda"), "aggregate") == "reference"  # no CUDA kernel
     assert dispatch.implementation_for(torch.device("meta"), "topk") == "reference"

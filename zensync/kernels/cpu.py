@@ -166,32 +166,10 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- Feistel permutation
 
 
-# The reference round, compiled: on int64 scalars a 32-bit value times a multiplier below 2^30 stays
-# below 2^62, so numba's fixed-width arithmetic gives the same bits as torch's.
-_round = _jit(reference._round)
-
-
-@_jit
-def _walk(v: int, num_items: int, half_bits: int, keys: np.ndarray, inverse: bool) -> int:
-    """Feistel rounds over 2 * half_bits bits, repeated until the value is below num_items."""
-    mask = (np.int64(1) << half_bits) - 1
-    while True:
-        left = v >> half_bits
-        right = v & mask
-        if inverse:
-            for r in range(keys.shape[0] - 1, -1, -1):
-                left, right = right ^ _round(left, keys[r], mask), left
-        else:
-            for r in range(keys.shape[0]):
-                left, right = right, left ^ _round(right, keys[r], mask)
-        v = (left << half_bits) | right
-        if v < num_items:
-            return v
-
-
 @_jit
 def _round32(half: np.uint32, key: np.uint64) -> np.uint64:
-    """reference._round without its final mask, on a value below 2^32 (uint64 keeps the wraps explicit)."""
+    """reference._round without its final mask, for half < 2^32 (uint64: numba would widen uint32
+    products without wrapping them, so every product is masked to 32 bits as the reference's is)."""
     x = np.uint64(half) ^ key
     x = (x * np.uint64(reference.FEISTEL_MUL1)) & np.uint64(reference.MASK32)
     x = x ^ (x >> np.uint64(12))
@@ -203,7 +181,8 @@ def _round32(half: np.uint32, key: np.uint64) -> np.uint64:
 def _walk_block(
     src: np.ndarray, dst: np.ndarray, num_items: int, half_bits: int, keys: np.ndarray, inverse: bool
 ) -> None:
-    """dst[i] = _walk(src[i], ...) for every i, _WALK_BLOCK values at a time.
+    """dst[i] = src[i]'s Feistel walk (reference.permute, or unpermute when ``inverse``): the rounds
+    over 2 * half_bits bits, repeated until the value is below num_items; _WALK_BLOCK values at a time.
 
     The rounds run over the whole block in branch-free loops that LLVM vectorizes; the values still
     out of range afterwards (cycle walking: about 40 % after the first pass at 10M items) are

@@ -5,7 +5,8 @@ The engine and the compressors call only these functions. The choice is by devic
 - ``cuda``: the ``cuda_ext`` extension (``zensync.kernels.cuda``), prebuilt by ``setup.py`` or
   compiled on first use; when it cannot be loaded, one warning says why and CUDA tensors take the
   torch reference;
-- ``cpu``: the numba kernels (``cpu``, ``cpu_select``, ``cpu_codec``);
+- ``cpu``: the numba kernels (``cpu``, ``cpu_select``, ``cpu_codec``), except exact top-k on small
+  inputs, where the torch reference is faster (``_CPU_MIN_NUMEL``);
 - anything else (or ``ZENSYNC_KERNELS=reference``): ``reference``, the plain-torch definitions every
   other implementation is tested against.
 
@@ -50,6 +51,13 @@ _CPU_MODULE = {
     "unpack_bits": "cpu_codec",
 }
 """numba module of each op not in ``cpu``."""
+_CPU_MIN_NUMEL = {"topk": 1 << 15}
+"""Ops whose numba kernel loses to the torch reference on small CPU inputs: below this many elements
+they run the reference (same result). The exact selection makes a few passes, each a numba call plus
+numpy bookkeeping: 27 us at 64 elements against 15 us for the reference (torch.topk and a sort).
+Measured with ``python benchmarks/select_cpu_timing.py --small --rounds 25``: the crossover lies
+between 16K elements (reference 55 us, numba 77 us) and 32K (113 us, 90 us). ``sampled_topk``'s numba
+kernel is as fast or faster from 64 elements on (one counting pass at a DGC threshold)."""
 _CUDA_OPS = frozenset(
     [
         "bucket_nonzero",
@@ -79,19 +87,20 @@ def _cuda_loaded() -> bool:
     return cuda.available()  # warns once when the extension cannot be loaded
 
 
-def implementation_for(device: torch.device, op: str = "topk") -> str:
-    """Which implementation runs ``op`` for tensors on ``device``: 'cuda', 'cpu' (numba) or 'reference'."""
+def implementation_for(device: torch.device, op: str = "topk", numel: int | None = None) -> str:
+    """Which implementation runs ``op`` on ``numel`` elements (None: large) on ``device``: 'cuda', 'cpu'
+    (numba) or 'reference'."""
     if _forced() == "reference":
         return "reference"
     if device.type == "cpu":
-        return "cpu"
+        return "reference" if numel is not None and numel < _CPU_MIN_NUMEL.get(op, 0) else "cpu"
     if device.type == "cuda" and op in _CUDA_OPS and _cuda_loaded():
         return "cuda"
     return "reference"
 
 
-def _impl(device: torch.device, op: str) -> types.ModuleType:
-    kind = implementation_for(device, op)
+def _impl(device: torch.device, op: str, numel: int | None = None) -> types.ModuleType:
+    kind = implementation_for(device, op, numel)
     if kind == "reference":
         return reference
     return importlib.import_module(f"zensync.kernels.{_CPU_MODULE.get(op, 'cpu') if kind == 'cpu' else 'cuda'}")
@@ -134,14 +143,14 @@ def bitmap_decode(words: torch.Tensor, length: int) -> torch.Tensor:
 
 def topk(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     """See ``reference.topk``."""
-    return _impl(magnitudes.device, "topk").topk(magnitudes, k)
+    return _impl(magnitudes.device, "topk", magnitudes.numel()).topk(magnitudes, k)
 
 
 def sampled_topk(
     magnitudes: torch.Tensor, k: int, threshold: float, *, relax_factor: float = 0.8, max_tries: int = 10
 ) -> torch.Tensor:
     """See ``reference.sampled_topk``."""
-    impl = _impl(magnitudes.device, "sampled_topk")
+    impl = _impl(magnitudes.device, "sampled_topk", magnitudes.numel())
     return impl.sampled_topk(magnitudes, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
 
 

@@ -4,10 +4,10 @@
 //
 //   * a launch (build.py rewrites k<<<grid, block, smem, stream>>>(args) into emu::launch) copies the
 //     arguments once on the launching thread, then runs EMU_RESIDENT_BLOCKS groups of OS threads (from
-//     a pool kept between launches), one OS thread per CUDA thread of a block. The groups run concurrently, like blocks resident on
-//     different SMs: group g plays blocks g, g + R, g + 2R, ... (R = the groups), one after another,
-//     thread t of the group playing threadIdx.x == t; a group starts its next block when every thread
-//     of it left the last one;
+//     a pool kept between launches), one OS thread per CUDA thread of a block. The groups run
+//     concurrently, like blocks resident on different SMs: group g plays blocks g, g + R, g + 2R, ...
+//     (R = the groups), one after another, thread t of the group playing threadIdx.x == t; a group
+//     starts its next block when every thread of it left the last one;
 //   * __syncthreads is a real barrier over the block's threads, __shfl_up_sync a real exchange
 //     between the 32 threads of a warp (through a per-warp barrier);
 //   * atomics are std::atomic_ref operations with memory_order_relaxed, as CUDA's atomic functions
@@ -260,7 +260,8 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t /*stream: l
   // Step 1: per group, the running block's state and the hand-over between its blocks (next_block
   // runs once all the group's threads are done with a block, before any starts the next).
   struct Group {
-    explicit Group(unsigned int threads) : current(std::make_unique<Block>(threads)), syncs(threads), shuffles(threads) {}
+    explicit Group(unsigned int threads)
+        : current(std::make_unique<Block>(threads)), syncs(threads), shuffles(threads) {}
     std::unique_ptr<Block> current;
     std::vector<long> syncs, shuffles;
   };
