@@ -116,9 +116,11 @@ def test_gpu_tests_are_clean_under_the_sanitizer(tmp_path: Path, sanitizer: str)
     result = subprocess.run(
         command, cwd=_REPO, env=env, check=False, capture_output=True, text=True, timeout=_TIMEOUT_S
     )
-    logs = sorted(tmp_path.glob("report*"))
-    reports = [line for log in logs for line in _reports(log.read_text(errors="replace"))]
-    tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
+    logs = [log.read_text(errors="replace") for log in sorted(tmp_path.glob("report*"))]
+    reports = [line for log in logs for line in _reports(log)]
+    # The pytest output's end, and the start of each sanitizer log (a runtime failure, not a report,
+    # also lands there: e.g. AddressSanitizer's CHECK failures).
+    tail = "\n".join([*(result.stdout + result.stderr).splitlines()[-30:], *(log[:3000] for log in logs)])
     assert not reports, f"{sanitizer} sanitizer reports in the CUDA kernels:\n" + "\n".join(sorted(set(reports)))
     assert result.returncode == 0, f"the sanitized run failed (exit {result.returncode}):\n{tail}"
     summary = result.stdout.splitlines()[-1] if result.stdout else ""
