@@ -48,6 +48,16 @@ RESULTS = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "resu
 _SEED = 0
 
 
+def environment(rounds: int) -> str:
+    """The machine line of a CPU kernel benchmark's report: versions, threads, load, rounds."""
+    return (
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
+        f"({numba.get_num_threads()} threads, layer {numba.config.THREADING_LAYER}), Python "
+        f"{platform.python_version()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of "
+        f"{rounds} round-robin rounds"
+    )
+
+
 def _in_thread(fn: Callable[[], object]) -> Callable[[], object]:
     """``fn`` called from a non-main thread, where numba kernels take their serial path."""
 
@@ -143,11 +153,8 @@ def main() -> None:
     args = parser.parse_args()
     header = (
         f"hashing/bitmaps: {args.numel:,} float32 at density {args.density}, {args.owners} owners (the embedding "
-        f"case: that density of rows non-zero); selection and "
-        f"codecs: {args.topk_numel:,} float32, k = 1 %. torch {torch.__version__} ({torch.get_num_threads()} "
-        f"threads), numba {numba.__version__} ({numba.get_num_threads()} threads), Python "
-        f"{platform.python_version()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of "
-        f"{args.rounds} round-robin rounds"
+        f"case: that density of rows non-zero); selection and codecs: {args.topk_numel:,} float32, k = 1 %. "
+        + environment(args.rounds)
     )
     print(header)
     rows = []

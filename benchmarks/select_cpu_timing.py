@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 from collections.abc import Callable
 
-import numba
 import torch
-from kernels_cpu import RESULTS, _in_thread, _round_robin  # the sibling script (run from benchmarks/ on sys.path)
+from kernels_cpu import (  # the sibling script (run from benchmarks/ on sys.path)
+    RESULTS,
+    _in_thread,
+    _round_robin,
+    environment,
+)
 
 from zensync.kernels import cpu_select, dispatch, reference
 
@@ -139,11 +142,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=4, help="DGC threshold samples timed for sampled_topk")
     parser.add_argument("--small", action="store_true", help="small inputs (64 to 131072 elements) instead")
     args = parser.parse_args()
-    header = (
-        f"torch {torch.__version__} ({torch.get_num_threads()} threads), numba {numba.__version__} "
-        f"({numba.get_num_threads()} threads, layer {numba.config.THREADING_LAYER}), {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f}; medians of {args.rounds} round-robin rounds"
-    )
+    header = environment(args.rounds)
     print(header)
     if args.small:
         _run_small(args.rounds, header)

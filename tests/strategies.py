@@ -13,6 +13,7 @@ from unittest import mock
 import torch
 from hypothesis import strategies as st
 
+from zensync.kernels import reference
 from zensync.sync.partition import make_partition
 from zensync.types import Partition
 
@@ -71,6 +72,22 @@ def partitions(draw: st.DrawFn, num_items: int) -> Partition:
     num_owners = draw(st.integers(1, 9))
     seed = draw(st.integers(0, 2**62))
     return make_partition(num_items, num_owners, seed=seed, hashed=draw(st.booleans()))
+
+
+@st.composite
+def all_in_one_owner(
+    draw: st.DrawFn, num_items: int, item_numel: int
+) -> tuple[torch.Tensor, Partition, int, torch.Tensor]:
+    """Adversarial skew for bucketing: (x2d, part, owner, positions), every non-zero item of x2d (float16
+    or float32) in that one owner's range, at those perm-space positions (any number, up to all)."""
+    part = draw(partitions(num_items))
+    owner = draw(st.integers(0, part.num_owners - 1))
+    base, length = part.owner_range(owner)
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    positions = base + torch.randperm(length, generator=generator)[: draw(st.integers(0, length))]
+    x2d = torch.zeros(num_items, item_numel, dtype=draw(st.sampled_from([torch.float16, torch.float32])))
+    x2d[reference.unpermute(positions, part), -1] = 1.0
+    return x2d, part, owner, positions
 
 
 @st.composite

@@ -23,7 +23,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import DENSE_DTYPES, assert_identical, partitions, sparse_2d, sparse_tensor
+from tests.strategies import (
+    DENSE_DTYPES,
+    all_in_one_owner,
+    assert_identical,
+    partitions,
+    sparse_2d,
+    sparse_tensor,
+)
 from zensync.kernels import cuda, reference
 from zensync.sync.partition import make_partition
 
@@ -124,13 +131,7 @@ def test_bucket_nonzero_all_in_one_owner(
     device: torch.device, data: st.DataObject, num_items: int, item_numel: int
 ) -> None:
     """Adversarial skew: every non-zero item hashes into one owner, far beyond its automatic r1 + r2."""
-    part = data.draw(partitions(num_items))
-    owner = data.draw(st.integers(0, part.num_owners - 1))
-    base, length = part.owner_range(owner)
-    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
-    positions = base + torch.randperm(length, generator=generator)[: data.draw(st.integers(0, length))]
-    x2d = torch.zeros(num_items, item_numel, dtype=data.draw(st.sampled_from([torch.float16, torch.float32])))
-    x2d[reference.unpermute(positions, part), -1] = 1.0
+    x2d, part, _, _ = data.draw(all_in_one_owner(num_items, item_numel))
     _check_buckets(device, x2d, part)
 
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import (
+    all_in_one_owner,
     assert_identical,
     force_many_chunks,
     partitions,
@@ -68,13 +69,7 @@ def test_bucket_nonzero_all_in_one_owner(
     data: st.DataObject, num_items: int, item_numel: int, many_chunks: bool
 ) -> None:
     """Adversarial skew: every non-zero item hashes into one owner's range."""
-    part = data.draw(partitions(num_items))
-    owner = data.draw(st.integers(0, part.num_owners - 1))
-    base, length = part.owner_range(owner)
-    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
-    positions = base + torch.randperm(length, generator=generator)[: data.draw(st.integers(0, length))]
-    x2d = torch.zeros(num_items, item_numel, dtype=data.draw(st.sampled_from([torch.float16, torch.float32])))
-    x2d[reference.unpermute(positions, part), -1] = 1.0
+    x2d, part, owner, positions = data.draw(all_in_one_owner(num_items, item_numel))
     with force_many_chunks(many_chunks):
         actual = cpu.bucket_nonzero(x2d, part)
     assert_identical(actual, reference.bucket_nonzero(x2d, part))

@@ -56,7 +56,6 @@ EXTENSION_NAME = "zensync_cuda_ext"
 FALLBACK = "CUDA tensors use the torch reference kernels"
 """What happens when the extension cannot be loaded (quoted in the warning)."""
 _SOURCES_DIR = Path(__file__).resolve().parents[2] / "cuda_ext" / "csrc"
-_SOURCES = ("ops.cpp", "cuda/hashing.cu", "cuda/bitmap.cu", "cuda/topk.cu", "cuda/scatter.cu", "cuda/pack.cu")
 _SLOT_HASH_SEED = 0x2545F4914F6CDD1D
 """Seed of Zen's second-level hashes h_1..h_k (slot choice only: results never depend on it)."""
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -77,8 +76,9 @@ def _jit_build() -> tuple[ModuleType | None, str]:
 
     if cpp_extension.CUDA_HOME is None:
         return None, "nvcc was not found (set CUDA_HOME or put nvcc on PATH)"
-    sources = [_SOURCES_DIR / name for name in _SOURCES]
-    if not all(path.is_file() for path in sources):
+    # The same sources as setup.py's build: ops.cpp and every cuda/*.cu.
+    sources = [_SOURCES_DIR / "ops.cpp", *sorted((_SOURCES_DIR / "cuda").glob("*.cu"))]
+    if not sources[0].is_file() or len(sources) == 1:
         return None, f"the sources are not at {_SOURCES_DIR} (an installed wheel carries no cuda_ext/)"
     try:
         module = cpp_extension.load(

@@ -18,13 +18,10 @@ namespace {
 template <typename index_t>
 __global__ void __launch_bounds__(kThreads)
     bitmap_encode_kernel(const index_t* positions, int64_t n, int64_t limit, unsigned int* words,
-                         unsigned long long* first_bad) {
+                         FirstOutOfRange bad) {
   for (int64_t t = global_thread(); t < n; t += grid_threads()) {
     const int64_t p = static_cast<int64_t>(positions[t]);
-    if (p < 0 || p >= limit) {
-      atomicMin(first_bad, static_cast<unsigned long long>(t));
-      continue;
-    }
+    if (bad.outside(p, limit, t)) continue;
     atomicOr(words + (p >> 5), 1u << (p & 31));
   }
 }
@@ -42,20 +39,19 @@ at::Tensor bitmap_encode_cuda(const at::Tensor& positions, int64_t length) {
   const int64_t n = positions.numel();
   if (n == 0) return words;
   const at::Tensor pos = positions.contiguous();
-  at::Tensor first_bad = at::full({1}, n, positions.options().dtype(at::kLong));
-  auto* bad_ptr = reinterpret_cast<unsigned long long*>(first_bad.data_ptr<int64_t>());
+  OutOfRangeCheck check(n, positions.options());
   auto* words_ptr = reinterpret_cast<unsigned int*>(words.data_ptr<int32_t>());  // bit 31 is the int32 sign
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (pos.scalar_type() == at::kLong) {
     bitmap_encode_kernel<int64_t><<<grid_stride_blocks(n), kThreads, 0, stream>>>(
-        pos.data_ptr<int64_t>(), n, 32 * num_words, words_ptr, bad_ptr);
+        pos.data_ptr<int64_t>(), n, 32 * num_words, words_ptr, check.device());
   } else {
     bitmap_encode_kernel<int32_t><<<grid_stride_blocks(n), kThreads, 0, stream>>>(
-        pos.data_ptr<int32_t>(), n, 32 * num_words, words_ptr, bad_ptr);
+        pos.data_ptr<int32_t>(), n, 32 * num_words, words_ptr, check.device());
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t bad = first_bad.item<int64_t>();  // host sync
-  TORCH_CHECK_INDEX(bad == n, "bitmap_encode: position ", pos[bad].item<int64_t>(), " (at index ", bad,
+  const int64_t bad = check.first();  // host sync
+  TORCH_CHECK_INDEX(bad < 0, "bitmap_encode: position ", pos[bad].item<int64_t>(), " (at index ", bad,
                     ") is outside [0, ", 32 * num_words, ") for length=", length);
   return words;
 }

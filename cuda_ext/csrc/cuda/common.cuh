@@ -156,6 +156,35 @@ void tile_write(const TileLayout& layout, const Counter& counter, const Writer& 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// Range check of indices read on the device (bitmap_encode, scatter_add): each thread calls
+// outside(value, limit, t) for its element t, which records the lowest such t; after the launch the
+// host reads it once with first() (a host sync) and raises.
+struct FirstOutOfRange {
+  unsigned long long* first;  // n while every index seen is in range
+  __device__ __forceinline__ bool outside(int64_t value, int64_t limit, int64_t t) const {
+    if (value >= 0 && value < limit) return false;
+    atomicMin(first, static_cast<unsigned long long>(t));
+    return true;
+  }
+};
+
+class OutOfRangeCheck {
+ public:
+  // For n indices, on the device of `options`.
+  OutOfRangeCheck(int64_t n, const at::TensorOptions& options)
+      : n_(n), first_(at::full({1}, n, options.dtype(at::kLong))) {}
+  FirstOutOfRange device() { return {reinterpret_cast<unsigned long long*>(first_.data_ptr<int64_t>())}; }
+  // The lowest t with an index out of range, or -1 when there is none. Host sync.
+  int64_t first() const {
+    const int64_t t = first_.item<int64_t>();
+    return t == n_ ? -1 : t;
+  }
+
+ private:
+  int64_t n_;
+  at::Tensor first_;
+};
+
 inline void check_cuda(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor, got one on ", t.device());
 }

@@ -17,35 +17,31 @@ namespace {
 template <typename scalar_t, typename index_t>
 __global__ void __launch_bounds__(kThreads)
     scatter_add_kernel(const index_t* indices, const scalar_t* values, int64_t n, int64_t numel, scalar_t* out,
-                       unsigned long long* first_bad) {
+                       FirstOutOfRange bad) {
   for (int64_t t = global_thread(); t < n; t += grid_threads()) {
     const int64_t index = static_cast<int64_t>(indices[t]);
-    if (index < 0 || index >= numel) {
-      atomicMin(first_bad, static_cast<unsigned long long>(t));
-      continue;
-    }
+    if (bad.outside(index, numel, t)) continue;
     gpuAtomicAddNoReturn(out + index, values[t]);
   }
 }
 
 template <typename scalar_t, typename index_t>
 void launch(const at::Tensor& indices, const at::Tensor& values, int64_t numel, at::Tensor& out,
-            at::Tensor& first_bad) {
+            FirstOutOfRange bad) {
   const int64_t n = values.numel();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   scatter_add_kernel<scalar_t, index_t><<<grid_stride_blocks(n), kThreads, 0, stream>>>(
-      indices.data_ptr<index_t>(), values.data_ptr<scalar_t>(), n, numel, out.data_ptr<scalar_t>(),
-      reinterpret_cast<unsigned long long*>(first_bad.data_ptr<int64_t>()));
+      indices.data_ptr<index_t>(), values.data_ptr<scalar_t>(), n, numel, out.data_ptr<scalar_t>(), bad);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 template <typename scalar_t>
 void dispatch_index(const at::Tensor& indices, const at::Tensor& values, int64_t numel, at::Tensor& out,
-                    at::Tensor& first_bad) {
+                    FirstOutOfRange bad) {
   if (indices.scalar_type() == at::kLong) {
-    launch<scalar_t, int64_t>(indices, values, numel, out, first_bad);
+    launch<scalar_t, int64_t>(indices, values, numel, out, bad);
   } else {
-    launch<scalar_t, int32_t>(indices, values, numel, out, first_bad);
+    launch<scalar_t, int32_t>(indices, values, numel, out, bad);
   }
 }
 
@@ -69,23 +65,23 @@ at::Tensor scatter_add_cuda(const at::Tensor& indices, const at::Tensor& values,
   if (n == 0) return out;
   const at::Tensor idx = indices.contiguous();
   const at::Tensor val = values.contiguous();
-  at::Tensor first_bad = at::full({1}, n, values.options().dtype(at::kLong));
+  OutOfRangeCheck check(n, values.options());
   switch (dtype) {
     case at::kHalf:
-      dispatch_index<at::Half>(idx, val, numel, out, first_bad);
+      dispatch_index<at::Half>(idx, val, numel, out, check.device());
       break;
     case at::kBFloat16:
-      dispatch_index<at::BFloat16>(idx, val, numel, out, first_bad);
+      dispatch_index<at::BFloat16>(idx, val, numel, out, check.device());
       break;
     case at::kFloat:
-      dispatch_index<float>(idx, val, numel, out, first_bad);
+      dispatch_index<float>(idx, val, numel, out, check.device());
       break;
     default:  // kDouble, checked above
-      dispatch_index<double>(idx, val, numel, out, first_bad);
+      dispatch_index<double>(idx, val, numel, out, check.device());
       break;
   }
-  const int64_t bad = first_bad.item<int64_t>();  // host sync
-  TORCH_CHECK_VALUE(bad == n, "scatter_add: indices must lie in [0, ", numel, "), got ", idx[bad].item<int64_t>(),
+  const int64_t bad = check.first();  // host sync
+  TORCH_CHECK_VALUE(bad < 0, "scatter_add: indices must lie in [0, ", numel, "), got ", idx[bad].item<int64_t>(),
                     " at position ", bad);
   return out;
 }
