@@ -59,7 +59,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: Sequence[Any], out: str) -> None:
+def _worker(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    args: Sequence[Any],
+    out: str,
+    gloo_timeout_s: float = GLOO_TIMEOUT_S,
+) -> None:
     """Child entry point: join the group, run ``fn``, save its outcome, leave the group."""
     import torch.distributed as dist
 
@@ -71,7 +79,7 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args:
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S),
+            timeout=datetime.timedelta(seconds=gloo_timeout_s),
         )
         outcome = {"ok": True, "value": fn(rank, world_size, *args)}
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
@@ -108,8 +116,11 @@ def launch(
     *,
     timeout_s: float = LAUNCH_TIMEOUT_S,
     peer_grace_s: float = _PEER_GRACE_S,
+    gloo_timeout_s: float = GLOO_TIMEOUT_S,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; return their results by rank.
+
+    ``gloo_timeout_s`` is the ``timeout`` every rank passes to init_process_group.
 
     Raises:
         LaunchError: When any rank raised, crashed or was killed, or the launch ran past ``timeout_s``.
@@ -122,7 +133,9 @@ def launch(
     procs = []
     try:
         for rank in range(world_size):
-            proc = ctx.Process(target=_worker, args=(fn, rank, world_size, port, tuple(args), paths[rank]))
+            proc = ctx.Process(
+                target=_worker, args=(fn, rank, world_size, port, tuple(args), paths[rank], gloo_timeout_s)
+            )
             proc.start()
             procs.append(proc)
     finally:

@@ -98,7 +98,15 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     plain = state.in_warmup or state.strategy.kind in ("dense", "sparse")  # no compression this step
     if dense_only and plain and not is_last and state.dense_transport is not state.transport:
         return _async_dense(state, buffer, params, names)
-    return state.worker.submit(lambda: _sync_bucket(state, buffer, params, names, is_last, dense_only))
+    job = state.worker.submit(lambda: _step_work(state, buffer, params, names, is_last, dense_only))
+    if not is_last:
+        return job.future
+    # The last bucket: DDP has queued every other bucket of the step before it, and backward has no
+    # gradient left to compute, so waiting here costs no overlap. Waiting on this thread lets a
+    # failure reach the user with its own type and message (a Future's error cannot carry them).
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(job.result())
+    return done
 
 
 # DDP.register_comm_hook compares the annotations with the real GradBucket and Future types, and this
@@ -138,11 +146,11 @@ def _async_dense(
     log = TrafficLog()
     start = time.perf_counter()
     with transport.recording(log), transport.phase("dense"):
-        future = transport.all_reduce_async(buffer)
+        future = transport.all_reduce_async(buffer, on_error=state.note_failure)
     numels = [p.numel() for p in params]
 
     def done(finished: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-        out = finished.value()
+        out = finished.value()  # a failed allreduce raises here; note_failure kept its original
         elapsed = time.perf_counter() - start
         with state.lock:
             _note_dense(state, names, numels, elapsed)
@@ -154,12 +162,41 @@ def _async_dense(
     return chained
 
 
-def _sync_bucket(
+def _step_work(
     state: ZenSyncState,
     buffer: torch.Tensor,
     params: list[torch.Tensor],
     names: list[str],
     is_last: bool,
+    dense_only: bool,
+) -> torch.Tensor:
+    """One bucket's work on the comm thread, and the step's close after its last bucket.
+
+    After a bucket of this step failed on this rank, the rest of the step's buckets skip their
+    collectives and fail with the same exception (their peers fail in the group's timeout), and the
+    last bucket re-raises the first failure. The step counter advances either way, so a caught
+    failure leaves no rank behind in its step count.
+    """
+    try:
+        if state.step_error is not None:
+            raise state.step_error
+        try:
+            return _sync_bucket(state, buffer, params, names, dense_only)
+        except BaseException as exc:
+            state.note_failure(exc)
+            raise
+    finally:
+        if is_last:
+            failure = state.finish_step()
+            if failure is not None:
+                raise failure
+
+
+def _sync_bucket(
+    state: ZenSyncState,
+    buffer: torch.Tensor,
+    params: list[torch.Tensor],
+    names: list[str],
     dense_only: bool,
 ) -> torch.Tensor:
     start = time.perf_counter()
@@ -181,8 +218,6 @@ def _sync_bucket(
             sync_compressed(state, out_views, views, schemes, names)
     with state.lock:
         _note_traffic(state, log, time.perf_counter() - start)
-    if is_last:
-        state.finish_step()
     return out
 
 
@@ -253,6 +288,8 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
                 blend_prior(state.scheme_correction, record.scheme, record.correction[record.scheme])
     model = state.ensure_cost_model(views[0].device)
     candidates = state.strategy.candidates
+    # A named sparse scheme ("zen") runs for every parameter the detector finds sparse; "auto" measures.
+    insist = state.strategy.text if state.strategy.kind == "sparse" and state.strategy.text != "auto" else None
     refresh = adapt and state.step > 0 and state.step % state.config.explore_every == 0
     # Dense parameters share one fused allreduce: a parameter's dense cost is its share (by size)
     # of the bucket's allreduce, latency included, as its measured dense time is (``_note_dense``).
@@ -286,6 +323,7 @@ def _decide(state: ZenSyncState, names: list[str], views: list[torch.Tensor]) ->
             refresh=refresh,
             prior=state.scheme_correction,
             dense_s=bucket_dense_s * param.numel() / max(1, bucket_numel),
+            insist=insist,
         )
         record.scheme, record.predicted_s = scheme, predicted
         schemes.append(scheme)

@@ -100,6 +100,7 @@ def choose_scheme(
     refresh: bool = False,
     prior: Mapping[str, float] | None = None,
     dense_s: float | None = None,
+    insist: str | None = None,
 ) -> tuple[str, dict[str, float]]:
     """The candidate with the lowest expected time; keeps the previous choice within ``margin``.
 
@@ -118,6 +119,9 @@ def choose_scheme(
     - ``refresh``: the best candidate other than the one it would keep is re-measured if expected
       within ``REFRESH_FACTOR`` of the best, so a correction measured at another density cannot
       stay stale.
+
+    ``insist``: the scheme the user named as the strategy ("zen", ...). It is chosen for every
+    parameter below ``DENSE_DENSITY``, whatever the model predicts (the measured choice is "auto"'s).
     """
     union = measured_union(shape, previous.gamma) if previous.gamma else independent_union(shape)
     predicted = {name: predict_time(name, shape, union, model) for name in candidates}
@@ -125,6 +129,8 @@ def choose_scheme(
         predicted["dense"] = dense_s
     if "dense" in predicted and shape.num_items and shape.nnz >= DENSE_DENSITY * shape.num_items:
         return "dense", predicted
+    if insist is not None:
+        return insist, predicted
     prior = prior or {}
     expected = {name: t * previous.correction.get(name, prior.get(name, 1.0)) for name, t in predicted.items()}
     best = min(candidates, key=lambda name: expected[name])

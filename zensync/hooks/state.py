@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import json
+import math
 import logging
 import secrets
 import threading
@@ -70,8 +72,16 @@ class HookConfig:
     """Append one JSON line per step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
     sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)
     """Tunables of the sparse schemes."""
+    timeout: datetime.timedelta | float | None = None
+    """Collective timeout (timedelta or seconds) of the process groups the hook creates; None: the
+    DDP group's own timeout (init_process_group's ``timeout``), so a stuck peer fails every rank then."""
 
     def __post_init__(self) -> None:
+        if self.timeout is not None:
+            seconds = self.timeout.total_seconds() if isinstance(self.timeout, datetime.timedelta) else self.timeout
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+                raise ValueError(f"timeout={self.timeout!r} must be a positive timedelta or number of seconds")
+            object.__setattr__(self, "timeout", datetime.timedelta(seconds=float(seconds)))
         if not self.strategy.endswith(".json"):  # plan files are read (on every rank) by the state
             resolve_strategy(self.strategy)
         if self.compressed_scheme not in ("auto", *COMPRESSED_SCHEMES):
@@ -103,6 +113,10 @@ class HookConfig:
         if unknown:
             raise ValueError(f"unknown zensync.register option(s) {unknown} (valid: {', '.join(valid)})")
         return cls(strategy=strategy, **options)
+
+
+def _ignore_outcome(_: torch.futures.Future[torch.Tensor]) -> None:
+    """A Future callback that only marks completion (never calls ``value()``, so never raises)."""
 
 
 class ZenSyncState:
@@ -143,6 +157,7 @@ class ZenSyncState:
         "history",
         "current",
         "lock",
+        "step_error",
         "_pending",
         "_jsonl",
     )
@@ -165,7 +180,11 @@ class ZenSyncState:
         self._hier2_warned = False
         transport = resolve(process_group)
         # A group of its own: the comm thread's collectives must not interleave with DDP's.
-        self.transport: Transport = transport.duplicate() if isinstance(transport, TorchTransport) else transport
+        # It inherits the DDP group's timeout (or ``config.timeout``), not torch's 30-minute default.
+        self.transport: Transport = transport
+        if isinstance(transport, TorchTransport):
+            timeout = config.timeout if isinstance(config.timeout, datetime.timedelta) else None
+            self.transport = transport.duplicate(timeout=timeout)
         self.dense_transport: Transport = transport
         """DDP's own group: buckets that need no detection are allreduced on it straight from the
         hook, asynchronously, as torch's allreduce hook does (when it is not ``transport`` itself)."""
@@ -184,6 +203,8 @@ class ZenSyncState:
         self.lock = threading.Lock()
         """Guards ``current`` and ``records``: async dense buckets complete on the backend's thread."""
         self._pending: list[torch.futures.Future[torch.Tensor]] = []
+        self.step_error: BaseException | None = None
+        """The first exception of the current step on this rank (``note_failure``); cleared by ``finish_step``."""
         self._jsonl = self._jsonl_target()
         if self.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.transport.world_size)
@@ -297,23 +318,37 @@ class ZenSyncState:
         with self.lock:
             self._pending.append(future)
 
-    def finish_step(self) -> None:
+    def note_failure(self, exc: BaseException) -> None:
+        """Remember the first exception of this step (its original type; thread-safe)."""
+        with self.lock:
+            if self.step_error is None:
+                self.step_error = exc
+
+    def finish_step(self) -> BaseException | None:
         """Close the current step's record (called after the last bucket of a backward pass).
 
-        Waits for the step's async buckets first (their statistics belong to this step); re-raises
-        the error of a failed one.
+        Waits for the step's async buckets first (their statistics belong to this step).
+
+        Returns:
+            The step's first failure with its original type (``note_failure``), or None.
         """
         with self.lock:
             pending, self._pending = self._pending, []
-        if pending:
-            torch.futures.wait_all(pending)
+        for future in pending:
+            # Completion only: a failed bucket's own exception was recorded by note_failure.
+            future.then(_ignore_outcome).wait()
+        with self.lock:
+            failure, self.step_error = self.step_error, None
         record = self.current
+        if failure is not None:
+            record["failed"] = f"{type(failure).__name__}: {failure}"
         self.history.append(record)
         if self._jsonl is not None:
             with open(self._jsonl, "a") as f:
                 f.write(json.dumps(record) + "\n")
         self.step += 1
         self.current = self._new_step_record()
+        return failure
 
     def last_step(self) -> dict[str, Any] | None:
         """The most recent finished step record, or None before the first step."""

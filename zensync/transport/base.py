@@ -42,7 +42,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -194,12 +195,20 @@ class Transport(abc.ABC):
         nbytes = 2 * (tensor.numel() - _ring_chunk(tensor.numel(), n, self.rank)) * tensor.element_size()
         return nbytes, 2 * (n - 1) if nbytes else 0
 
-    def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    def all_reduce_async(
+        self, tensor: torch.Tensor, on_error: Callable[[BaseException], None] | None = None
+    ) -> torch.futures.Future[torch.Tensor]:
         """Sum the contiguous 1-D ``tensor`` over ranks in place, asynchronously where the backend can.
 
         Returns a Future holding ``tensor``. Traffic goes to the logs and phase installed at the
         call, with the time from the call to completion. Callers must issue their async and blocking
         collectives of a group in the same order on every rank.
+
+        Args:
+            tensor: The contiguous 1-D tensor to sum in place.
+            on_error: Called with the collective's own exception (original type) when it fails; the
+                returned Future then fails too, with a RuntimeError quoting it (a torch Future
+                callback cannot pass an exception object on).
         """
         if not tensor.is_contiguous():
             raise ValueError("all_reduce_async needs a contiguous tensor")
@@ -207,8 +216,15 @@ class Transport(abc.ABC):
         logs, phase = list(self._logs), self._phase
         nbytes, messages = self._ring_traffic(tensor)
 
-        def account(done: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            result = done.value()  # re-raises a failed collective
+        def account(done: torch.futures.Future[Any]) -> torch.Tensor:
+            try:
+                result = done.value()  # re-raises a failed collective
+            except BaseException as exc:
+                if on_error is not None:
+                    on_error(exc)
+                raise
+            if isinstance(result, list):  # a backend's work future holds [tensor]
+                (result,) = result
             self._account_to(logs, phase, nbytes, nbytes, 0, messages, time.perf_counter() - start)
             return result
 
@@ -320,8 +336,8 @@ class Transport(abc.ABC):
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over ranks in place and return it (the caller owns ``tensor``)."""
 
-    def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-        """In-place sum as a Future; this default runs ``_all_reduce`` now and returns a done Future."""
+    def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[Any]:
+        """In-place sum as a Future of ``tensor`` (or ``[tensor]``); this default runs ``_all_reduce`` now and returns a done Future."""
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         future.set_result(self._all_reduce(tensor))
         return future

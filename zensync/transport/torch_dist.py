@@ -17,12 +17,15 @@ about 90 %); large uneven ones run as a ring of point-to-point steps with exact 
 
 from __future__ import annotations
 
+import datetime
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
 from zensync.transport.base import Transport
 
-__all__ = ["GradBucket", "TorchTransport", "transport_for_group"]
+__all__ = ["GradBucket", "TorchTransport", "group_timeout", "transport_for_group"]
 
 GradBucket = dist.GradBucket
 """DDP's bucket type, re-exported so hooks can name it without importing torch.distributed."""
@@ -34,14 +37,35 @@ SMALL_GATHER_BYTES = 64 * 1024
 """On gloo, all-gathers of at most this many bytes per rank go through all_to_all_single."""
 
 
+def group_timeout(group: dist.ProcessGroup | None) -> datetime.timedelta:
+    """The collective timeout of ``group`` (None = the default group), as given to init_process_group.
+
+    Read from the group's backend options; torch's default for the backend when a backend does not
+    expose it. Groups zensync creates take this value, so a stuck peer fails every rank in the
+    user's timeout instead of torch's 30-minute default for new groups.
+    """
+    pg = group if group is not None else dist.group.WORLD
+    for device in ("cpu", "cuda"):
+        try:
+            backend = pg._get_backend(torch.device(device))
+        except RuntimeError:  # no backend registered for this device type
+            continue
+        timeout = getattr(getattr(backend, "options", None), "_timeout", None)
+        if isinstance(timeout, datetime.timedelta):
+            return timeout
+    return dist.distributed_c10d._get_default_timeout(dist.get_backend(group))
+
+
 class TorchTransport(Transport):
     """``Transport`` over a torch.distributed process group.
 
     Args:
         group: The process group; None means the default group. The caller must be a member.
+        timeout: Collective timeout of the groups this transport creates (``duplicate``, ``split``);
+            None: the timeout of ``group`` itself (``group_timeout``).
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, timeout: datetime.timedelta | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 "torch.distributed is not initialized: call torch.distributed.init_process_group(...) "
@@ -55,23 +79,34 @@ class TorchTransport(Transport):
             )
         super().__init__(rank, dist.get_world_size(group))
         self.group = group
+        self.timeout = timeout if timeout is not None else group_timeout(group)
+        """Timeout of the groups this transport creates (and of ``group`` unless given otherwise)."""
         self._small_gather_bytes = SMALL_GATHER_BYTES if dist.get_backend(group) == "gloo" else 0
 
-    def duplicate(self) -> TorchTransport:
+    def duplicate(self, timeout: datetime.timedelta | None = None) -> TorchTransport:
         """A transport on a new process group with the same ranks (a collective of those ranks).
 
         Collectives on separate groups never interleave: a comm hook that talks on its own group
         from another thread cannot collide with DDP's own collectives on the model's group (for
         example the unused-parameter map allreduce of find_unused_parameters=True).
+
+        Args:
+            timeout: The new group's collective timeout; None: this transport's ``timeout``.
         """
         ranks = dist.get_process_group_ranks(self.group if self.group is not None else dist.group.WORLD)
-        return TorchTransport(dist.new_group(ranks=ranks, use_local_synchronization=True))
+        return self._new_group(ranks, timeout if timeout is not None else self.timeout)
 
     def _split(self, color: int) -> TorchTransport:
         colors = self._all_gather(torch.tensor([color], dtype=torch.int64, device=self._device()))
         members = [r for r, c in enumerate(torch.cat(colors).tolist()) if c == color]
-        ranks = [self._global(r) for r in members]
-        return TorchTransport(dist.new_group(ranks=ranks, use_local_synchronization=True))
+        return self._new_group([self._global(r) for r in members], self.timeout)
+
+    def _new_group(self, ranks: list[int], timeout: datetime.timedelta) -> TorchTransport:
+        """A transport on a new group of global ``ranks`` with ``timeout`` (torch's default would be 30 min)."""
+        group = dist.new_group(
+            ranks=ranks, timeout=timeout, backend=dist.get_backend(self.group), use_local_synchronization=True
+        )
+        return TorchTransport(group, timeout)
 
     def _device(self) -> torch.device:
         """Device of the group's small control tensors: CUDA for NCCL, CPU otherwise."""
@@ -92,10 +127,11 @@ class TorchTransport(Transport):
         dist.all_reduce(tensor, group=self.group)
         return tensor
 
-    def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[Any]:
+        # The work's own future (holding [tensor]): its error keeps the backend's exception type.
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         assert work is not None
-        return work.get_future().then(lambda _: tensor)
+        return work.get_future()
 
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         out = torch.empty(self.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
