@@ -136,7 +136,8 @@ class TestDDPHookEquivalence:
     def test_sparse_scheme_used_for_embedding(self, results: list[dict[str, Any]]) -> None:
         for per_rank in results:
             assert per_rank["zen/plain/float32"]["schemes"]["emb.weight"] == "zen"
-            assert per_rank["zen/plain/float32"]["schemes"]["fc1.weight"] == "dense"
+            # cross-entropy gives every row of the output layer a gradient: found dense, synced dense
+            assert per_rank["zen/plain/float32"]["schemes"]["fc2.weight"] == "dense"
             assert per_rank["dense/plain/float32"]["schemes"]["emb.weight"] == "dense"
 
     def test_dense_buckets_account_every_parameter(self, results: list[dict[str, Any]]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from typing import Any, Protocol
 
 import torch
@@ -39,6 +40,10 @@ __all__ = ["register", "zensync_hook"]
 _CLEARLY_DENSE_FACTOR = 2.0
 """A bucket skips detection while every sparse candidate was predicted at least this much slower,
 or while its dense parameters are at least ``DENSE_DENSITY`` dense."""
+
+
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""DDP models zensync's hook is registered on (a second ``register`` is refused)."""
 
 
 class GradBucketLike(Protocol):
@@ -74,22 +79,43 @@ def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncS
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         state = zensync.register(ddp, strategy="auto")
     """
-    config = HookConfig.from_options(strategy, options)
-    state = ZenSyncState(ddp_model.process_group, ddp_model.module.named_parameters(), config)
-    device = next(ddp_model.module.parameters()).device
-    # Collectives: every rank registers at the same point.
-    state.verify_consistent(device)
+    # Step 1: local checks, before any collective. A second register on the same model is refused
+    # here (DDP allows one comm hook); the rest is carried to every rank by the state's agreement.
+    if ddp_model in _REGISTERED:
+        raise RuntimeError(
+            "zensync.register was already called on this DDP model (DDP takes one comm hook per model); "
+            "keep the state the first call returned, or wrap a new DistributedDataParallel"
+        )
+    failure: BaseException | None = None
+    config = HookConfig()
+    module = getattr(ddp_model, "module", None)
+    try:
+        if module is None or not hasattr(ddp_model, "register_comm_hook"):
+            raise TypeError(f"zensync.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
+        config = HookConfig.from_options(strategy, options)
+    except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by the agreement
+        failure = exc
+    named = module.named_parameters() if isinstance(module, torch.nn.Module) else iter(())
+    # Step 2: the agreement collective (ZenSyncState construction), then the hook's own setup.
+    state = ZenSyncState(getattr(ddp_model, "process_group", None), named, config, failure=failure)
+    device = next(iter(state.param_names)).device
     if state.strategy.kind != "dense":
         state.ensure_cost_model(device)
     ranks_per_node = state.two_level_ranks_per_node()
     if ranks_per_node:
         state.hierarchy = hierarchy(state.transport, ranks_per_node)
     ddp_model.register_comm_hook(state, zensync_hook)
+    _REGISTERED.add(ddp_model)
     return state
 
 
 def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: ``ddp_model.register_comm_hook(state, zensync_hook)``; see the module docstring."""
+    if not state.step_open:
+        # The step's first bucket: the ranks compare their engine state before deciding anything
+        # (a checkpoint loaded on one rank only fails every rank here instead of hanging later).
+        state.step_open = True
+        state.check_agreement()
     buffer = bucket.buffer()
     params = list(bucket.parameters())
     names = [state.name_of(p) for p in params]
@@ -376,7 +402,7 @@ def _sync_sparse(
             state.transport,
             scheme=scheme,
             options=state.config.sync_options,
-            h0_seed=state.agreed_seed(views[i].device),
+            h0_seed=state.h0_seed,
             stats=stats,
         )
         out_views[i].copy_(result.view(views[i].shape))

@@ -6,17 +6,17 @@ import collections
 import dataclasses
 import datetime
 import json
-import math
 import logging
-import secrets
+import math
 import threading
-import zlib
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from zensync.hooks.agree import agree, checked_parameters
 from zensync.hooks.calibrate import calibrate
+from zensync.hooks.checkpoint import STATE_DICT_VERSION, fingerprint, parse_state_dict
 from zensync.hooks.decide import ParamRecord
 from zensync.hooks.strategy import Strategy, resolve_strategy
 from zensync.hooks.worker import CommWorker
@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 STRATEGIES = SCHEMES
 """Sync scheme names the hook accepts as strategies (``auto`` decides per parameter); compressor
 specs and plan files are accepted too (``zensync.hooks.strategy``)."""
-_STATE_DICT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,20 +122,21 @@ class ZenSyncState:
     """State of ``zensync_hook`` for one DDP model.
 
     Records are keyed by parameter name, so they survive DDP's bucket rebuild after the first
-    iteration. Construct it on every rank (it is a collective when it calibrates), or let
-    ``zensync.register`` do it.
+    iteration. Construct it on every rank: construction is a collective (``agree``: every rank's
+    local checks, options and model are compared, and any rank's failure raises the same ValueError
+    on every rank), or let ``zensync.register`` do it.
 
     Args:
         process_group: The DDP model's process group (None: the default group), or a Transport.
         named_parameters: The model's ``named_parameters()`` (unwrapped names, no ``module.``).
         config: Hook options.
+        failure: An error the caller met in its own local checks, to be raised on every rank.
     """
 
     __slots__ = (
         # Configuration.
         "config",
         "strategy",
-        "_setup_error",
         # Communication: the group, its transport, the fitted alpha-beta model, the comm thread.
         "transport",
         "dense_transport",
@@ -158,27 +158,41 @@ class ZenSyncState:
         "current",
         "lock",
         "step_error",
+        "step_open",
+        "_load_mark",
         "_pending",
         "_jsonl",
     )
 
     def __init__(
-        self, process_group: Any, named_parameters: Iterable[tuple[str, torch.nn.Parameter]], config: HookConfig
+        self,
+        process_group: Any,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+        config: HookConfig,
+        *,
+        failure: BaseException | None = None,
     ) -> None:
         self.config = config
-        # A strategy that fails to resolve here (a plan file missing on this rank) is reported on
-        # every rank by verify_consistent, instead of leaving the other ranks waiting.
-        self._setup_error = ""
-        try:
-            self.strategy = resolve_strategy(config.strategy)
-        except ValueError as exc:
-            self._setup_error = str(exc)
-            self.strategy = Strategy(config.strategy, "dense", ("dense",))
+        base = resolve(process_group)
+        # Step 1: every local check, without communicating. Step 2: one agreement collective on the
+        # DDP group carries any rank's failure (``failure``: the caller's own) to every rank.
+        self.strategy = Strategy(config.strategy, "dense", ("dense",))
+        self.param_names: dict[torch.nn.Parameter, str] = {}
+        described = ""
+        if failure is None:
+            try:
+                self.strategy = resolve_strategy(config.strategy)
+                self.param_names = checked_parameters(named_parameters)
+                described = self._describe()
+            except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by agree()
+                failure = exc
+        self.h0_seed: int = agree(base, described, failure, config.sync_options.h0_seed)
+        """Zen's hash seed, agreed at construction (rank 0's proposal, or the user's)."""
         self.compressed: dict[tuple[str, str], CompressedSync] = {}
         self.hierarchy: Hierarchy | None = None
         self._plan_warned = False
         self._hier2_warned = False
-        transport = resolve(process_group)
+        transport = base
         # A group of its own: the comm thread's collectives must not interleave with DDP's.
         # It inherits the DDP group's timeout (or ``config.timeout``), not torch's 30-minute default.
         self.transport: Transport = transport
@@ -192,8 +206,6 @@ class ZenSyncState:
         if config.latency_s is not None and config.bandwidth_bytes_per_s is not None:
             self.cost_model = CostModel(latency_s=config.latency_s, bandwidth_bytes_per_s=config.bandwidth_bytes_per_s)
         self.worker = CommWorker()
-        self.h0_seed: int | None = None
-        self.param_names: dict[torch.nn.Parameter, str] = {p: name for name, p in named_parameters}
         self.records: dict[str, ParamRecord] = {}
         self.scheme_correction: dict[str, float] = {}
         """Per scheme: measured / predicted time over all parameters (prior for unmeasured ones)."""
@@ -204,19 +216,19 @@ class ZenSyncState:
         """Guards ``current`` and ``records``: async dense buckets complete on the backend's thread."""
         self._pending: list[torch.futures.Future[torch.Tensor]] = []
         self.step_error: BaseException | None = None
+        self.step_open = False
+        """Whether the current step's first bucket has been seen (``check_agreement`` ran)."""
+        self._load_mark = 0
+        """Digest of the last loaded checkpoint (0: none); part of what ranks must agree on."""
         """The first exception of the current step on this rank (``note_failure``); cleared by ``finish_step``."""
         self._jsonl = self._jsonl_target()
         if self.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.transport.world_size)
 
     # -- agreement ----------------------------------------------------------------------------------
-    def verify_consistent(self, device: torch.device) -> None:
-        """Raise the same ValueError on every rank unless all ranks have the same options and model.
-
-        Also agrees on Zen's hash seed. A collective. Ranks that disagree on the strategy would issue
-        different collectives and hang; ranks whose models differ would sum unrelated gradients.
-        """
-        described = json.dumps(
+    def _describe(self) -> str:
+        """This rank's options and model as text; ``agree`` checks that every rank's is the same."""
+        return json.dumps(
             {
                 "config": repr(self.config),
                 "plan": self.strategy.plan_digest,
@@ -224,27 +236,6 @@ class ZenSyncState:
             },
             sort_keys=True,
         )
-        seed = self.config.sync_options.h0_seed
-        proposal = seed if seed is not None else secrets.randbits(62)
-        failed = int(bool(self._setup_error))
-        local = torch.tensor([zlib.crc32(described.encode()), proposal, failed], dtype=torch.int64, device=device)
-        with self.transport.phase("setup"):
-            gathered = [t.tolist() for t in self.transport.all_gather(local)]
-        failing = [rank for rank, g in enumerate(gathered) if g[2]]
-        if failing:
-            here = f": {self._setup_error}" if self._setup_error else ""
-            raise ValueError(
-                f"zensync.register: ranks {failing} could not set up strategy {self.config.strategy!r}{here}"
-            )
-        fingerprints = [g[0] for g in gathered]
-        self.h0_seed = gathered[0][1]  # rank 0's proposal: Zen's hash seed for every parameter
-        differing = [rank for rank, value in enumerate(fingerprints) if value != fingerprints[0]]
-        if differing:
-            raise ValueError(
-                f"zensync.register: ranks {differing} differ from rank 0 in their hook options or in "
-                f"their model's parameters (names, shapes, dtypes); every rank must register the same "
-                f"model with the same options"
-            )
 
     # -- compression ---------------------------------------------------------------------------------
     def compressed_sync(self, spec: str, scheme: str) -> CompressedSync:
@@ -268,13 +259,6 @@ class ZenSyncState:
         return sum(sync.memory_bytes for sync in self.compressed.values())
 
     # -- calibration -------------------------------------------------------------------------------
-    def agreed_seed(self, device: torch.device) -> int:
-        """Zen's hash seed, agreed by ``verify_consistent`` (run now, collectively, if it has not been)."""
-        if self.h0_seed is None:
-            self.verify_consistent(device)
-        assert self.h0_seed is not None
-        return self.h0_seed
-
     def ensure_cost_model(self, device: torch.device) -> CostModel:
         """The alpha-beta model: user-given parts, the rest measured (a collective, done once)."""
         if self.cost_model is None:
@@ -348,6 +332,7 @@ class ZenSyncState:
                 f.write(json.dumps(record) + "\n")
         self.step += 1
         self.current = self._new_step_record()
+        self.step_open = False
         return failure
 
     def last_step(self) -> dict[str, Any] | None:
@@ -367,7 +352,7 @@ class ZenSyncState:
         """Step counter, per-parameter records and the cost model (no process group)."""
         model = self.cost_model
         return {
-            "version": _STATE_DICT_VERSION,
+            "version": STATE_DICT_VERSION,
             "step": self.step,
             "records": {name: r.as_dict() for name, r in self.records.items()},
             "scheme_correction": dict(self.scheme_correction),
@@ -375,15 +360,49 @@ class ZenSyncState:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict`` saved."""
-        if state.get("version") != _STATE_DICT_VERSION:
-            raise ValueError(f"zensync hook state_dict version {state.get('version')!r} is not {_STATE_DICT_VERSION}")
-        self.step = int(state["step"])
-        self.records = {name: ParamRecord(**fields) for name, fields in state["records"].items()}
-        self.scheme_correction = {str(k): float(v) for k, v in state["scheme_correction"].items()}
-        model = state["cost_model"]
-        self.cost_model = None if model is None else CostModel(**model)
-        self.current = self._new_step_record()
+        """Restore what ``state_dict`` saved: all of it, or (ValueError) nothing.
+
+        Every field is validated first (``checkpoint.parse_state_dict``: types, ranges, and records of
+        this model's parameters only); the state is changed only when all of it is valid. Every rank
+        must load the same state dict: the next step compares the ranks' engine state
+        (``check_agreement``) and raises the same ValueError on every rank when they differ.
+        """
+        loaded = parse_state_dict(state, set(self.param_names.values()))
+        with self.lock:
+            self.step = loaded.step
+            self.records = loaded.records
+            self.scheme_correction = loaded.scheme_correction
+            self.cost_model = loaded.cost_model
+            self.current = self._new_step_record()
+            self._load_mark = fingerprint(
+                loaded.step,
+                {n: r.scheme for n, r in loaded.records.items()},
+                loaded.scheme_correction,
+                loaded.cost_model,
+            )
+
+    def check_agreement(self) -> None:
+        """Compare the ranks' engine state in one small all-gather (a collective, at the start of each step).
+
+        Raises:
+            ValueError: On every rank, when some rank's step counter, schemes, scheme corrections,
+                cost model or loaded checkpoint differ from rank 0's (a checkpoint loaded on some
+                ranks only, or different checkpoints).
+        """
+        schemes = {name: record.scheme for name, record in self.records.items()}
+        digest = fingerprint(self.step, schemes, self.scheme_correction, self.cost_model)
+        local = torch.tensor(
+            [digest, self._load_mark, self.step], dtype=torch.int64, device=self.transport.control_device
+        )
+        with self.transport.phase("setup"):
+            gathered = [t.tolist() for t in self.transport.all_gather(local)]  # host-device sync
+        differing = [rank for rank, g in enumerate(gathered) if g[:2] != gathered[0][:2]]
+        if differing:
+            steps = [g[2] for g in gathered]
+            raise ValueError(
+                f"zensync hook: ranks {differing} hold another engine state than rank 0 (step counters by "
+                f"rank: {steps}); every rank must call load_state_dict with the same checkpoint"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickling keeps the configuration and the records; the process group and thread are dropped."""

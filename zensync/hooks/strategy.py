@@ -65,7 +65,11 @@ def resolve_strategy(text: str) -> Strategy:
             f"such as 'topk:0.01' or 'powersgd:4' (compressors: {', '.join(compressor_names())}), or a plan "
             f"file path ending in .json ({exc})"
         ) from None
-    return Strategy(text, "compress", ("dense", "zen"), compressor=build(text).spec())
+    try:
+        compressor = build(text).spec()
+    except ValueError as exc:
+        raise ValueError(f"strategy={text!r}: {exc}") from None
+    return Strategy(text, "compress", ("dense", "zen"), compressor=compressor)
 
 
 def _plan_strategy(path: str) -> Strategy:

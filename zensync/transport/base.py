@@ -102,6 +102,11 @@ class Transport(abc.ABC):
         self.h0_seed: int | None = None
         """Seed of Zen's first-level hash, agreed on at first use (see zensync.sync.partition)."""
 
+    @property
+    def control_device(self) -> torch.device:
+        """Device of small control tensors (counts, flags) on this transport: CPU unless the backend needs GPU."""
+        return torch.device("cpu")
+
     # ----------------------------------------------------------------------------------------------
     # Phase and recording control
     @contextlib.contextmanager

@@ -45,6 +45,7 @@ def group_timeout(group: dist.ProcessGroup | None) -> datetime.timedelta:
     user's timeout instead of torch's 30-minute default for new groups.
     """
     pg = group if group is not None else dist.group.WORLD
+    assert pg is not None  # torch.distributed is initialized (the caller's group exists)
     for device in ("cpu", "cuda"):
         try:
             backend = pg._get_backend(torch.device(device))
@@ -107,6 +108,10 @@ class TorchTransport(Transport):
             ranks=ranks, timeout=timeout, backend=dist.get_backend(self.group), use_local_synchronization=True
         )
         return TorchTransport(group, timeout)
+
+    @property
+    def control_device(self) -> torch.device:
+        return self._device()
 
     def _device(self) -> torch.device:
         """Device of the group's small control tensors: CUDA for NCCL, CPU otherwise."""
