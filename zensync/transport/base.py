@@ -342,7 +342,7 @@ class Transport(abc.ABC):
         """Sum ``tensor`` over ranks in place and return it (the caller owns ``tensor``)."""
 
     def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[Any]:
-        """In-place sum as a Future of ``tensor`` (or ``[tensor]``); this default runs ``_all_reduce`` now and returns a done Future."""
+        """In-place sum as a Future of ``tensor`` (or ``[tensor]``); this default runs it now (a done Future)."""
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         future.set_result(self._all_reduce(tensor))
         return future
