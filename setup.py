@@ -86,6 +86,7 @@ setup(
         "torch>=2.1",
         "numba>=0.59",
         "numpy>=1.24",
+        "tqdm>=4.62",  # progress bars of `zensync demo` and `zensync profile`
     ],
     extras_require={
         "test": _TEST_REQUIRES,

@@ -1,18 +1,31 @@
 """``zensync demo`` end to end on a tiny model: real worker processes over gloo, real report files.
 
 One run of 2 workers x 3 timed steps with strategies ddp, zen and auto through ``zensync.cli.main``
-(the same code path as the console script). Lossless strategies must end within ``_LOSSLESS_TOL`` of
-DDP's parameters, and zen must send fewer bytes than DDP's dense ring allreduce.
+(the same code path as the console script), with stderr taken for a terminal so the progress bars
+are drawn. Lossless strategies must end within ``_LOSSLESS_TOL`` of DDP's parameters, zen must send
+fewer bytes than DDP's dense ring allreduce, and the table says which schemes ran. As root, a demo on
+an emulated cluster killed with SIGKILL leaves namespaces, workers and temp dirs that
+``python -m zensync.testbed cleanup`` removes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
 from zensync import cli
+from zensync.cli import _progress
+from zensync.testbed import available, cleanup_stale
+from zensync.testbed.netns import list_namespaces
+from zensync.testbed.runs import ProcessId, state_dir
 
 pytestmark = pytest.mark.distributed
 
@@ -31,15 +44,37 @@ _STRATEGIES = ["ddp", "zen", "auto"]
 
 
 @pytest.fixture(scope="module")
-def demo_json(tmp_path_factory):
+def demo_run(tmp_path_factory):
+    """(results JSON, Markdown report, stderr) of one demo run with progress bars drawn."""
     out_dir = tmp_path_factory.mktemp("demo")
-    assert (
-        cli.main(["demo", *_TINY_MODEL, "--strategies", *_STRATEGIES, "--timeout", "45", "--out-dir", str(out_dir)])
-        == 0
-    )
+    argv = ["demo", *_TINY_MODEL, "--strategies", *_STRATEGIES, "--timeout", "45", "--out-dir", str(out_dir)]
+    stderr = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(stderr):
+        patch.setattr(_progress, "interactive", lambda: True)
+        assert cli.main(argv) == 0
     (path,) = out_dir.glob("demo_*.json")
-    assert path.with_suffix(".md").exists()
-    return json.loads(path.read_text())
+    return json.loads(path.read_text()), path.with_suffix(".md").read_text(), stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def demo_json(demo_run):
+    return demo_run[0]
+
+
+def test_progress_bar_per_strategy(demo_run):
+    stderr = demo_run[2]
+    for strategy in _STRATEGIES:  # 1 warm-up + 3 timed steps, reported by rank 0 as they finish
+        assert f"{strategy}: 100%" in stderr and "4/4" in stderr, stderr
+
+
+def test_table_shows_which_schemes_ran(demo_run):
+    rows = {row["strategy"]: row for row in demo_run[0]["summary"]}
+    assert rows["ddp"]["scheme_shares"] == {"dense": 1.0}
+    assert rows["zen"]["scheme_shares"].get("zen", 0) > 0  # the embedding
+    for row in rows.values():
+        assert sum(row["scheme_shares"].values()) == pytest.approx(1.0)
+    ddp_line = next(line for line in demo_run[1].splitlines() if line.startswith("| ddp |"))
+    assert ddp_line.endswith("| dense 100% |")
 
 
 def test_every_strategy_reported(demo_json):
@@ -73,3 +108,44 @@ def test_a_hung_or_failing_worker_fails_the_demo(tmp_path, capsys, monkeypatch):
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "a worker failed" in err and "timed out" in err
+
+
+_AVAILABLE, _WHY = available() if sys.platform == "linux" else (False, "not Linux")
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(not _AVAILABLE, reason=f"emulated clusters unavailable: {_WHY}")
+def test_a_sigkilled_emulated_demo_is_cleaned_up(tmp_path):
+    # The issue's case: `zensync demo --net 1gbit` killed with SIGKILL mid-run.
+    code = "import sys; from zensync.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "demo", *_TINY_MODEL, "--steps", "100000", "--strategies", "ddp"]
+    argv += ["--net", "1gbit", "--timeout", "120", "--out-dir", str(tmp_path)]
+    demo = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    record_path = None
+    try:
+        deadline = time.monotonic() + 90
+        while record_path is None or not json.loads(record_path.read_text())["workers"]:
+            assert demo.poll() is None and time.monotonic() < deadline, "the demo did not start its workers"
+            record_path = next(state_dir().glob(f"zs*-{demo.pid}.json"), None)
+            time.sleep(0.2)
+        time.sleep(1.0)  # the workers are training
+        demo.send_signal(signal.SIGKILL)
+        demo.wait()
+        record = json.loads(record_path.read_text())
+        workers = [w["pid"] for w in record["workers"]]
+        assert sorted(n for n in list_namespaces() if n.startswith(record["run_id"])) == sorted(record["namespaces"])
+        assert len(record["namespaces"]) == 3 and all(ProcessId.of(pid) for pid in workers)
+        assert {os.path.basename(p).split("-")[1] for p in record["temp_dirs"]} == {"demo", "testbed"}
+        assert all(os.path.isdir(p) for p in record["temp_dirs"])
+        done = subprocess.run(
+            [sys.executable, "-m", "zensync.testbed", "cleanup"], capture_output=True, text=True, timeout=60, check=True
+        )
+        assert record["run_id"] in done.stdout
+        assert not [n for n in list_namespaces() if n.startswith(record["run_id"])]
+        assert not [pid for pid in workers if ProcessId.of(pid)]
+        assert not [p for p in record["temp_dirs"] if os.path.exists(p)] and not record_path.exists()
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        demo.wait()
+        cleanup_stale()

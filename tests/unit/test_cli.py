@@ -1,4 +1,5 @@
-"""The ``zensync`` CLI: help everywhere, the ``demo`` flag set pinned to DemoConfig, bad values rejected."""
+"""The ``zensync`` CLI: help everywhere, the ``demo`` flag set pinned to DemoConfig, bad values rejected,
+bad paths rejected in one line before any work, the exit-status rule, and what the demo reports and writes."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ _DEMO_FLAGS = {
     "--bandwidth-bytes-per-s",
     "--seed",
     "--out-dir",
+    "--out",
     "--timeout",
 }
 """The pinned flag set of ``zensync demo`` (besides --help); adding a flag means adding a DemoConfig field."""
@@ -212,13 +214,14 @@ def test_bad_plan_values_exit_2(argv, message, capsys):
 def test_explain_rejects_malformed_plans(tmp_path, capsys, content, message):
     path = tmp_path / "plan.json"
     path.write_text(content)
-    assert cli.main(["explain", str(path)]) == 1
-    assert message in capsys.readouterr().err
+    assert cli.main(["explain", str(path)]) == 2  # a file named on the command line: a usage error
+    err = _one_error_line(capsys, "explain")
+    assert message in err and str(path) in err
 
 
-def test_explain_missing_file_exits_1(tmp_path, capsys):
-    assert cli.main(["explain", str(tmp_path / "nope.json")]) == 1
-    assert "cannot read" in capsys.readouterr().err
+def test_explain_missing_file_exits_2(tmp_path, capsys):
+    assert cli.main(["explain", str(tmp_path / "nope.json")]) == 2
+    assert "cannot read plan" in _one_error_line(capsys, "explain")
 
 
 def test_profile_then_plan_from_the_profile(tmp_path, capsys):
@@ -252,3 +255,241 @@ def test_demo_accepts_compressor_specs():
     assert config.strategies == ("ddp", "topk:0.01")
     with pytest.raises(ValueError, match="compressor spec"):
         DemoConfig(strategies=("ddp", "topk:2"))
+
+
+# -- exit statuses and paths ------------------------------------------------------------------------
+def _one_error_line(capsys, command):
+    """The single stderr line of a failed command (no usage, no traceback)."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"zensync {command}: error: "), err
+    return lines[0]
+
+
+def test_help_documents_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "exit status:" in out and "1  the command failed while running" in out and "2  usage error" in out
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--model", "resnet50", *_PLAN_ARGS, "-o", "/nonexistent/dir/p.json"], "does not exist"),
+        (["plan", "--model", "resnet50", *_PLAN_ARGS, "-o", "{file}/p.json"], "is not a directory"),
+        (["plan", "--model", "resnet50", *_PLAN_ARGS, "-o", "{dir}"], "is a directory"),
+        (["plan", "--profile", "{dir}/missing.json", *_PLAN_ARGS], "cannot read profile"),
+        (["plan", "--profile", "{file}", *_PLAN_ARGS], "cannot read profile"),
+        (["explain", "{dir}/missing.json"], "cannot read plan"),
+        (["explain", "{plan}", "--png", "/nonexistent/dir/t.png"], "does not exist"),
+        (["profile", "--model", "mlp", "-o", "/nonexistent/dir/p.json"], "does not exist"),
+        (["profile", "--model", "mlp", "-o", "{file}/p.json"], "is not a directory"),
+        (["demo", "--out", "/nonexistent/dir/run"], "does not exist"),
+        (["demo", "--out-dir", "{file}/results"], "is not a directory"),
+    ],
+)
+def test_bad_paths_exit_2_in_one_line_before_any_work(argv, message, tmp_path, a_file, capsys, monkeypatch):
+    from zensync.cli import demo as demo_cli
+    from zensync.cli import profile as profile_cli
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the command started working despite a bad path")
+
+    monkeypatch.setattr(demo_cli, "run_demo", no_work)
+    monkeypatch.setattr(profile_cli, "measure_compressor_costs", no_work)
+    plan_path = tmp_path / "plan.json"
+    if "{plan}" in argv:
+        assert cli.main(["plan", "--model", "resnet50", *_PLAN_ARGS, "-o", str(plan_path)]) == 0
+        capsys.readouterr()
+    argv = [a.format(file=a_file, dir=tmp_path, plan=plan_path) for a in argv]
+    assert cli.main(argv) == 2
+    assert message in _one_error_line(capsys, argv[0])
+    assert capsys.readouterr().out == ""
+
+
+def test_demo_out_and_out_dir_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "--out", "x", "--out-dir", "y"])
+    assert exc.value.code == 2
+    assert "give one" in capsys.readouterr().err
+
+
+def test_a_write_that_fails_after_the_work_exits_1(tmp_path, capsys, monkeypatch):
+    from zensync.cli import plan as plan_cli
+
+    monkeypatch.setattr(plan_cli, "check_output_file", lambda path, flag: None)  # e.g. the disk filled up meanwhile
+    assert cli.main(["plan", "--model", "resnet50", *_PLAN_ARGS, "-o", str(tmp_path / "gone" / "p.json")]) == 1
+    assert "cannot write" in _one_error_line(capsys, "plan")
+
+
+def test_explain_png_without_matplotlib_exits_1(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    plan_path = tmp_path / "plan.json"
+    assert cli.main(["plan", "--model", "resnet50", *_PLAN_ARGS, "-o", str(plan_path)]) == 0
+    capsys.readouterr()
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a)
+    )
+    assert cli.main(["explain", str(plan_path), "--png", str(tmp_path / "t.png")]) == 1
+    assert "needs matplotlib" in _one_error_line(capsys, "explain")
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [("worker", "a worker failed"), ("runtime", "command failed (exit 1): ip netns add")],
+)
+def test_demo_runtime_failures_exit_1(error, message, capsys, monkeypatch):
+    from zensync.testbed import WorkerError
+
+    def fail(*args, **kwargs):
+        if error == "worker":
+            raise WorkerError("workers failed; failing ranks: [1]", [])
+        raise RuntimeError("command failed (exit 1): ip netns add zs1-1-sw")
+
+    monkeypatch.setattr(cli_demo, "run_demo", fail)
+    assert cli.main(["demo", "--workers", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("zensync demo: error: ") and message in err and "Traceback" not in err
+
+
+# -- what the demo reports and where it writes ------------------------------------------------------
+def _step(counts, step_time_s=0.01):
+    return {
+        "step_time_s": step_time_s,
+        "comm_time_s": 0.005,
+        "bytes_sent": 1000.0,
+        "loss": 2.0,
+        "scheme_counts": counts,
+    }
+
+
+def _result(tmp_path, **config):
+    import torch
+
+    from zensync.demo.runner import DemoResult, StrategyRun
+
+    def run(strategy, counts):
+        steps = [_step(c) for c in counts]
+        ranks = [{"rank": r, "steps": steps, "wire_tx_bytes": None} for r in range(2)]
+        return StrategyRun(
+            strategy=strategy, ranks=ranks, params={"w": torch.zeros(2)}, wall_s=1.0, interface_tx_bytes=None
+        )
+
+    compressed = "compress:topk:0.01|allgather|flat"
+    runs = [
+        run("ddp", [{"dense": 7}, {"dense": 7}]),
+        run("zen", [{"zen": 1, "dense": 6}, {"zen": 1, "dense": 6}]),
+        run("topk:0.01", [{"dense": 7}, {compressed: 7}]),
+    ]
+    cfg = DemoConfig(workers=2, steps=2, strategies=("ddp", "zen", "topk:0.01"), **config)
+    return DemoResult(config=cfg, runs=runs, emulated=False, corpus_tokens=10, corpus_words=5, wall_s=3.0)
+
+
+def test_the_table_shows_which_schemes_ran(tmp_path):
+    from zensync.demo.report import format_table, summarize
+
+    rows = {row["strategy"]: row for row in summarize(_result(tmp_path))}
+    assert rows["ddp"]["scheme_shares"] == {"dense": 1.0}
+    assert rows["zen"]["scheme_shares"] == pytest.approx({"dense": 6 / 7, "zen": 1 / 7})
+    table = format_table(list(rows.values()), emulated=False)
+    lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert "schemes (share of param-steps)" in lines["strategy"]
+    assert lines["ddp"].endswith("| dense 100% |") and lines["zen"].endswith("| dense 86% / zen 14% |")
+    assert lines["topk:0.01"].endswith("| topk:0.01 (allgather, flat) 50% / dense 50% |")
+    assert {line.count("|") for line in lines.values()} == {lines["strategy"].count("|")}  # no stray cell
+
+
+def test_meters_count_parameters_per_scheme():
+    from types import SimpleNamespace
+
+    from zensync.demo.meter import TorchHookMeter, ZenSyncMeter
+
+    torch_meter = TorchHookMeter(hook=None, world_size=2, wire_bytes_per_element=2, scheme="fp16")
+    torch_meter.num_params = 5
+    assert torch_meter.pop_step()["scheme_counts"] == {"fp16": 5}
+    assert torch_meter.pop_step()["scheme_counts"] == {"fp16": 0}
+    params = {
+        "emb": {"scheme": "zen", "bytes_sent": 10},
+        "fc.weight": {"scheme": "dense"},
+        "fc.bias": {"scheme": "dense"},
+    }
+    state = SimpleNamespace(step=1, history=[{"comm_time_s": 0.1, "bytes_sent": 50, "params": params}])
+    record = ZenSyncMeter(state).pop_step()
+    assert record["scheme_counts"] == {"zen": 1, "dense": 2} and record["schemes"]["emb"] == "zen"
+
+
+def test_results_are_never_overwritten_without_out(tmp_path):
+    from zensync.demo.report import format_table, summarize, write_outputs
+
+    result = _result(tmp_path, out_dir=str(tmp_path / "results"))
+    rows = summarize(result)
+    written = [write_outputs(result, rows, format_table(rows, False)) for _ in range(3)]
+    names = [paths["json"].name for paths in written]
+    assert len(set(names)) == 3 and names[1].endswith("_2.json") and names[2].endswith("_3.json")
+    assert all(json.loads(paths["json"].read_text())["summary"] for paths in written)
+    (tmp_path / "results" / names[2].replace("_3.json", "_4.md")).write_text("someone else's")
+    assert write_outputs(result, rows, "")["json"].name.endswith("_5.json")  # any of .json/.md/.png taken
+
+
+def test_out_names_the_files_and_replaces_them(tmp_path):
+    from zensync.demo.report import summarize, write_outputs
+
+    for out in (tmp_path / "run", tmp_path / "run.json"):
+        result = _result(tmp_path, out=str(out))
+        paths = write_outputs(result, summarize(result), "TABLE")
+        assert paths["json"] == tmp_path / "run.json" and paths["md"] == tmp_path / "run.md"
+        assert "TABLE" in paths["md"].read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json", "run.md"]
+    args = cli.build_parser().parse_args(["demo", "--out", "x/run"])
+    assert cli_demo._demo_config(args).out == "x/run"
+
+
+# -- progress -----------------------------------------------------------------------------------------
+def test_progress_bars_are_quiet_without_a_terminal(capsys):
+    from zensync.cli._progress import DemoProgress
+
+    with DemoProgress() as progress:
+        progress("ddp", 1, 4)
+        progress("ddp", 4, 4)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_bar_per_strategy_on_a_terminal(capsys, monkeypatch):
+    from zensync.cli import _progress
+
+    monkeypatch.setattr(_progress, "interactive", lambda: True)
+    with _progress.DemoProgress() as progress:
+        progress.say("[1/2] ddp: starting")
+        progress("ddp", 2, 4)
+        progress("ddp", 4, 4)
+        progress.say("[1/2] ddp: done")
+        progress("zen", 1, 4)
+    err = capsys.readouterr().err
+    assert "ddp: 100%" in err and "4/4" in err and "zen:  25%" in err and "1/4" in err
+    # the status line starts a row of its own: the bar was closed (newline) before it
+    assert "\n[1/2] ddp: done" in err
+
+
+def test_runner_polls_rank0_progress_file(tmp_path):
+    from zensync.demo.runner import _ProgressPoll
+
+    seen = []
+    poll = _ProgressPoll(tmp_path / "progress", "zen", 3, lambda *args: seen.append(args))
+    poll.start()
+    poll()  # no file yet
+    (tmp_path / "progress").write_text("0\n1\n")
+    poll()
+    poll()  # unchanged: no call
+    (tmp_path / "progress").write_text("0\n1\n2\n3\n")  # never past the total
+    poll()
+    assert seen == [("zen", 0, 3), ("zen", 2, 3), ("zen", 3, 3)]

@@ -85,6 +85,17 @@ def test_loopback_run_workers_and_env() -> None:
     assert [r.stdout.strip() for r in results] == ["r0", "r1"]
 
 
+def test_run_workers_polls_while_waiting() -> None:
+    polls: list[float] = []
+    with LoopbackCluster(1) as cluster:
+        cluster.run_workers(
+            lambda r: [sys.executable, "-c", "import time; time.sleep(1)"],
+            timeout_s=30,
+            on_poll=lambda: polls.append(time.monotonic()),
+        )
+    assert len(polls) >= 5  # every POLL_S (0.05 s) for at least the worker's 1 s
+
+
 def _leftovers(prefix: str) -> list[str]:
     return [n for n in list_namespaces() if n.startswith(prefix)] + root_links_with_prefix(prefix)
 
@@ -183,7 +194,7 @@ def test_sigterm_tears_down_and_cleanup_stale() -> None:
     proc.kill()
     proc.wait()
     assert _leftovers(prefix)
-    removed = cleanup_stale()
+    removed = cleanup_stale().namespaces
     assert all(n.startswith("zs") for n in removed) and any(n.startswith(prefix + "-") for n in removed)
     assert not _leftovers(prefix)
 

@@ -8,8 +8,11 @@ Subcommands (one module each, ``add_<name>`` registers it)::
     zensync explain plan.json [--png timeline.png]                   # summary and timeline of a plan
     zensync profile --model lm [--iterations 100] [-o profile.json]  # measure a real model's inputs
 
-Bad values exit with status 2 and argparse's usage message (or 1 with a clear message for files that
-cannot be read); a failed or hung worker exits with 1.
+Exit status (``zensync --help`` prints it; ``zensync.cli._errors`` holds the rule): 0 on success; 1
+when the command fails while running (a worker crashed or hung, matplotlib missing for ``--png``, a
+result that cannot be written after the work); 2 on a usage error: a bad flag or value, or a file
+named on the command line that cannot be read, parsed or written, checked before any work starts.
+Errors are one line ``zensync <command>: error: ...`` on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from zensync.cli._errors import EXIT_FAILURE, EXIT_STATUS_HELP, EXIT_USAGE, CommandFailed, UsageError
 from zensync.cli.demo import DEMO_FLAGS, add_demo
 from zensync.cli.plan import add_explain, add_plan
 from zensync.cli.profile import add_profile
@@ -28,7 +32,12 @@ __all__ = ["DEMO_FLAGS", "build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``zensync`` parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="zensync", description="zensync: gradient synchronization for PyTorch")
+    parser = argparse.ArgumentParser(
+        prog="zensync",
+        description="zensync: gradient synchronization for PyTorch",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log at INFO level (DEBUG with -vv)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_demo(sub)
@@ -39,14 +48,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point ``zensync``; returns the exit status (2 on a bad value, via argparse)."""
+    """Console entry point ``zensync``; returns the exit status (module docstring; argparse exits 2 itself)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    return int(args.run(args, args.subparser))
+    try:
+        return int(args.run(args, args.subparser))
+    except UsageError as err:
+        print(f"zensync {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except CommandFailed as err:
+        print(f"zensync {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

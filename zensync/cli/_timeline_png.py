@@ -10,7 +10,12 @@ _COLORS = {"forward": "#9ecae1", "backward": "#3182bd", "encode": "#e6550d", "co
 
 
 def draw_timeline(result: SimResult, path: str, *, title: str = "") -> None:
-    """One row per stream, one bar per event; raises ImportError without matplotlib."""
+    """One row per stream, one bar per event, saved as PNG whatever ``path`` ends with.
+
+    Raises:
+        ImportError: Without matplotlib.
+        OSError: If ``path`` cannot be written.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,5 +39,5 @@ def draw_timeline(result: SimResult, path: str, *, title: str = "") -> None:
     ax.legend(handles, list(_COLORS), loc="upper right", ncols=len(_COLORS), fontsize="small")
     ax.set_title(title or f"iteration {result.iteration_s * 1e3:.2f} ms")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import pathlib
-import sys
 from typing import Any
 
+from zensync.cli._errors import CommandFailed, UsageError, check_output_file, read_input
 from zensync.planner import (
     ClusterSpec,
     ModelProfile,
@@ -100,7 +101,7 @@ def load_profile_bundle(path: str) -> tuple[ModelProfile, dict[str, dict[str, di
     try:
         text = pathlib.Path(path).read_text()
         data = json.loads(text)
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read profile {path!r}: {exc}") from exc
     if isinstance(data, dict) and "profile" in data:
         costs = data.get("compressor_costs", {})
@@ -110,15 +111,23 @@ def load_profile_bundle(path: str) -> tuple[ModelProfile, dict[str, dict[str, di
     return ModelProfile.from_json(text), {}
 
 
-def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _profile_file(path: str) -> tuple[ModelProfile, dict[str, dict[str, dict[str, float]]]]:
+    """``load_profile_bundle`` of a file named on the command line: a bad one is a usage error (one line)."""
+    read_input(path, "profile")  # a missing or unreadable file: the reason alone
     try:
-        if args.profile:
-            profile, measured = load_profile_bundle(args.profile)
-        else:
-            profile, measured = (
-                builtin_profile(args.model, gpu=args.gpu, batch=args.batch, precision=args.precision),
-                {},
-            )
+        return load_profile_bundle(path)
+    except ValueError as err:
+        raise UsageError(f"--profile {path}: {err}") from err
+
+
+def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.output:
+        check_output_file(args.output, "-o")
+    bundle = _profile_file(args.profile) if args.profile else None
+    try:
+        if bundle is None:
+            bundle = builtin_profile(args.model, gpu=args.gpu, batch=args.batch, precision=args.precision), {}
+        profile, measured = bundle
         cluster = _cluster(args)
         costs = measured.get(compressor_model(args.compressor).spec, {})
         model = measured_compressor_model(args.compressor, costs)
@@ -130,7 +139,10 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     chosen = dataclasses.replace(chosen, profile=profile, costs=costs)
     print(summarize(chosen))
     if args.output:
-        pathlib.Path(args.output).write_text(chosen.to_json())
+        try:
+            pathlib.Path(args.output).write_text(chosen.to_json())
+        except OSError as err:
+            raise CommandFailed(f"cannot write {args.output}: {err.strerror or err}") from err
         print(f"wrote {args.output} (use: zensync.register(ddp, strategy={args.output!r}))")
     return 0
 
@@ -168,15 +180,16 @@ def add_explain(sub: argparse._SubParsersAction) -> None:
 def _run_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.width < 10:
         parser.error(f"--width={args.width} must be >= 10")
+    if args.png:
+        check_output_file(args.png, "--png")
+    text = read_input(args.plan, "plan")
     try:
-        loaded = Plan.from_json(pathlib.Path(args.plan).read_text())
+        loaded = Plan.from_json(text)
         result = simulate_plan(loaded)
-    except OSError as err:
-        print(f"zensync explain: cannot read {args.plan!r}: {err}", file=sys.stderr)
-        return 1
     except ValueError as err:
-        print(f"zensync explain: {args.plan}: {err}", file=sys.stderr)
-        return 1
+        raise UsageError(f"{args.plan}: {err}") from err
+    if args.png and importlib.util.find_spec("matplotlib") is None:
+        raise CommandFailed("--png needs matplotlib (pip install 'zensync[bench]')")
     print(summarize(loaded))
     print()
     print(render_timeline(result, width=args.width))
@@ -185,8 +198,7 @@ def _run_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
         try:
             draw_timeline(result, args.png, title=f"{loaded.model}: {loaded.compressor}")
-        except ImportError:
-            print("zensync explain: --png needs matplotlib (pip install 'zensync[bench]')", file=sys.stderr)
-            return 1
+        except OSError as err:
+            raise CommandFailed(f"cannot write {args.png}: {err.strerror or err}") from err
         print(f"wrote {args.png}")
     return 0

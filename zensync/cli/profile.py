@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import pathlib
 import sys
@@ -28,7 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from zensync.profiling import measure_compressor_costs, measure_ready_times
+from zensync.cli._errors import CommandFailed, check_output_file
+from zensync.cli._progress import bar
+from zensync.planner import ModelProfile
+from zensync.profiling import CompressorCost, measure_compressor_costs, measure_ready_times
 from zensync.workloads import lm
 
 __all__ = ["PROFILE_BUNDLE_VERSION", "PROFILE_FLAGS", "add_profile"]
@@ -78,19 +82,23 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    check_output_file(args.output, "-o")  # before minutes of measuring
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
         specs = [s.strip() for s in args.compressors.split(",") if s.strip()]
         if args.iterations < 1 or args.batch < 1 or args.repeats < 1 or args.calibrate_workers == 1:
             raise ValueError("--iterations, --batch and --repeats must be >= 1; --calibrate-workers 0 or >= 2")
         model, make_batch, loss_fn = _factory(args.factory) if args.factory else _builtin(args.model, args)
-        costs = measure_compressor_costs(specs, sizes, repeats=args.repeats)
+        costs = _compressor_costs(specs, sizes, args.repeats)
     except ValueError as err:
         parser.error(str(err))
     name = args.factory or args.model
-    profile = measure_ready_times(
-        model, make_batch, loss_fn, iterations=args.iterations, warmup=args.warmup, name=name, batch=str(args.batch)
-    )
+    profile = _ready_times(args, name, model, make_batch, loss_fn)
+    comm = None
+    if args.calibrate_workers:
+        with bar(1, f"alpha/beta of {args.calibrate_workers} gloo ranks", unit="fit") as fits:
+            comm = _calibrate(args.calibrate_workers)
+            fits.update()
     device = "gpu" if profile.device.startswith("measured:cuda") else "cpu"
     bundle: dict[str, Any] = {
         "version": PROFILE_BUNDLE_VERSION,
@@ -98,9 +106,41 @@ def _run_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         "compressor_costs": {
             c.spec: {f"{device}_compress": _fit(c.compress), f"{device}_decompress": _fit(c.decompress)} for c in costs
         },
-        "comm": _calibrate(args.calibrate_workers) if args.calibrate_workers else None,
+        "comm": comm,
     }
-    pathlib.Path(args.output).write_text(json.dumps(bundle, indent=1))
+    try:
+        pathlib.Path(args.output).write_text(json.dumps(bundle, indent=1))
+    except OSError as err:
+        raise CommandFailed(f"cannot write {args.output}: {err.strerror or err}") from err
+    _print_summary(args, name, profile, costs, comm)
+    return 0
+
+
+def _ready_times(
+    args: argparse.Namespace, name: str, model: nn.Module, make_batch: Callable[[], Any], loss_fn: Callable[..., Any]
+) -> ModelProfile:
+    """``measure_ready_times`` under a progress bar of its passes."""
+    with bar(args.warmup + args.iterations, "ready times", unit="pass") as passes:
+        profile = measure_ready_times(
+            model,
+            _counted(make_batch, passes.update),
+            loss_fn,
+            iterations=args.iterations,
+            warmup=args.warmup,
+            name=name,
+            batch=str(args.batch),
+        )
+        passes.update(passes.total - passes.n)  # the last pass
+    return profile
+
+
+def _print_summary(
+    args: argparse.Namespace,
+    name: str,
+    profile: ModelProfile,
+    costs: list[CompressorCost],
+    comm: dict[str, float] | None,
+) -> None:
     worst = max(profile.tensors, key=lambda t: t.ready_cv)
     print(
         f"profiled {name}: {len(profile.tensors)} tensors, {profile.num_params:,} parameters, forward "
@@ -112,12 +152,35 @@ def _run_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
             f"  {c.spec}: compress {c.compress.at(2**20) * 1e3:.3f} ms, decompress {c.decompress.at(2**20) * 1e3:.3f} "
             f"ms per 2**20 elements on {c.device}"
         )
-    if bundle["comm"]:
-        comm = bundle["comm"]
+    if comm:
         alpha_us, beta_gb = comm["latency_s"] * 1e6, comm["bandwidth_bytes_per_s"] / 1e9
         print(f"  gloo x{comm['world_size']}: alpha {alpha_us:.1f} us, beta {beta_gb:.2f} GB/s")
     print(f"wrote {args.output} (use: zensync plan --profile {args.output} ...)")
-    return 0
+
+
+def _compressor_costs(specs: list[str], sizes: list[int], repeats: int) -> list[CompressorCost]:
+    """``measure_compressor_costs`` one spec at a time, under a progress bar."""
+    costs = []
+    with bar(len(specs), "compressor costs", unit="spec") as done:
+        for spec in specs:
+            done.set_postfix_str(spec)
+            costs += measure_compressor_costs([spec], sizes, repeats=repeats)
+            done.update()
+    return costs
+
+
+def _counted(
+    make_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], tick: Callable[[], object]
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """``make_batch`` that calls ``tick()`` from its second call on: a pass ended when the next one starts."""
+    calls = itertools.count()
+
+    def counted() -> tuple[torch.Tensor, torch.Tensor]:
+        if next(calls):
+            tick()
+        return make_batch()
+
+    return counted
 
 
 def _fit(fit: Any) -> dict[str, float]:

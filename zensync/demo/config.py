@@ -39,6 +39,7 @@ DEMO_FLAGS = {
     "--bandwidth-bytes-per-s": "bandwidth_bytes_per_s",
     "--seed": "seed",
     "--out-dir": "out_dir",
+    "--out": "out",
     "--timeout": "timeout_s",
 }
 """Flag -> DemoConfig field of ``zensync demo`` (tests/unit/test_cli.py pins both sides)."""
@@ -81,7 +82,11 @@ class DemoConfig:
     seed: int = 0
     """Seed of the initial weights (same on every rank) and of the batch positions."""
     out_dir: str | None = None
-    """Where demo_<hardware>_<date>.{json,md,png} go; None: experiments/results if it exists, else the cwd."""
+    """Where demo_<hardware>_<date>.{json,md,png} go (a _2, _3, ... suffix keeps earlier results of the day);
+    None: experiments/results if it exists, else the cwd."""
+    out: str | None = None
+    """Write the results to exactly OUT.json, OUT.md and OUT.png instead (replacing them if they exist);
+    excludes out_dir."""
     timeout_s: float = 600.0
     """Wall-clock limit of each strategy's launch; a hung worker fails the demo with every rank's stderr."""
 
@@ -106,6 +111,8 @@ class DemoConfig:
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s={self.timeout_s!r} must be > 0 seconds")
         self._check_strategies()
+        if self.out is not None and self.out_dir is not None:
+            raise ValueError(f"out={self.out!r} and out_dir={self.out_dir!r}: give one (out names the files itself)")
         if self.net is not None:
             parse_rate(self.net)  # raises ValueError naming the rate and the valid units
 

@@ -8,11 +8,16 @@ after another on its comm thread, so its summed per-bucket time is the same kind
 *modelled*, not counted: a ring allreduce sends 2(n-1)/n of the bucket per worker, half of that for
 fp16. zensync's hook *counts* its own bytes and time; ``ZenSyncMeter`` reads them from
 ``state.history``.
+
+Each step also says which scheme synced how many parameters (``scheme_counts``): from the hook's step
+record for zensync's strategies; for torch's hooks every parameter of every bucket, under the hook's
+one scheme (``dense`` for allreduce, ``fp16`` for the fp16 compress hook).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import torch
@@ -35,21 +40,29 @@ class TorchHookMeter:
         hook: A torch hook ``(process_group, bucket) -> Future`` (allreduce_hook, fp16_compress_hook).
         world_size: Ranks in the group.
         wire_bytes_per_element: Bytes per gradient element on the wire (4 for float32, 2 for fp16).
+        scheme: What the hook does to every parameter, as the step records name it ('dense', 'fp16').
     """
 
-    __slots__ = ("bytes_sent", "hook", "intervals", "wire_bytes_per_element", "world_size")
+    __slots__ = ("bytes_sent", "hook", "intervals", "num_params", "scheme", "wire_bytes_per_element", "world_size")
 
-    def __init__(self, hook: Any, world_size: int, wire_bytes_per_element: int) -> None:
+    def __init__(self, hook: Any, world_size: int, wire_bytes_per_element: int, scheme: str) -> None:
         self.hook = hook
         self.world_size = world_size
         self.wire_bytes_per_element = wire_bytes_per_element
+        self.scheme = scheme
         self.intervals: list[tuple[float, float]] = []
         self.bytes_sent = 0.0
+        self.num_params = 0
 
-    def pop_step(self) -> dict[str, float]:
-        """This step's communication time (s, union of bucket intervals) and modelled bytes, then reset."""
-        out = {"comm_time_s": union_length(self.intervals), "bytes_sent": self.bytes_sent}
-        self.intervals, self.bytes_sent = [], 0.0
+    def pop_step(self) -> dict[str, Any]:
+        """This step's communication time (s, union of bucket intervals), modelled bytes and parameters
+        per scheme, then reset."""
+        out = {
+            "comm_time_s": union_length(self.intervals),
+            "bytes_sent": self.bytes_sent,
+            "scheme_counts": {self.scheme: self.num_params},
+        }
+        self.intervals, self.bytes_sent, self.num_params = [], 0.0, 0
         return out
 
 
@@ -72,6 +85,7 @@ def timed_torch_hook(meter: TorchHookMeter, bucket: GradBucket) -> torch.futures
     """Comm hook: run ``meter.hook`` on the bucket; add its duration and ring-model bytes to ``meter``."""
     start = time.perf_counter()
     meter.bytes_sent += ring_bytes_per_rank(bucket.buffer().numel() * meter.wire_bytes_per_element, meter.world_size)
+    meter.num_params += len(bucket.parameters())
     future = meter.hook(None, bucket)
 
     def _done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
@@ -99,7 +113,8 @@ class ZenSyncMeter:
         self._seen = 0
 
     def pop_step(self) -> dict[str, Any]:
-        """The step record the hook finished since the last call, and the scheme of each parameter.
+        """The step record the hook finished since the last call: time, bytes, the scheme of each parameter
+        (``schemes``) and the number of parameters per scheme (``scheme_counts``).
 
         Raises:
             RuntimeError: If the hook did not finish exactly one step since the last call.
@@ -110,9 +125,11 @@ class ZenSyncMeter:
             raise RuntimeError(f"zensync hook finished {finished} steps during one training step (expected 1)")
         record = self.state.history[-1]
         sparse = sum(float(info.get("bytes_sent", 0)) for info in record["params"].values())
+        schemes = {name: str(info["scheme"]) for name, info in record["params"].items()}
         return {
             "comm_time_s": float(record["comm_time_s"]),
             "bytes_sent": float(record["bytes_sent"]),  # every phase, sparse syncs included
             "sparse_param_bytes_sent": sparse,
-            "schemes": {name: r.scheme for name, r in self.state.records.items()},
+            "schemes": schemes,
+            "scheme_counts": dict(Counter(schemes.values())),
         }

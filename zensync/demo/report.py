@@ -8,13 +8,19 @@ Numbers per strategy (warm-up steps excluded):
   (ring allreduce, 2(n-1)/n of each bucket) for torch's hooks;
 - wire MB per worker per step (emulated hosts only): each host's interface tx delta over the timed
   steps / steps, counted by the kernel (includes barriers and TCP/IP headers);
-- speedup: DDP's step time / this step time; max |dparam|: rank 0's final parameters against DDP's.
+- speedup: DDP's step time / this step time; max |dparam|: rank 0's final parameters against DDP's;
+- schemes: which sync schemes actually ran, as the share of parameter-steps (one parameter synced in
+  one timed step) each scheme took, e.g. "zen 14% / dense 86%" (schemes are agreed by all ranks).
+
+Results go to demo_<hardware>_<date>.{json,md,png}, with a _2, _3, ... suffix when a result of that
+name exists (nothing is overwritten), or to exactly the files named by ``DemoConfig.out``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import pathlib
@@ -28,11 +34,21 @@ import zensync
 from zensync.demo.config import DEMO_FLAGS, TORCH_STRATEGIES, DemoConfig
 from zensync.demo.model import parameter_counts
 from zensync.demo.runner import DemoResult, StrategyRun, default_out_dir
+from zensync.hooks.compressed import COMPRESSED_PREFIX
 
-__all__ = ["format_table", "hardware_tag", "summarize", "write_outputs"]
+__all__ = [
+    "format_schemes",
+    "format_table",
+    "hardware_tag",
+    "output_paths",
+    "scheme_shares",
+    "summarize",
+    "write_outputs",
+]
 
 _MB = 1e6
 _BASELINE = "ddp"
+_SUFFIXES = (".json", ".md", ".png")
 
 
 def _max_param_diff(run: StrategyRun, baseline: StrategyRun | None) -> float | None:
@@ -58,8 +74,42 @@ def _summarize_run(run: StrategyRun, steps: int) -> dict[str, Any]:
         "wire_mb_per_step": None if wire is None else wire / _MB,
         "final_loss": statistics.fmean(rank["steps"][-1]["loss"] for rank in run.ranks),
         "schemes": schemes,
+        "scheme_shares": scheme_shares(run.ranks[0]["steps"]),
         "launch_wall_s": run.wall_s,
     }
+
+
+def scheme_shares(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Share of parameter-steps per scheme over ``steps`` (their ``scheme_counts``), largest first.
+
+    Example::
+
+        scheme_shares([{"scheme_counts": {"zen": 1, "dense": 6}}, {"scheme_counts": {"dense": 7}}])
+        # {"dense": 0.928..., "zen": 0.0714...}
+    """
+    totals: dict[str, int] = {}
+    for step in steps:
+        for scheme, count in step.get("scheme_counts", {}).items():
+            totals[scheme] = totals.get(scheme, 0) + int(count)
+    whole = sum(totals.values())
+    if not whole:
+        return {}
+    return {scheme: count / whole for scheme, count in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def format_schemes(shares: dict[str, float]) -> str:
+    """e.g. 'zen 14% / dense 86%'; compressed schemes read 'topk:0.01 (allgather, flat)'; 'n/a' if none."""
+    if not shares:
+        return "n/a"
+    parts = []
+    for scheme, share in shares.items():
+        label = scheme
+        if scheme.startswith(COMPRESSED_PREFIX):  # compress:<spec>|<collective>|<level>
+            spec, _, rest = scheme[len(COMPRESSED_PREFIX) :].partition("|")
+            label = f"{spec} ({rest.replace('|', ', ')})" if rest else spec
+        percent = "<1%" if 0 < share < 0.005 else f"{share:.0%}"
+        parts.append(f"{label.replace('|', '/')} {percent}")
+    return " / ".join(parts)
 
 
 def summarize(result: DemoResult) -> list[dict[str, Any]]:
@@ -84,7 +134,7 @@ def format_table(rows: list[dict[str, Any]], emulated: bool) -> str:
     """The comparison as a Markdown table (readable as plain text)."""
     head = ["strategy", "step ms (median)", "comm ms/step", "comm / ddp", "MB sent/worker/step"]
     head += ["wire MB/worker/step"] if emulated else []
-    head += ["speedup vs ddp", "max |param - ddp|", "final loss"]
+    head += ["speedup vs ddp", "max abs(param - ddp)", "final loss", "schemes (share of param-steps)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         kind = "m" if row["bytes_kind"].startswith("modelled") else "c"
@@ -92,6 +142,7 @@ def format_table(rows: list[dict[str, Any]], emulated: bool) -> str:
         cells += [_fmt(row["comm_vs_ddp"], ".2f"), f"{row['mb_sent_per_step']:.3f} ({kind})"]
         cells += [_fmt(row["wire_mb_per_step"], ".3f")] if emulated else []
         cells += [_fmt(row["speedup"], ".2f") + "x", _fmt(row["max_param_diff"], ".2e"), f"{row['final_loss']:.3f}"]
+        cells += [format_schemes(row.get("scheme_shares", {}))]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("(m) = modelled by the ring formula 2(n-1)/n x bucket bytes; (c) = counted by zensync's hook.")
     return "\n".join(lines)
@@ -145,12 +196,40 @@ def _per_step(result: DemoResult) -> dict[str, Any]:
     }
 
 
-def write_outputs(result: DemoResult, rows: list[dict[str, Any]], table: str) -> dict[str, pathlib.Path]:
-    """Write demo_<hardware>_<date>.{json,md,png} to the config's out_dir; returns the paths written."""
+def output_paths(result: DemoResult) -> dict[str, pathlib.Path]:
+    """Where the results go: ``config.out`` + .json/.md/.png, or a new name in the output directory.
+
+    Without ``out`` the name is demo_<hardware>_<date>, or the first of demo_<hardware>_<date>_2, _3, ...
+    of which no .json, .md or .png exists; its .json is created (empty) here, so that two demos
+    finishing at once cannot pick the same name.
+    """
+    if result.config.out is not None:
+        base = pathlib.Path(result.config.out)
+        base = base.with_suffix("") if base.suffix in _SUFFIXES else base
+        return {suffix[1:]: base.with_name(base.name + suffix) for suffix in _SUFFIXES}
     out_dir = pathlib.Path(result.config.out_dir) if result.config.out_dir else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"demo_{hardware_tag(result)}_{datetime.date.today().isoformat()}"
-    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
+    for n in itertools.count(1):
+        name = stem if n == 1 else f"{stem}_{n}"
+        paths = {suffix[1:]: out_dir / (name + suffix) for suffix in _SUFFIXES}
+        if any(path.exists() for path in paths.values()):
+            continue
+        try:
+            paths["json"].open("x").close()
+        except FileExistsError:  # another demo took the name meanwhile
+            continue
+        return paths
+    raise AssertionError("unreachable")
+
+
+def write_outputs(result: DemoResult, rows: list[dict[str, Any]], table: str) -> dict[str, pathlib.Path]:
+    """Write the JSON, Markdown and (with matplotlib) PNG results to ``output_paths``; returns the paths written.
+
+    Raises:
+        OSError: If a file cannot be written.
+    """
+    paths = output_paths(result)
     setting = (
         f"{result.config.workers} emulated hosts at {result.config.net}"
         if result.emulated
@@ -184,6 +263,8 @@ def write_outputs(result: DemoResult, rows: list[dict[str, Any]], table: str) ->
     ]
     paths["md"].write_text("\n".join(md))
     if not _plot(rows, paths["png"], f"zensync demo: {setting}"):
+        if result.config.out is not None:  # an OUT.png of an earlier run would not match the new OUT.json
+            paths["png"].unlink(missing_ok=True)
         del paths["png"]
     return paths
 
@@ -197,7 +278,7 @@ def _flags(result: DemoResult) -> str:
     parts = []
     for field in dataclasses.fields(DemoConfig):
         value = getattr(result.config, field.name)
-        if field.name == "out_dir" or value == getattr(defaults, field.name):
+        if field.name in ("out_dir", "out") or value == getattr(defaults, field.name):
             continue
         flag = _FLAG_OF[field.name]
         parts.append(f"{flag} {' '.join(value) if isinstance(value, tuple) else value}")

@@ -6,19 +6,23 @@ env:// variables of ``ClusterBase.env_for_torch``. Per timed step it records:
 - ``step_time_s``: wall time between two barriers around forward + backward + optimizer step;
 - ``comm_time_s``: summed bucket communication time (see ``zensync.demo.meter``);
 - ``bytes_sent``: counted by zensync's hook, modelled (ring) for torch's hooks;
+- ``scheme_counts``: parameters synced by each scheme this step (see ``zensync.demo.meter``);
 - ``wire_tx_bytes``: the host interface's tx byte delta over the timed steps (emulated hosts only).
 
-Rank r writes ``<out>/rank<r>.json``; rank 0 also writes ``<out>/params.pt`` (final parameters).
+Rank r writes ``<out>/rank<r>.json``; rank 0 also writes ``<out>/params.pt`` (final parameters) and,
+with ``--progress FILE``, appends one line to FILE per finished step (the runner's progress bar).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,8 +45,10 @@ def attach_strategy(
 ) -> tuple[Any, Any]:
     """Register ``strategy``'s comm hook on ``ddp``; returns (meter with ``pop_step()``, zensync state or None)."""
     if strategy in TORCH_STRATEGIES:
-        hook, element_bytes = (launch.allreduce_hook, 4) if strategy == "ddp" else (launch.fp16_compress_hook, 2)
-        meter = TorchHookMeter(hook, world_size, element_bytes)
+        if strategy == "ddp":
+            meter = TorchHookMeter(launch.allreduce_hook, world_size, 4, scheme="dense")
+        else:
+            meter = TorchHookMeter(launch.fp16_compress_hook, world_size, 2, scheme="fp16")
         ddp.register_comm_hook(meter, timed_torch_hook)
         return meter, None
     options = {"latency_s": config.latency_s, "bandwidth_bytes_per_s": config.bandwidth_bytes_per_s}
@@ -74,11 +80,19 @@ def _one_step(
     return float(loss.item()), time.perf_counter() - start
 
 
-def train(config: DemoConfig, strategy: str, corpus: torch.Tensor, rank: int, world_size: int) -> dict[str, Any]:
+def train(
+    config: DemoConfig,
+    strategy: str,
+    corpus: torch.Tensor,
+    rank: int,
+    world_size: int,
+    on_step: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
     """Train under ``strategy`` and return this rank's measurements and the final model.
 
     Step 1: identical seeded weights on every rank, DDP, the strategy's hook, plain SGD.
-    Step 2: ``warmup_steps`` untimed steps, then ``steps`` timed steps on this rank's batches.
+    Step 2: ``warmup_steps`` untimed steps, then ``steps`` timed steps on this rank's batches;
+    ``on_step(step)`` after each.
     """
     model = DemoModel(config, generator=torch.Generator().manual_seed(config.seed))
     ddp = DistributedDataParallel(model)
@@ -95,6 +109,8 @@ def train(config: DemoConfig, strategy: str, corpus: torch.Tensor, rank: int, wo
             record = {"step": step, "loss": loss, "step_time_s": step_time_s, **meter.pop_step()}
             if step >= config.warmup_steps:
                 steps.append(record)
+            if on_step is not None:
+                on_step(step)
     finally:
         if state is not None:
             state.close()
@@ -110,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategy", required=True, help="one strategy of the config")
     parser.add_argument("--corpus", required=True, help="token ids saved by the runner (torch.save)")
     parser.add_argument("--out", required=True, help="directory for rank<r>.json and params.pt")
+    parser.add_argument("--progress", default=None, help="rank 0 appends a line per finished step here")
     args = parser.parse_args(argv)
     config = DemoConfig.from_json(pathlib.Path(args.config).read_text())
     torch.set_num_threads(1)
@@ -117,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     rank, world_size = launch.init_from_env("gloo", timeout_s=config.timeout_s / 2)
     try:
         corpus = torch.load(args.corpus)
-        result = train(config, args.strategy, corpus, rank, world_size)
+        with _progress_writer(args.progress if rank == 0 else None) as on_step:
+            result = train(config, args.strategy, corpus, rank, world_size, on_step)
         model = result.pop("model")
         out = pathlib.Path(args.out)
         if rank == 0:
@@ -127,6 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         launch.destroy()
     return 0
+
+
+@contextlib.contextmanager
+def _progress_writer(path: str | None) -> Iterator[Callable[[int], None] | None]:
+    """``on_step`` that appends a line per step to ``path`` (None without a path)."""
+    if path is None:
+        yield None
+        return
+    with open(path, "a", buffering=1) as progress:  # line-buffered: the runner sees each step at once
+        yield lambda step: print(step, file=progress)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Each worker runs as its own host in a network namespace; hosts are joined by a b
 "switch" namespace and every link is shaped with tc (tbf rate, optional netem delay). Per-host
 interface byte counters give wire bytes independently of the engine's own accounting. Needs root;
 ``make_cluster`` falls back to an unshaped ``LoopbackCluster`` (with a warning) where it is missing.
+Every run is recorded (``zensync.testbed.runs``), so that leftovers of an owner killed by SIGKILL
+(namespaces, workers, temp dirs) are removed by the next start or by ``python -m zensync.testbed cleanup``.
 
 Example::
 
@@ -20,10 +22,12 @@ from __future__ import annotations
 from zensync.testbed._procs import WorkerError, WorkerResult
 from zensync.testbed.cluster import EmulatedCluster
 from zensync.testbed.loopback import LoopbackCluster, free_port, make_cluster
-from zensync.testbed.netns import available, cleanup_stale
+from zensync.testbed.netns import available
+from zensync.testbed.runs import CleanupReport, cleanup_stale
 from zensync.testbed.shaping import parse_rate, parse_time_s
 
 __all__ = [
+    "CleanupReport",
     "EmulatedCluster",
     "LoopbackCluster",
     "WorkerError",

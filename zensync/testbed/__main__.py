@@ -16,7 +16,8 @@ import logging
 import sys
 
 from zensync.testbed.loopback import make_cluster
-from zensync.testbed.netns import available, cleanup_stale
+from zensync.testbed.netns import available
+from zensync.testbed.runs import cleanup_stale, state_dir
 
 __all__ = ["main"]
 
@@ -32,8 +33,8 @@ def _check(_: argparse.Namespace) -> int:
 
 
 def _cleanup(_: argparse.Namespace) -> int:
-    removed = cleanup_stale()
-    print(f"removed {len(removed)} stale namespace(s)" + (": " + ", ".join(removed) if removed else ""))
+    report = cleanup_stale()
+    print(report.summary() if report else f"nothing to clean up (run records: {state_dir()})")
     return 0
 
 
@@ -114,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zensync.testbed", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("check", help="print whether emulated clusters work here, and why not")
-    sub.add_parser("cleanup", help="delete zensync namespaces left by dead processes")
+    sub.add_parser(
+        "cleanup",
+        help="remove what runs killed by SIGKILL left (namespaces, their processes, workers, temp dirs); "
+        "live runs are not touched",
+    )
     bench = sub.add_parser("bench", help="ring traffic between emulated hosts vs the configured rate")
     bench.add_argument("--hosts", type=int, default=4)
     bench.add_argument("--rate", default="1gbit")

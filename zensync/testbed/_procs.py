@@ -1,22 +1,29 @@
 """Process handling shared by both clusters: start one worker per host, wait under a deadline, kill.
 
 ``ClusterBase`` holds everything that does not depend on where a host lives: the ``run_workers``
-loop, tracking and killing spawned process groups, and the torch.distributed environment. Subclasses
-say how to start a process on host i (``popen``) and what its address and interface are.
+loop, tracking and killing spawned process groups, temp dirs that live as long as the run, the run's
+record (``zensync.testbed.runs``: what a later process removes if this one is SIGKILLed) and the
+torch.distributed environment. Subclasses say how to start a process on host i (``popen``) and what
+its address and interface are.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import logging
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+from zensync.testbed import runs
 
 __all__ = ["ClusterBase", "WorkerError", "WorkerResult"]
 
@@ -27,7 +34,8 @@ PEER_GRACE_S = 5.0
 dead rank usually hangs in a collective)."""
 STDERR_TAIL_CHARS = 2000
 """How much of each failing rank's stderr the error message quotes."""
-_POLL_S = 0.05
+POLL_S = 0.05
+"""Seconds between two looks at the workers in ``run_workers``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,6 +67,45 @@ class ClusterBase(abc.ABC):
     def __init__(self, num_hosts: int) -> None:
         self.num_hosts = num_hosts
         self._procs: list[subprocess.Popen[Any]] = []
+        self._record: runs.RunRecord | None = None
+
+    @property
+    @abc.abstractmethod
+    def run_id(self) -> str:
+        """Unique name of this run (``<prefix>-<pid>``): its record's name in ``runs.state_dir()``."""
+
+    def _start_record(
+        self, namespaces: Sequence[str] = (), links: Sequence[tuple[str, str, str]] = ()
+    ) -> runs.RunRecord:
+        """Remove the leftovers of dead runs, then record this one (before it creates anything)."""
+        if self._record is None:
+            report = runs.cleanup_stale()
+            if report:
+                logger.warning("leftovers of dead zensync runs found at start: %s", report.summary())
+            self._record = runs.RunRecord(self.run_id, namespaces=namespaces, links=links)
+        return self._record
+
+    def _close_record(self) -> None:
+        """Delete the record (call once everything it names is gone)."""
+        if self._record is not None:
+            self._record.close()
+            self._record = None
+
+    @contextlib.contextmanager
+    def temp_dir(self, prefix: str = "zensync-") -> Iterator[pathlib.Path]:
+        """A temp dir for the duration of the block, recorded with the run so that it does not outlive a
+        SIGKILLed owner (``runs.cleanup_stale`` removes it). ``prefix`` must start with 'zensync-'."""
+        if not prefix.startswith(runs.TEMP_DIR_PREFIX):
+            raise ValueError(f"prefix={prefix!r} must start with {runs.TEMP_DIR_PREFIX!r} (cleanup removes only those)")
+        record = self._start_record()
+        path = tempfile.mkdtemp(prefix=prefix)
+        try:
+            record.add_temp_dir(path)
+            yield pathlib.Path(path)
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+            if self._record is not None:
+                self._record.forget_temp_dir(path)
 
     @abc.abstractmethod
     def host_ip(self, i: int) -> str:
@@ -81,14 +128,17 @@ class ClusterBase(abc.ABC):
     ) -> subprocess.Popen[Any]:
         """Start ``argv`` on host ``i`` with the parent's environment plus ``env``.
 
-        The process gets its own session (process group) so teardown can kill it with its children.
-        Keyword arguments go to ``subprocess.Popen``.
+        The process gets its own session (process group) so teardown can kill it with its children,
+        and is added to the run's record. Keyword arguments go to ``subprocess.Popen``.
         """
         self._check_host(i)
         full_env = {**os.environ, **(env or {})}
         kw.setdefault("start_new_session", True)
-        proc = subprocess.Popen(self._wrap(i, argv), env=full_env, **kw)
+        wrapped = self._wrap(i, argv)
+        record = self._start_record()
+        proc = subprocess.Popen(wrapped, env=full_env, **kw)
         self._procs.append(proc)
+        record.add_worker(proc.pid)
         return proc
 
     def env_for_torch(self, i: int, master_port: int) -> dict[str, str]:
@@ -108,11 +158,13 @@ class ClusterBase(abc.ABC):
         argv_for_rank: Callable[[int], list[str]],
         env_for_rank: Callable[[int], Mapping[str, str]] | None = None,
         timeout_s: float = 300.0,
+        on_poll: Callable[[], None] | None = None,
     ) -> list[WorkerResult]:
         """Run one process per host, wait for all, and return their results in rank order.
 
         Step 1: start ``argv_for_rank(r)`` on host r with ``env_for_rank(r)`` added to the environment.
-        Step 2: wait until all exit, one fails (peers then get ``PEER_GRACE_S``), or ``timeout_s`` passes.
+        Step 2: wait until all exit, one fails (peers then get ``PEER_GRACE_S``), or ``timeout_s`` passes;
+        ``on_poll()`` is called every ``POLL_S`` meanwhile (e.g. to show the workers' progress).
         Step 3: kill every process still alive; raise ``WorkerError`` unless all exited with status 0.
 
         Raises:
@@ -120,7 +172,7 @@ class ClusterBase(abc.ABC):
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be > 0")
-        with tempfile.TemporaryDirectory(prefix="zensync-testbed-") as tmp:
+        with self.temp_dir(prefix="zensync-testbed-") as tmp:
             outs = [open(os.path.join(tmp, f"rank{r}.out"), "w+b") for r in range(self.num_hosts)]  # noqa: SIM115
             errs = [open(os.path.join(tmp, f"rank{r}.err"), "w+b") for r in range(self.num_hosts)]  # noqa: SIM115
             try:
@@ -136,8 +188,9 @@ class ClusterBase(abc.ABC):
                     )
                     for r in range(self.num_hosts)
                 ]
-                timed_out = _wait_all(procs, started + timeout_s)
+                timed_out = _wait_all(procs, started + timeout_s, on_poll)
                 _kill_all(procs)
+                self._forget(procs)
                 results = [_result(r, p, outs[r], errs[r], time.monotonic() - started) for r, p in enumerate(procs)]
             finally:
                 for f in outs + errs:
@@ -148,13 +201,21 @@ class ClusterBase(abc.ABC):
     def _kill_spawned(self) -> None:
         """SIGKILL every process group this cluster started and reap them."""
         _kill_all(self._procs)
-        self._procs.clear()
+        self._forget(list(self._procs))
+
+    def _forget(self, procs: list[subprocess.Popen[Any]]) -> None:
+        """Drop reaped processes from the bookkeeping and the record."""
+        self._procs = [p for p in self._procs if p not in procs]
+        if self._record is not None:
+            self._record.forget_workers(p.pid for p in procs)
 
 
-def _wait_all(procs: list[subprocess.Popen[Any]], deadline: float) -> bool:
-    """Wait for all ``procs``; True if the deadline passed first."""
+def _wait_all(procs: list[subprocess.Popen[Any]], deadline: float, on_poll: Callable[[], None] | None) -> bool:
+    """Wait for all ``procs``, calling ``on_poll`` each round; True if the deadline passed first."""
     failed_at: float | None = None
     while True:
+        if on_poll is not None:
+            on_poll()
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return False
@@ -165,7 +226,7 @@ def _wait_all(procs: list[subprocess.Popen[Any]], deadline: float) -> bool:
             return False
         if now > deadline:
             return True
-        time.sleep(_POLL_S)
+        time.sleep(POLL_S)
 
 
 def _kill_all(procs: list[subprocess.Popen[Any]]) -> None:

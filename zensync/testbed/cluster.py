@@ -11,7 +11,9 @@ Host egress (eth0) and switch-port egress are both shaped with tbf at ``rate`` (
 only the connected route of the subnet and IPv6 disabled, so they cannot reach any address outside
 the subnet. Teardown (kill spawned processes, delete the namespaces, verify nothing with the prefix
 remains) runs on exit, on exceptions, on SIGINT/SIGTERM (turned into exceptions that unwind the
-``with`` block) and at interpreter exit.
+``with`` block) and at interpreter exit. Against SIGKILL, which allows no teardown, entering first
+removes the leftovers of dead runs and then records this run's namespaces, bridge and veths (and
+later its workers and temp dirs) for the next start to find (``zensync.testbed.runs``).
 
 Example::
 
@@ -28,7 +30,6 @@ import atexit
 import dataclasses
 import ipaddress
 import logging
-import os
 import signal
 import threading
 from collections.abc import Sequence
@@ -123,9 +124,9 @@ class EmulatedCluster(ClusterBase):
         super().__init__(num_hosts)
         self.rate_bits = self.config.rate_bits
         self.prefix = netns.new_prefix()
-        owner = f"{self.prefix}-{os.getpid()}"
-        self.switch_ns = f"{owner}-sw"
-        self.host_ns = [f"{owner}-h{i}" for i in range(num_hosts)]
+        self._run_id = netns.new_run_id(self.prefix)
+        self.switch_ns = f"{self._run_id}-sw"
+        self.host_ns = [f"{self._run_id}-h{i}" for i in range(num_hosts)]
         net = ipaddress.ip_network(subnet)
         self._ips = [str(net.network_address + i + 1) for i in range(num_hosts)]
         self._prefixlen = net.prefixlen
@@ -140,6 +141,9 @@ class EmulatedCluster(ClusterBase):
         self._state = "active"
         _register(self)
         try:
+            links = [(self.switch_ns, "br0", "bridge")]
+            links += [(self.switch_ns, self._port(i), "veth") for i in range(self.num_hosts)]
+            self._start_record(namespaces=[self.switch_ns, *self.host_ns], links=links)
             self._build()
         except BaseException:
             self.close(raise_on_leftover=False)
@@ -173,14 +177,26 @@ class EmulatedCluster(ClusterBase):
         self._kill_spawned()
         for name in reversed(self._created):
             netns.delete_namespace(name)
-        leftovers = [n for n in netns.list_namespaces() if n.startswith(self.prefix + "-")]
+        leftovers = [n for n in netns.list_namespaces() if n.startswith(self.run_id + "-")]
         leftovers += netns.root_links_with_prefix(self.prefix)
         _unregister_signals_if_idle()
-        if leftovers:
-            message = f"teardown of emulated cluster {self.prefix} left behind: {leftovers}"
-            logger.error(message)
-            if raise_on_leftover:
-                raise RuntimeError(message)
+        if not leftovers:
+            self._close_record()
+            return
+        # The record stays: a cleanup after this process has exited removes what is left.
+        message = f"teardown of emulated cluster {self.prefix} left behind: {leftovers}"
+        logger.error(message)
+        if raise_on_leftover:
+            raise RuntimeError(message)
+
+    @property
+    def run_id(self) -> str:
+        """``<prefix>-<pid>``: the start of every namespace name of this cluster, and its record's name."""
+        return self._run_id
+
+    def _port(self, i: int) -> str:
+        """Switch-side veth of host ``i`` (at most 15 characters)."""
+        return f"{self.prefix}p{i}"
 
     # -- setup ---------------------------------------------------------------------------------------
 
@@ -202,7 +218,7 @@ class EmulatedCluster(ClusterBase):
         netns.run_cmd(["ip", "-n", sw, "link", "set", "br0", "up"])
         for i, host in enumerate(self.host_ns):
             self._add_namespace(host)
-            port = f"{self.prefix}p{i}"
+            port = self._port(i)
             netns.run_cmd(
                 ["ip", "-n", sw, "link", "add", "name", port, "type", "veth", "peer", "name", "eth0", "netns", host]
             )

@@ -36,6 +36,7 @@ class LoopbackCluster(ClusterBase):
         if not isinstance(num_hosts, int) or num_hosts < 1:
             raise ValueError(f"num_hosts={num_hosts!r}: must be an int >= 1")
         super().__init__(num_hosts)
+        self._run_id = netns.new_run_id(netns.new_prefix())
         if rate is not None:
             parse_rate(rate)  # validated for parity; not emulated
         self.rate_bits: int | None = None
@@ -53,8 +54,14 @@ class LoopbackCluster(ClusterBase):
         self.close()
 
     def close(self) -> None:
-        """Kill every process this cluster started."""
+        """Kill every process this cluster started and delete its run record."""
         self._kill_spawned()
+        self._close_record()
+
+    @property
+    def run_id(self) -> str:
+        """``<prefix>-<pid>``: the name of this run's record (made when the first worker starts)."""
+        return self._run_id
 
     def host_ip(self, i: int) -> str:
         """Always 127.0.0.1."""

@@ -1,10 +1,11 @@
-"""Low-level namespace plumbing: the ``ip``/``tc`` runner, cluster names, probing and stale cleanup.
+"""Low-level namespace plumbing: the ``ip``/``tc`` runner, cluster names, probing and deletion.
 
 Naming: a cluster's prefix is ``zs<pid % 10000><2 hex digits>`` (at most 8 characters, so switch
-port names ``<prefix>p<i>`` fit Linux's 15-character interface names). Namespace names also carry
-the owner's full pid, ``<prefix>-<pid>-h<i>`` and ``<prefix>-<pid>-sw``, which is how
-``cleanup_stale`` tells a live cluster from a leftover of a dead process. Nothing is ever created in
-the root namespace except the namespaces themselves (their names under /run/netns).
+port names ``<prefix>p<i>`` fit Linux's 15-character interface names). Its run id is
+``<prefix>-<pid>`` (the owner's full pid), and namespace names are ``<run id>-h<i>`` and
+``<run id>-sw``: ``zensync.testbed.runs`` finds a run's record by them, and tells a namespace left
+without a record by a dead process from a live one by the pid. Nothing is ever created in the root
+namespace except the namespaces themselves (their names under /run/netns).
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 
 __all__ = [
     "NAME_PATTERN",
     "Probe",
     "available",
-    "cleanup_stale",
     "delete_namespace",
     "link_counters",
     "list_namespaces",
     "new_prefix",
+    "new_run_id",
     "probe",
     "root_links_with_prefix",
     "run_cmd",
@@ -42,6 +44,11 @@ _CMD_TIMEOUT_S = 30.0
 def new_prefix() -> str:
     """A fresh cluster prefix for this process, e.g. ``zs4242a7``."""
     return f"zs{os.getpid() % 10000}{next(_COUNTER) % 256:02x}"
+
+
+def new_run_id(prefix: str) -> str:
+    """The run id of a cluster with ``prefix`` owned by this process: ``<prefix>-<pid>``."""
+    return f"{prefix}-{os.getpid()}"
 
 
 def run_cmd(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -65,37 +72,18 @@ def root_links_with_prefix(prefix: str) -> list[str]:
     return [n for n in names if n.startswith(prefix)]
 
 
-def delete_namespace(name: str) -> None:
-    """Kill every process inside namespace ``name``, then delete it (its interfaces go with it)."""
-    pids = run_cmd(["ip", "netns", "pids", name], check=False).stdout.split()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), 9)
-    run_cmd(["ip", "netns", "del", name], check=False)
+def delete_namespace(name: str) -> list[int]:
+    """SIGKILL every process inside namespace ``name``, then delete it; returns the pids killed.
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def cleanup_stale() -> list[str]:
-    """Delete zensync namespaces whose owning process is dead; return the names deleted.
-
-    Only names matching ``NAME_PATTERN`` are touched, and only when their owner pid no longer exists.
+    The namespace (and its interfaces) is gone once the killed processes have exited.
     """
-    removed = []
-    for name in list_namespaces():
-        match = NAME_PATTERN.match(name)
-        if match and not _pid_alive(int(match.group(2))):
-            delete_namespace(name)
-            removed.append(name)
-    return removed
+    killed = []
+    for pid in run_cmd(["ip", "netns", "pids", name], check=False).stdout.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(int(pid))
+    run_cmd(["ip", "netns", "del", name], check=False)
+    return killed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,7 +120,7 @@ def probe() -> Probe:
     ]
     if missing:
         return Probe(root, has_ip, has_tc, False, False, False, "; ".join(missing))
-    name = f"{new_prefix()}-{os.getpid()}-probe"
+    name = f"{new_run_id(new_prefix())}-probe"
     try:
         made = run_cmd(["ip", "netns", "add", name], check=False)
         if made.returncode != 0:
