@@ -99,3 +99,11 @@ def test_any_mutation_raises_only_value_error(path: list[str], value: object) ->
         return
     assert loaded.step >= 0  # accepted: then every value is of the checked kind
     assert all(math.isfinite(v) and v > 0 for v in loaded.scheme_correction.values())
+
+
+def test_every_hook_option_is_documented_in_help() -> None:
+    import dataclasses
+
+    doc = zensync.HookConfig.__doc__ or ""
+    for field in dataclasses.fields(zensync.HookConfig):
+        assert f"\n        {field.name}: " in doc, f"HookConfig field {field.name} has no line in the class docstring"

@@ -36,7 +36,25 @@ specs and plan files are accepted too (``zensync.hooks.strategy``)."""
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class HookConfig:
-    """Options of ``zensync.register`` (all ranks must pass the same values)."""
+    """Options of ``zensync.register`` (all ranks must pass the same values).
+
+    Attributes:
+        strategy: "auto", "dense", a sparse scheme ("zen", ...), a compressor spec ("topk:0.01") or a plan file.
+        compressed_scheme: Collective of compressed parameters ("auto", "allreduce", "allgather", ...).
+        ranks_per_node: > 0: compressed schemes run two-level with nodes of this many ranks (0: flat).
+        warmup_steps: Steps of plain averaged allreduce before sparse syncs and compression start.
+        switch_margin: Keep a parameter's scheme unless another is predicted this fraction faster.
+        latency_s: Per-message latency alpha in seconds (None: measured at registration).
+        bandwidth_bytes_per_s: Per-rank bandwidth beta in bytes/s (None: measured at registration).
+        adapt: Correct predictions by measured times and try plausible untried schemes ("auto").
+        explore_every: With adapt, re-measure a close runner-up scheme every this many steps.
+        recheck_every: Buckets found clearly dense re-count their non-zeros every this many steps.
+        history_size: Step records kept in ``ZenSyncState.history``.
+        jsonl_path: Append one JSON line per step here ("{rank}" in the path: one file per rank).
+        sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
+        timeout: Collective timeout of the groups the hook creates (timedelta or seconds; None: the
+            DDP group's timeout from init_process_group).
+    """
 
     strategy: str = "auto"
     """'auto' (cost model per parameter), 'dense', a sparse scheme used where it beats dense, a
