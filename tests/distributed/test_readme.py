@@ -43,11 +43,15 @@ def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
     program = _block("init_process_group(")
     register_lines = [line for line in _block('strategy="plan.json"').splitlines() if line.startswith("state = ")]
     original = next(line for line in program.splitlines() if line.startswith("state = zensync.register"))
+    cli = [sys.executable, "-c", "import sys; from zensync.cli import main; sys.exit(main())"]
+    plan = ["plan", "--model", "resnet50", "--nodes", "1", "--gpus-per-node", "2", "--inter-bw", "10Gbit"]
     subprocess.run(
-        [sys.executable, "-c", "import sys; from zensync.cli import main; sys.exit(main())", "plan", "--model", "resnet50", "--nodes", "1", "--gpus-per-node",
-         "2", "--inter-bw", "10Gbit", "--compressor", "topk:0.01", "-o", "plan.json"],
-        cwd=tmp_path, check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        [*cli, *plan, "--compressor", "topk:0.01", "-o", "plan.json"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     # One torchrun launch runs the program once per register line, each on a fresh process group.
     script = ["import torch"]
     for i, line in enumerate([original, *register_lines]):
@@ -55,7 +59,7 @@ def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
         if i:
             body = body.replace("torch.distributed.init_process_group(", "(lambda *a, **k: None)(")
         script.append(f"exec(compile({body!r}, 'README.md:{i}', 'exec'), {{'__name__': '__main__'}})")
-        script.append("print('ran', %d, flush=True)" % i)
+        script.append(f"print('ran', {i}, flush=True)")
     (tmp_path / "train.py").write_text("\n".join(script) + "\n")
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
