@@ -114,8 +114,8 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     if not state.step_open:
         # The step's first bucket: the ranks compare their engine state before deciding anything
         # (a checkpoint loaded on one rank only fails every rank here instead of hanging later).
-        state.step_open = True
         state.check_agreement()
+        state.step_open = True  # after the check: a step whose check failed checks again
     buffer = bucket.buffer()
     params = list(bucket.parameters())
     names = [state.name_of(p) for p in params]
