@@ -16,6 +16,13 @@ What the collectives need to know about a compressor is declared on the class:
   an ``ErrorFeedback`` memory (the hook and the collectives add one unless told not to).
 - ``payload_bytes(numel, dtype)``: bytes of the payloads for a tensor of ``numel`` elements, as a
   formula (the planner prices plans with it; tests check it against real payloads).
+- ``carries_nonfinite``: a NaN or infinity anywhere in the input gives a NaN or infinity in the
+  decompression (and in ``allreduce_sync``'s sum), as it would under dense allreduce, so GradScaler
+  sees it and the step's error-feedback updates are dropped (``error_feedback.py``). Every
+  compressor but ``signsgd`` does; compressors run with error feedback must.
+- ``keeps_state``: ``compress``/``allreduce_sync`` keep state across steps (PowerSGD's warm-start
+  Q). Between ``begin_step()`` and ``end_step(keep=False)`` their changes to it are undone, which
+  is how a step with a non-finite output is dropped.
 
 Compressors whose aggregation is not one allreduce of payloads (PowerSGD: two dependent
 allreduces with a matrix product between) override ``allreduce_sync``.
@@ -36,6 +43,7 @@ import torch
 __all__ = [
     "Compressed",
     "Compressor",
+    "all_finite",
     "build",
     "check_ratio",
     "compressor_names",
@@ -80,6 +88,12 @@ class Compressor(abc.ABC):
     context_depends_on_name: ClassVar[bool] = False
     """Whether ``Compressed.ctx`` depends on ``name``/``step`` (random-k's shared indices) rather than
     only on the tensor's shape and dtype; collectives then rebuild another name's context."""
+    carries_nonfinite: ClassVar[bool] = True
+    """Whether a NaN or infinity anywhere in the input always gives one in the decompression (and in
+    ``allreduce_sync``'s sum). Error feedback needs it: see ``zensync.compress.error_feedback``."""
+    keeps_state: ClassVar[bool] = False
+    """Whether ``compress``/``allreduce_sync`` keep state across steps; such compressors override
+    ``begin_step``/``end_step`` so that a dropped step leaves that state as it was."""
 
     @abc.abstractmethod
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
@@ -96,6 +110,12 @@ class Compressor(abc.ABC):
     def spec(self) -> str:
         """The spec string that rebuilds this compressor with ``build`` (e.g. ``"topk:0.01"``)."""
         return self.name
+
+    def begin_step(self) -> None:  # noqa: B027 - a no-op unless the compressor keeps state
+        """Start recording changes to the state kept across steps, for ``end_step`` (no-op when stateless)."""
+
+    def end_step(self, *, keep: bool) -> None:  # noqa: B027 - a no-op unless the compressor keeps state
+        """Keep the state changes made since ``begin_step``, or undo them (no-op when stateless)."""
 
     def allreduce_sync(
         self, x: torch.Tensor, all_reduce: Callable[[torch.Tensor], torch.Tensor], *, name: str = "", step: int = 0
@@ -125,6 +145,23 @@ class Compressor(abc.ABC):
 
     def __hash__(self) -> int:
         return hash((type(self), self.spec()))
+
+
+def all_finite(x: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor on x's device: no NaN and no infinity in ``x`` (``bool()`` of it is a host sync).
+
+    One ``aminmax`` pass: the min and max propagate a NaN and are infinite exactly when an infinity
+    is there. On CPU it is over 20x faster than ``torch.isfinite(x).all()`` (0.9 vs 24 ms at 2**22
+    float32 elements on one thread), and it allocates nothing of x's size.
+
+    Example::
+
+        all_finite(torch.tensor([1.0, float("inf")]))  # tensor(False)
+    """
+    if x.numel() == 0 or not x.is_floating_point():
+        return torch.ones((), dtype=torch.bool, device=x.device)
+    low, high = torch.aminmax(x)
+    return torch.isfinite(low) & torch.isfinite(high)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

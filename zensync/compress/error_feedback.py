@@ -12,6 +12,31 @@ e <- (g + e) - decompress(C(g + e)), so the sum of what was sent tracks the sum 
 Memories are keyed by a name (the parameter name, plus a stage suffix such as ``"/server/3"`` for
 the chunk owner of a two-phase scheme), never by DDP bucket index, so they survive DDP's bucket
 rebuild after the first iteration. A name whose shape changes is reset with one warning.
+
+Non-finite values. A NaN or infinity in one gradient must not stay in a residual (it would be added
+back, and sent, at every later step: under GradScaler every later step would be skipped). The rule:
+
+1. The step that sees it behaves as dense allreduce does: its output holds a non-finite value, so
+   GradScaler skips that step. Every compressor with error feedback carries a non-finite input to
+   its output (``Compressor.carries_nonfinite``; random-k, which might not draw the element, sends
+   NaN values then), and a sum with a non-finite term is non-finite.
+2. That step leaves the error-feedback state exactly as it was: ``CompressedSync`` brackets each
+   step with ``begin_step``/``end_step`` and keeps the step's residual updates (worker and server
+   side) and its compressor's state changes (PowerSGD's Q) only if its output is finite. Every rank
+   receives the same output, so every rank decides the same way without another collective, and a
+   rank whose own gradient was finite drops its updates too.
+3. From the next step on, training continues as if that step's updates had not happened: the next
+   step compensates with the residuals of the step before. (Step-seeded draws, random-k's indices
+   and DGC's sample, still take the next step's index.)
+
+So no residual and no PowerSGD Q holds a NaN or infinity: a finite output means finite inputs on
+every rank (1), and a residual is then a difference of finite values, compensated - transmitted. It
+cannot overflow where each transmitted element is 0, the input's own value, or a value of its sign
+(top-k, DGC, random-k, the sign family, through allgather, alltoall_allgather or gather_broadcast);
+the allreduce schemes' compensated - out / n and PowerSGD's could, for values beyond half the
+dtype's range (32752 in float16), and that is not checked: the rule costs one ``aminmax`` pass over
+each output per step and nothing more. Outside a step (``update`` called alone, one process) the
+rule is local: a non-finite new residual is not stored, and the previous one stays.
 """
 
 from __future__ import annotations
@@ -20,19 +45,38 @@ import logging
 
 import torch
 
+from zensync.compress.base import all_finite
+
 __all__ = ["ErrorFeedback"]
 
 logger = logging.getLogger(__name__)
 
 
 class ErrorFeedback:
-    """Residual memory per name; ``nbytes`` reports its size."""
+    """Residual memory per name; ``nbytes`` reports its size.
 
-    __slots__ = ("_residuals", "_warned")
+    Between ``begin_step()`` and ``end_step(keep=...)``, ``update`` only holds its residual back:
+    ``end_step`` stores all of them (keep=True) or none (see the module docstring).
+    """
+
+    __slots__ = ("_pending", "_residuals", "_warned")
 
     def __init__(self) -> None:
         self._residuals: dict[str, torch.Tensor] = {}
+        self._pending: dict[str, torch.Tensor] | None = None
+        """The open step's new residuals, None when no step is open."""
         self._warned: set[str] = set()
+
+    def begin_step(self) -> None:
+        """Hold back every ``update`` until ``end_step``."""
+        assert self._pending is None, "begin_step called again before end_step"
+        self._pending = {}
+
+    def end_step(self, *, keep: bool) -> None:
+        """Store the residuals of the step's ``update`` calls (``keep``), or drop them all."""
+        pending, self._pending = self._pending, None
+        if keep and pending:
+            self._residuals.update(pending)
 
     def compensate(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """``x`` plus the residual stored under ``name`` (a new tensor; ``x`` is not modified)."""
@@ -55,13 +99,23 @@ class ErrorFeedback:
         return x + residual
 
     def update(self, name: str, compensated: torch.Tensor, transmitted: torch.Tensor) -> None:
-        """Store ``compensated - transmitted`` (what compression dropped) under ``name``."""
+        """Store ``compensated - transmitted`` (what compression dropped) under ``name``.
+
+        Within a step, at ``end_step(keep=True)``. Outside one, now, unless it holds a NaN or
+        infinity (then the previous residual stays; a host sync).
+        """
         if compensated.shape != transmitted.shape:
             raise ValueError(
                 f"error feedback {name!r}: transmitted shape {tuple(transmitted.shape)} differs from the "
                 f"compensated input's {tuple(compensated.shape)}"
             )
-        self._residuals[name] = (compensated - transmitted).detach()
+        residual = (compensated - transmitted).detach()
+        if self._pending is not None:
+            self._pending[name] = residual
+        elif bool(all_finite(residual)):  # host sync
+            self._residuals[name] = residual
+        else:
+            logger.debug("error feedback for %s: non-finite residual not stored", name)
 
     def residual(self, name: str) -> torch.Tensor | None:
         """The stored residual of ``name`` (None before its first update)."""
@@ -85,3 +139,4 @@ class ErrorFeedback:
 
     def clear(self) -> None:
         self._residuals.clear()
+        self._pending = None

@@ -20,6 +20,11 @@ the same Q, then orthogonalized (as in ``powerSGD_hook``); it is drawn again whe
 shape (or dtype, or device) changes. Arithmetic is in float32 (float64 for float64 input); P and Q
 travel in the input dtype. PowerSGD is biased: it is meant to run with error feedback.
 
+A non-finite value in M makes P, Q and the approximation non-finite (the whole tensor, for that
+step). Q is then not kept: between ``begin_step`` and ``end_step(keep=False)`` (``CompressedSync``
+drops a step whose output is non-finite) every Q stored is put back as it was, and outside a step a
+non-finite Q is not stored, so a warm start never holds a NaN or infinity.
+
 Example::
 
     comp = build("powersgd:4")
@@ -37,6 +42,7 @@ import torch
 from zensync.compress.base import (
     Compressed,
     Compressor,
+    all_finite,
     compute_dtype,
     format_spec,
     register_compressor,
@@ -70,6 +76,7 @@ class PowerSGDCompressor(Compressor):
     name = "powersgd"
     allreduce_compatible = True
     needs_error_feedback = True
+    keeps_state = True
 
     @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
     class Config:
@@ -91,6 +98,8 @@ class PowerSGDCompressor(Compressor):
         self.config = PowerSGDCompressor.Config(rank=to_int("rank", rank), seed=to_int("seed", seed))
         # Warm-start Q (m, r) per tensor name, in the compute dtype, with the tensor shape it belongs to.
         self._q_memory: dict[str, tuple[torch.Size, torch.Tensor]] = {}
+        # While a step is open: each name's entry before the step's first store (None: it had none).
+        self._q_undo: dict[str, tuple[torch.Size, torch.Tensor] | None] | None = None
 
     def spec(self) -> str:
         return format_spec(self.name, [self.config.rank], {"seed": self.config.seed} if self.config.seed else {})
@@ -100,9 +109,38 @@ class PowerSGDCompressor(Compressor):
         """Bytes held by the warm-start Qs."""
         return sum(q.numel() * q.element_size() for _, q in self._q_memory.values())
 
+    def warm_starts(self) -> dict[str, torch.Tensor]:
+        """The Q (m, r) kept for each name, in the compute dtype (the tensors themselves: read, do not modify)."""
+        return {name: q for name, (_, q) in self._q_memory.items()}
+
     def clear(self) -> None:
         """Forget every warm-start Q (the next step draws the initial ones again)."""
         self._q_memory.clear()
+        self._q_undo = None
+
+    def begin_step(self) -> None:
+        """Record each Q's value before the step's first store, for ``end_step(keep=False)``."""
+        assert self._q_undo is None, "begin_step called again before end_step"
+        self._q_undo = {}
+
+    def end_step(self, *, keep: bool) -> None:
+        """Keep the Qs stored since ``begin_step``, or put back the ones from before it."""
+        undo, self._q_undo = self._q_undo, None
+        if keep or not undo:
+            return
+        for name, before in undo.items():
+            if before is None:
+                self._q_memory.pop(name, None)
+            else:
+                self._q_memory[name] = before
+
+    def _keep_q(self, name: str, shape: torch.Size, q: torch.Tensor) -> None:
+        """Store ``q`` as ``name``'s warm start: within a step, undoably; outside one, only if finite."""
+        if self._q_undo is not None:
+            self._q_undo.setdefault(name, self._q_memory.get(name))
+        elif not bool(all_finite(q)):  # host sync, on the small (m, r) Q
+            return
+        self._q_memory[name] = (shape, q)
 
     def matrix_shape(self, shape: Sequence[int]) -> tuple[int, int] | None:
         """(n, m) of the matrix view when a tensor of ``shape`` is compressed, None when it is sent as is."""
@@ -133,7 +171,7 @@ class PowerSGDCompressor(Compressor):
         q = self._warm_q(name, x, dims[1], matrix.dtype)
         p = _orthogonalize(matrix @ q)
         q = matrix.T @ p
-        self._q_memory[name] = (x.shape, q)
+        self._keep_q(name, x.shape, q)
         return Compressed((p.to(x.dtype), q.to(x.dtype)), x.shape)
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
@@ -169,7 +207,7 @@ class PowerSGDCompressor(Compressor):
         p = _orthogonalize(p)
         # Step 3: Q = sum over ranks of M^T P; the warm start of the next step.
         q = all_reduce((matrix.T @ p).to(x.dtype)).to(matrix.dtype)
-        self._q_memory[name] = (x.shape, q)
+        self._keep_q(name, x.shape, q)
         # Step 4: the rank-r approximation of the summed matrix.
         return (p @ q.T).to(x.dtype).view(x.shape)
 

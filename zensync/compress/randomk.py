@@ -7,6 +7,10 @@ payloads of different ranks line up element by element: random-k runs inside an 
 unless ``scale`` multiplies the kept values by numel / k, which makes E[decompress(compress(x))] = x;
 either way it is meant to run with error feedback.
 
+A NaN or infinity among the elements not drawn would be neither sent nor seen: it would sit in the
+error-feedback residual. So when the input holds one, every value sent is NaN (one ``aminmax`` pass
+over the input, no host sync): the sum is non-finite, as under dense allreduce.
+
 Example::
 
     comp = build("randomk:0.01,scale=true")
@@ -24,6 +28,7 @@ import torch
 from zensync.compress.base import (
     Compressed,
     Compressor,
+    all_finite,
     check_ratio,
     format_spec,
     register_compressor,
@@ -115,7 +120,9 @@ class RandomKCompressor(Compressor):
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
         flat = x.reshape(-1)
         indices = self.indices(flat.numel(), name=name, step=step, device=x.device)
-        return Compressed((flat[indices],), _Context(x.shape, indices))
+        # A non-finite element must reach the output even when it was not drawn (module docstring).
+        values = flat[indices].masked_fill_(~all_finite(flat), math.nan)
+        return Compressed((values,), _Context(x.shape, indices))
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         ctx: _Context = compressed.ctx

@@ -11,6 +11,10 @@ An element is "non-negative" (bit 1) when ``x >= 0``, so 0 and -0.0 decompress a
 allreduce (BytePS ``docs/gradient-compression.md``), so these run with allgather or
 alltoall+allgather; ``efsignsgd`` and ``onebit`` are biased and meant for error feedback.
 
+A NaN or infinity makes the scales of ``efsignsgd`` and ``onebit`` non-finite, so it reaches their
+output (as under dense allreduce); ``signsgd`` has no scale to carry it, so error feedback, which
+would keep it, is refused for it (``CompressedSync``).
+
 Example::
 
     comp = build("onebit")
@@ -78,6 +82,7 @@ class SignSGDCompressor(_SignCompressor):
 
     name = "signsgd"
     num_scales = 0
+    carries_nonfinite = False  # a NaN is sent as -1 and an infinity as +1: no scale to carry them
 
 
 @register_compressor

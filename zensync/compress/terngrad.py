@@ -91,7 +91,10 @@ class TernGradCompressor(Compressor):
         shape, dtype = compressed.ctx
         compute = compute_dtype(dtype)
         s = scale.to(compute)
-        levels = torch.cat([-s, torch.zeros_like(s), s, torch.zeros_like(s)])  # code 3 never occurs
+        # Code 3 never occurs. The zero level is s * 0, so a non-finite scale (the input held a NaN
+        # or infinity) makes every element NaN, as dense allreduce would carry it.
+        zero = s * 0
+        levels = torch.cat([-s, zero, s, zero])
         return kernels.unpack_bits(packed, _CODE_BITS, shape.numel(), levels).to(dtype).view(shape)
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:

@@ -23,6 +23,13 @@ dtype, shared-seed indices) is the same on every rank for the same name and step
 decompress an owner's re-compression uses the layout of its own compression of that part, or, where
 the context depends on the name (random-k), rebuilds it by compressing under the owner's name.
 
+Non-finite values (``zensync.compress.error_feedback`` states the rule): a NaN or infinity in any
+rank's compensated input, or in a chunk owner's aggregated input, reaches the output of every rank
+as it would under dense allreduce (GradScaler then skips the step), and that step's updates of the
+worker residual, the server residuals and the compressor's own state (PowerSGD's Q) are dropped on
+every rank. The output is the same on every rank, so one ``aminmax`` pass over it per call decides
+for all of them, with no extra collective.
+
 Example::
 
     sync = CompressedSync("topk:0.01", scheme="allgather")
@@ -38,6 +45,7 @@ from typing import Literal, get_args
 import torch
 
 from zensync.compress import Compressed, Compressor, ErrorFeedback, build
+from zensync.compress.base import all_finite
 from zensync.sync.base import accumulation_dtype
 from zensync.sync.packing import ByteReader, pack
 from zensync.transport import Transport
@@ -79,6 +87,10 @@ class CompressedSync:
             else allgather.
         error_feedback: Keep worker-side (and, for divisible schemes, server-side) residuals;
             None follows ``compressor.needs_error_feedback``.
+
+    Raises:
+        ValueError: If the scheme is unknown or does not suit the compressor, or error feedback is
+            asked of a compressor that cannot carry a non-finite value to its output (``signsgd``).
     """
 
     __slots__ = ("compressor", "error_feedback", "scheme", "server_memory", "worker_memory")
@@ -98,6 +110,12 @@ class CompressedSync:
             )
         self.scheme: str = scheme
         self.error_feedback = self.compressor.needs_error_feedback if error_feedback is None else error_feedback
+        if self.error_feedback and not self.compressor.carries_nonfinite:
+            raise ValueError(
+                f"error_feedback=True needs a compressor that carries a NaN or infinity to its output; "
+                f"{self.compressor.spec()!r} does not (it would stay in the residual at every later step): "
+                f"use efsignsgd or onebit, which send a scale, or error_feedback=False"
+            )
         self.worker_memory = ErrorFeedback()
         self.server_memory = ErrorFeedback()
 
@@ -118,8 +136,24 @@ class CompressedSync:
         """Sum over ranks of the compressed ``x`` (a new tensor of x's shape and dtype).
 
         Step 1: add this rank's residual (error feedback). Step 2: run the scheme, flat or two-level.
-        Step 3: keep what compression dropped as the new residual.
+        Step 3: keep what compression dropped as the new residual. Step 4: commit the step's new
+        residuals and compressor state only if the output is finite (module docstring).
         """
+        if not (self.error_feedback or self.compressor.keeps_state):
+            return self._run(x, transport, name=name, step=step, hierarchy=hierarchy)
+        keep = False
+        self._begin_step()
+        try:
+            out = self._run(x, transport, name=name, step=step, hierarchy=hierarchy)
+            keep = bool(all_finite(out))  # host sync; the same output, so the same decision, on every rank
+        finally:
+            self._end_step(keep=keep)
+        return out
+
+    def _run(
+        self, x: torch.Tensor, transport: Transport, *, name: str, step: int, hierarchy: Hierarchy | None
+    ) -> torch.Tensor:
+        """Steps 1-3 of ``sync``."""
         compensated = self.worker_memory.compensate(name, x) if self.error_feedback else x
         if hierarchy is None:
             out, own = self._flat(compensated, transport, name=name, step=step, want_own=self.error_feedback)
@@ -131,6 +165,17 @@ class CompressedSync:
             transmitted = own if own is not None else out / transport.world_size
             self.worker_memory.update(name, compensated, transmitted)
         return out
+
+    def _begin_step(self) -> None:
+        """Hold back the residual updates and compressor state changes of this call (Step 4)."""
+        self.worker_memory.begin_step()
+        self.server_memory.begin_step()
+        self.compressor.begin_step()
+
+    def _end_step(self, *, keep: bool) -> None:
+        self.worker_memory.end_step(keep=keep)
+        self.server_memory.end_step(keep=keep)
+        self.compressor.end_step(keep=keep)
 
     # -- flat schemes --------------------------------------------------------------------------------
     def _flat(
