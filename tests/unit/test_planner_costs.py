@@ -74,7 +74,7 @@ def test_cluster_spec_validates_and_round_trips() -> None:
         ClusterSpec.from_strings(nodes=2, gpus_per_node=8, inter="25Gbit", inter_latency_s=-1)
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['speed'\]"):
         ClusterSpec.from_dict({**cluster.to_dict(), "speed": 1})
-    with pytest.raises(ValueError, match="missing a field"):
+    with pytest.raises(ValueError, match=r"cluster is missing field\(s\) \[.gpus_per_node."):
         ClusterSpec.from_dict({"nodes": 2})
 
 

@@ -5,9 +5,17 @@ Never imports the transport layer: planning works offline, with no process group
 
 from __future__ import annotations
 
+from zensync.planner._reader import MAX_JSON_CHARS, MAX_JSON_DEPTH, MAX_TENSORS, parse_json
 from zensync.planner.cluster import ClusterSpec, parse_bandwidth
-from zensync.planner.costs import FP16_MODEL, FP32_MODEL, AffineCost, CompressorModel, compressor_model
-from zensync.planner.explain import measured_compressor_model, plan_compressor_model, simulate_plan, summarize
+from zensync.planner.costs import (
+    FP16_MODEL,
+    FP32_MODEL,
+    AffineCost,
+    CompressorModel,
+    compressor_model,
+    measured_compressor_model,
+)
+from zensync.planner.explain import plan_compressor_model, simulate_plan, summarize
 from zensync.planner.gpus import GpuSpec, builtin_gpus, gpu_spec
 from zensync.planner.models import builtin_models, builtin_profile
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption, candidate_options, option_costs
@@ -31,6 +39,9 @@ __all__ = [
     "FP16_OPTION",
     "FP32_MODEL",
     "FP32_OPTION",
+    "MAX_JSON_CHARS",
+    "MAX_JSON_DEPTH",
+    "MAX_TENSORS",
     "PLAN_VERSION",
     "PROFILE_VERSION",
     "AffineCost",
@@ -57,6 +68,7 @@ __all__ = [
     "measured_compressor_model",
     "option_costs",
     "parse_bandwidth",
+    "parse_json",
     "plan",
     "plan_compressor_model",
     "price_units",

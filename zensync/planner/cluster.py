@@ -16,10 +16,14 @@ import math
 import re
 from typing import Any
 
+from zensync.planner._reader import clip, shorten
+
 __all__ = [
     "BANDWIDTH_PRESETS",
     "DEFAULT_INTER_LATENCY_S",
     "DEFAULT_INTRA_LATENCY_S",
+    "MAX_CPU_WORKERS",
+    "MAX_WORLD_SIZE",
     "PCIE_BYTES_PER_S",
     "ClusterSpec",
     "parse_bandwidth",
@@ -91,9 +95,28 @@ def parse_bandwidth(text: str) -> float:
     return value
 
 
+MAX_WORLD_SIZE = 2**20
+"""Most ranks a cluster may have (1,048,576: several times the largest GPU clusters built); bounds the
+counts a plan file can claim, so the planner's arithmetic on them stays small."""
+MAX_CPU_WORKERS = 1024
+"""Most CPU compression workers per GPU (more than the cores of any host)."""
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float; None for a bool, a non-number or a value a float64 cannot hold."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ValueError(f"ClusterSpec.{name}={value!r} must be a positive, finite number")
+    number = _finite(value)
+    if number is None or number <= 0:
+        raise ValueError(f"ClusterSpec.{name}={shorten(value)} must be a positive, finite number")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,16 +141,26 @@ class ClusterSpec:
     """GPU<->CPU copy bandwidth per GPU, for offloaded compression."""
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "gpus_per_node", "cpu_workers"):
+        bounds = {"nodes": MAX_WORLD_SIZE, "gpus_per_node": MAX_WORLD_SIZE, "cpu_workers": MAX_CPU_WORKERS}
+        for name, high in bounds.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ClusterSpec.{name}={value!r} must be an int >= 1")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ValueError(
+                    f"ClusterSpec.{name}={shorten(value)} must be an int >= 1 and <= {high:,} "
+                    f"({'MAX_CPU_WORKERS' if name == 'cpu_workers' else 'MAX_WORLD_SIZE'})"
+                )
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ValueError(
+                f"ClusterSpec: nodes x gpus_per_node = {self.world_size:,} ranks, more than MAX_WORLD_SIZE="
+                f"{MAX_WORLD_SIZE:,} (several times the largest GPU clusters built)"
+            )
         for name in ("intra_bandwidth_bytes_per_s", "inter_bandwidth_bytes_per_s", "pcie_bandwidth_bytes_per_s"):
             _check_positive(name, getattr(self, name))
         for name in ("intra_latency_s", "inter_latency_s"):
             value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"ClusterSpec.{name}={value!r} must be a finite number of seconds >= 0")
+            number = _finite(value)
+            if number is None or number < 0:
+                raise ValueError(f"ClusterSpec.{name}={shorten(value)} must be a finite number of seconds >= 0")
 
     @property
     def world_size(self) -> int:
@@ -192,10 +225,11 @@ class ClusterSpec:
         if not isinstance(data, dict):
             raise ValueError(f"cluster must be a JSON object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(clip(str(k)) for k in data if k not in names)
         if unknown:
-            raise ValueError(f"cluster has unknown field(s) {unknown}; valid: {sorted(names)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"cluster is missing a field: {exc}") from exc
+            raise ValueError(f"cluster has unknown field(s) {unknown[:5]} (a typo?); valid: {sorted(names)}")
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(data))
+        if missing:
+            raise ValueError(f"cluster is missing field(s) {missing}")
+        return cls(**data)

@@ -22,10 +22,13 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from zensync.planner._reader import MAX_NUMEL, NUMEL_WHY, Fields
+
 __all__ = [
     "FP16_MODEL",
     "FP32_MODEL",
     "GPU_KNEE_ELEMENTS",
+    "MEASURABLE_COSTS",
     "AffineCost",
     "CompressorModel",
     "Device",
@@ -35,6 +38,8 @@ __all__ = [
     "broadcast_s",
     "compressor_model",
     "gather_s",
+    "measured_compressor_model",
+    "read_measured_costs",
     "reduce_scatter_s",
 ]
 
@@ -282,6 +287,47 @@ def compressor_model(spec: str, overrides: Mapping[str, Any] | None = None) -> C
     return CompressorModel.family(
         family, bits_per_element=bits, allreduce_compatible=comp.allreduce_compatible, **fields
     )
+
+
+MEASURABLE_COSTS = ("gpu_compress", "gpu_decompress", "cpu_compress", "cpu_decompress")
+"""``CompressorModel`` fields that measured costs (``zensync profile``, a plan's ``costs``) may replace."""
+_FIT_FIELDS = ("fixed_s", "per_element_s", "knee_elements")
+
+
+def measured_compressor_model(spec: str, costs: Mapping[str, Any]) -> CompressorModel:
+    """``compressor_model(spec)`` with measured costs: ``CompressorModel`` field -> ``AffineCost`` fields.
+
+    Args:
+        spec: Compressor spec string, e.g. ``"topk:0.01"``.
+        costs: e.g. ``{"gpu_compress": {"fixed_s": 2e-5, "per_element_s": 1e-10, "knee_elements": 0}}``;
+            names from ``MEASURABLE_COSTS``, missing ``AffineCost`` fields are 0.
+
+    Returns:
+        The model.
+
+    Raises:
+        ValueError: If the spec is invalid or ``costs`` is not of that form (finite, non-negative numbers).
+    """
+    fits = read_measured_costs(costs, Fields("measured costs"), "")
+    overrides: dict[str, Any] = {name: AffineCost(**fit) for name, fit in fits.items()}  # type: ignore[arg-type]
+    return compressor_model(spec, overrides or None)
+
+
+def read_measured_costs(value: object, fields: Fields, field: str) -> dict[str, dict[str, float]]:
+    """``value`` checked as ``{name in MEASURABLE_COSTS: {AffineCost field: number}}`` (a copy); ValueError
+    from ``fields`` naming ``field`` otherwise. ``knee_elements`` stays an int."""
+    data = fields.mapping(value, field, required=(), optional=MEASURABLE_COSTS)
+    fits: dict[str, dict[str, float]] = {}
+    for name, fit in data.items():
+        where = f"{field}.{name}" if field else name
+        fit = fields.mapping(fit, where, required=(), optional=_FIT_FIELDS)
+        fits[name] = {
+            key: fields.integer(v, f"{where}.{key}", low=0, high=MAX_NUMEL, why=NUMEL_WHY)
+            if key == "knee_elements"
+            else fields.number(v, f"{where}.{key}", why="seconds (per call, or per element)")
+            for key, v in fit.items()
+        }
+    return fits
 
 
 # Collectives over `ranks` ranks: alpha (once per collective) + volume / bandwidth. `nbytes` is each

@@ -13,24 +13,11 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from zensync.planner.costs import AffineCost, CompressorModel, compressor_model
+from zensync.planner.costs import CompressorModel, measured_compressor_model
 from zensync.planner.plan import Plan
 from zensync.planner.simulator import SimResult, Strategy, simulate
 
-__all__ = ["measured_compressor_model", "plan_compressor_model", "simulate_plan", "summarize"]
-
-
-def measured_compressor_model(spec: str, costs: dict[str, dict[str, float]]) -> CompressorModel:
-    """``compressor_model(spec)`` with measured costs: ``CompressorModel`` field -> ``AffineCost`` fields."""
-    overrides: dict[str, Any] = {
-        name: AffineCost(
-            fixed_s=float(fit.get("fixed_s", 0.0)),
-            per_element_s=float(fit.get("per_element_s", 0.0)),
-            knee_elements=int(fit.get("knee_elements", 0)),
-        )
-        for name, fit in costs.items()
-    }
-    return compressor_model(spec, overrides or None)
+__all__ = ["plan_compressor_model", "simulate_plan", "summarize"]
 
 
 def plan_compressor_model(plan: Plan) -> CompressorModel:

@@ -10,13 +10,15 @@ rebuilt after the first iteration)::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
-from typing import Any
 
+from zensync.planner._reader import MAX_NUMEL, MAX_TENSORS, NUMEL_WHY, TENSORS_WHY, Fields, parse_json, shorten
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.options import TensorOption
+from zensync.planner.costs import measured_compressor_model, read_measured_costs
+from zensync.planner.options import TensorOption, candidate_options
 from zensync.planner.profile import ModelProfile
 
 __all__ = ["PLAN_VERSION", "Plan", "PlanTensor", "Predictions"]
@@ -96,7 +98,9 @@ class Plan:
         object.__setattr__(self, "_by_name", {t.name: t for t in self.tensors})
         names = [t.name for t in self.tensors]
         if not names or len(set(names)) != len(names):
-            raise ValueError(f"plan for {self.model!r}: tensor names must be non-empty and unique")
+            counts = collections.Counter(names)
+            bad = next((f"{n!r} appears {c} times" for n, c in counts.items() if c > 1 or not n), "there are none")
+            raise ValueError(f"plan for {self.model!r}: tensor names must be non-empty and unique ({bad})")
         previous = -1
         for index, tensor in enumerate(self.tensors):
             if tensor.group not in (previous, previous + 1) or (index == 0 and tensor.group != 0):
@@ -173,77 +177,125 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        """Parse ``to_json`` output.
+        """Parse ``to_json`` output; every rank does this at ``zensync.register``, so a bad file fails there.
+
+        Steps: 1. parse within the caps of ``zensync.planner._reader`` (size, nesting, strict JSON);
+        2. read every field (types, ranges, counts; unknown fields refused); 3. check the embedded
+        profile lists the plan's tensors; 4. build the compressor and check every option is one the
+        planner offers for it on the plan's cluster. Nothing is returned until all steps pass.
 
         Raises:
-            ValueError: On malformed JSON, a wrong version, a missing or mistyped field, or an unknown
-                option code; the message names the field.
+            ValueError: On any failed step; the message names the field (or tensor), the value, the
+                bound and why.
         """
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(f"plan is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"plan must be a JSON object, got {type(data).__name__}")
-        if data.get("version") != PLAN_VERSION:
-            raise ValueError(f"plan version {data.get('version')!r} is not supported (expected {PLAN_VERSION})")
-        try:
-            return _from_dict(data)
-        except KeyError as exc:
-            raise ValueError(f"plan is missing field {exc.args[0]!r}") from exc
-        except (TypeError, AttributeError) as exc:
-            raise ValueError(f"plan has a mistyped field: {exc}") from exc
+        # Step 1: text -> JSON value.
+        data = parse_json(text, what="plan")
+        # Step 2: fields.
+        plan = _read_plan(data)
+        # Step 3: the embedded profile.
+        if plan.profile is not None:
+            _check_profile(plan, plan.profile)
+        # Step 4: the compressor and each option.
+        _check_options(plan)
+        return plan
 
 
-def _from_dict(data: dict[str, Any]) -> Plan:
-    predicted = data["predicted_s"]
-    tensors = tuple(
-        PlanTensor(
-            name=_typed(t["name"], str, "tensors[].name"),
-            numel=_typed(t["numel"], int, "tensors[].numel"),
-            option=TensorOption.from_code(t["option"]),
-            group=_typed(t["group"], int, "tensors[].group"),
-        )
-        for t in data["tensors"]
-    )
-    flags = data.get("flags", {})
-    if not isinstance(flags, dict) or not all(isinstance(v, bool) for v in flags.values()):
-        raise ValueError(f"plan field 'flags' must map names to booleans, got {flags!r}")
-    costs = data.get("costs", {})
-    if not isinstance(costs, dict) or not all(
-        isinstance(c, dict) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in c.values())
-        for c in costs.values()
-    ):
-        raise ValueError(f"plan field 'costs' must map cost names to {{field: number}}, got {costs!r}")
+_PLAN_FIELDS = ("version", "model", "cluster", "compressor", "predicted_s", "selection_s", "tensors")
+_PLAN_OPTIONAL = ("chosen", "flags", "costs", "profile")
+_PREDICTED_FIELDS = {"plan": "plan_s", "fp32": "fp32_s", "fp16": "fp16_s", "upper_bound": "upper_bound_s"}
+_CHOSEN = ("search", "fp32", "fp16")
+_FLAGS = ("cpu_offload", "two_level", "fusion")
+_MAX_CODE_CHARS = 32
+"""Longer than any option code (``comp-a2a-gpu-hier2`` has 18 characters); keeps messages short."""
+
+
+def _read_plan(data: object) -> Plan:
+    """Step 2 of ``Plan.from_json``: every field read and checked, then the ``Plan``."""
+    fields = Fields("plan")
+    version = data.get("version") if isinstance(data, dict) else None
+    if isinstance(data, dict) and (type(version) is not int or version != PLAN_VERSION):
+        raise ValueError(f"plan version {shorten(version)} is not supported (expected {PLAN_VERSION})")
+    data = fields.mapping(data, "", required=_PLAN_FIELDS, optional=_PLAN_OPTIONAL)
+    items = fields.array(data["tensors"], "tensors", max_items=MAX_TENSORS, why=TENSORS_WHY)
+    predicted = fields.mapping(data["predicted_s"], "predicted_s", required=tuple(_PREDICTED_FIELDS), optional=())
+    flags = fields.mapping(data.get("flags", {}), "flags", required=(), optional=_FLAGS)
+    chosen = fields.string(data.get("chosen", "search"), "chosen")
+    if chosen not in _CHOSEN:
+        fields.fail("chosen", chosen, f"must be one of {_CHOSEN}")
     profile = data.get("profile")
-    if profile is not None:
-        if not isinstance(profile, dict):
-            raise ValueError(f"plan field 'profile' must be an object, got {type(profile).__name__}")
-        profile = ModelProfile.from_json(json.dumps(profile))
-        if [t.name for t in profile.tensors] != [t.name for t in tensors]:
-            raise ValueError("plan field 'profile' does not list the plan's tensors in the same order")
+    try:
+        cluster = ClusterSpec.from_dict(data["cluster"])
+    except ValueError as exc:
+        raise ValueError(f"plan field 'cluster': {exc}") from None
     return Plan(
-        model=_typed(data["model"], str, "model"),
-        cluster=ClusterSpec.from_dict(data["cluster"]),
-        compressor=_typed(data["compressor"], str, "compressor"),
-        tensors=tensors,
+        model=fields.string(data["model"], "model"),
+        cluster=cluster,
+        compressor=fields.string(data["compressor"], "compressor", non_empty=True),
+        tensors=tuple(_read_tensor(fields, item, f"tensors[{i}]") for i, item in enumerate(items)),
         predicted=Predictions(
-            plan_s=predicted["plan"],
-            fp32_s=predicted["fp32"],
-            fp16_s=predicted["fp16"],
-            upper_bound_s=predicted["upper_bound"],
+            **{
+                name: fields.number(predicted[key], f"predicted_s.{key}", why="seconds per iteration")
+                for key, name in _PREDICTED_FIELDS.items()
+            }
         ),
-        selection_s=_typed(data["selection_s"], float, "selection_s"),
-        chosen=_typed(data.get("chosen", "search"), str, "chosen"),
-        flags=dict(flags),
-        profile=profile,
-        costs={str(k): {str(f): float(v) for f, v in c.items()} for k, c in costs.items()},
+        selection_s=fields.number(data["selection_s"], "selection_s", why="seconds the planner took"),
+        chosen=chosen,
+        flags={name: fields.boolean(value, f"flags.{name}") for name, value in flags.items()},
+        profile=None if profile is None else ModelProfile.from_dict(profile, what="plan", field="profile"),
+        costs=read_measured_costs(data.get("costs", {}), fields, "costs"),
     )
 
 
-def _typed(value: Any, kind: type, field: str) -> Any:
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"plan field {field!r} must be {kind.__name__}, got {value!r}")
-    return value
+def _read_tensor(fields: Fields, item: object, field: str) -> PlanTensor:
+    data = fields.mapping(item, field, required=("name", "numel", "option", "group"), optional=())
+    code = fields.string(data["option"], f"{field}.option")
+    if len(code) > _MAX_CODE_CHARS:
+        fields.fail(f"{field}.option", code, "must be an option code kind-scheme-device-level, e.g. 'comp-ag-gpu-hier'")
+    try:
+        option = TensorOption.from_code(code)
+    except ValueError as exc:
+        raise ValueError(f"plan field {field + '.option'!r}: {exc}") from None
+    return PlanTensor(
+        name=fields.string(data["name"], f"{field}.name", non_empty=True),
+        numel=fields.integer(data["numel"], f"{field}.numel", low=0, high=MAX_NUMEL, why=NUMEL_WHY),
+        option=option,
+        group=fields.integer(data["group"], f"{field}.group", low=0, high=MAX_TENSORS, why="a fusion group id"),
+    )
+
+
+def _check_profile(plan: Plan, profile: ModelProfile) -> None:
+    """Step 3 of ``Plan.from_json``: the profile lists the plan's tensors, in order, with their sizes."""
+    if len(profile.tensors) != len(plan.tensors):
+        raise ValueError(
+            f"plan field 'profile' lists {len(profile.tensors)} tensors, the plan {len(plan.tensors)}; a plan "
+            f"embeds the profile it was made for, with the same tensors in the same order"
+        )
+    for index, (planned, profiled) in enumerate(zip(plan.tensors, profile.tensors, strict=True)):
+        if (planned.name, planned.numel) != (profiled.name, profiled.numel):
+            raise ValueError(
+                f"plan field 'tensors[{index}]' is {planned.name!r} ({planned.numel:,} elements) but "
+                f"'profile.tensors[{index}]' is {profiled.name!r} ({profiled.numel:,} elements); a plan embeds "
+                f"the profile it was made for, with the same tensors in the same order"
+            )
+
+
+def _check_options(plan: Plan) -> None:
+    """Step 4 of ``Plan.from_json``: the compressor builds, and each option is one the planner offers for it
+    on the plan's cluster (an allreduce needs summable payloads, alltoall and hier2 a divisible compressor,
+    hier and hier2 several nodes of several GPUs), so a bad plan fails at register, not at a backward."""
+    try:
+        model = measured_compressor_model(plan.compressor, plan.costs)
+    except ValueError as exc:
+        users = [t.name for t in plan.tensors if t.option.kind == "comp"]
+        used = f"tensor {users[0]!r} and {len(users) - 1} other(s) use it" if users else "no tensor uses it"
+        raise ValueError(f"plan field 'compressor'={shorten(plan.compressor)} ({used}) is invalid: {exc}") from None
+    valid = candidate_options(plan.cluster, model, devices=("gpu", "cpu"), two_level=True)
+    for index, tensor in enumerate(plan.tensors):
+        if tensor.option not in valid:
+            c = plan.cluster
+            raise ValueError(
+                f"plan tensor {tensor.name!r} (tensors[{index}]): option {tensor.option.code!r} is not offered for "
+                f"compressor {plan.compressor!r} (allreduce-compatible: {model.allreduce_compatible}, divisible: "
+                f"{model.divisible}) on {c.nodes} node(s) x {c.gpus_per_node} GPU(s); valid: "
+                f"{', '.join(o.code for o in valid)}"
+            )

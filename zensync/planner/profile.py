@@ -12,15 +12,20 @@ Profiles are JSON (never pickle) with a version field::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import json
 import math
 from typing import Any
 
+from zensync.planner._reader import MAX_NUMEL, MAX_TENSORS, NUMEL_WHY, TENSORS_WHY, Fields, parse_json, shorten
+
 __all__ = ["PROFILE_VERSION", "ModelProfile", "TensorProfile"]
 
 PROFILE_VERSION = 1
+MAX_DIMS = 64
+"""Most dimensions of one tensor's shape in a profile file (parameters have one to five)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,10 +77,15 @@ class ModelProfile:
             raise ValueError(f"profile {self.model!r} has no tensors")
         names = [t.name for t in self.tensors]
         if len(set(names)) != len(names):
-            raise ValueError(f"profile {self.model!r}: duplicate tensor names")
+            repeated = next(n for n, count in collections.Counter(names).items() if count > 1)
+            raise ValueError(f"profile {self.model!r}: duplicate tensor names ({repeated!r} appears twice or more)")
+        for before, after in itertools.pairwise(self.tensors):
+            if after.ready_s < before.ready_s:
+                raise ValueError(
+                    f"profile {self.model!r}: tensors must be in backward order (ready_s non-decreasing); tensor "
+                    f"{after.name!r} is ready at {after.ready_s} s, before {before.name!r} at {before.ready_s} s"
+                )
         ready = [t.ready_s for t in self.tensors]
-        if any(b < a for a, b in itertools.pairwise(ready)):
-            raise ValueError(f"profile {self.model!r}: tensors must be in backward order (ready_s non-decreasing)")
         if self.forward_s < 0 or self.backward_s < ready[-1]:
             raise ValueError(
                 f"profile {self.model!r}: forward_s={self.forward_s} must be >= 0 and backward_s={self.backward_s} "
@@ -98,33 +108,69 @@ class ModelProfile:
 
     @classmethod
     def from_json(cls, text: str) -> ModelProfile:
-        """Parse a profile; ValueError on malformed JSON, a wrong version or invalid fields."""
+        """Parse ``to_json`` output (or a profile written by hand).
+
+        Raises:
+            ValueError: On text beyond the caps of ``zensync.planner._reader`` (size, nesting), malformed
+                JSON, a wrong version, or a missing, unknown, mistyped or out-of-range field; the message
+                names the field, the value, the bound and why.
+        """
+        return cls.from_dict(parse_json(text, what="profile"))
+
+    @classmethod
+    def from_dict(cls, data: object, *, what: str = "profile", field: str = "") -> ModelProfile:
+        """Inverse of ``json.loads(profile.to_json())``; ValueError as in ``from_json``.
+
+        Args:
+            data: The parsed JSON value.
+            what: The file kind, for messages (``"plan"`` when the profile is embedded in a plan).
+            field: Where ``data`` sits in that file (``"profile"`` in a plan; ``""`` at the top).
+
+        Returns:
+            The profile.
+        """
+        fields, prefix = Fields(what), f"{field}." if field else ""
+        version = data.get("version") if isinstance(data, dict) else None
+        if type(version) is not int or version != PROFILE_VERSION:
+            where = f"{what} field {field!r}" if field else what
+            raise ValueError(f"{where}: profile version {shorten(version)} is not {PROFILE_VERSION}")
+        data = fields.mapping(data, field, required=_PROFILE_FIELDS, optional=_PROFILE_OPTIONAL)
+        items = fields.array(data["tensors"], f"{prefix}tensors", max_items=MAX_TENSORS, why=TENSORS_WHY)
+        values: dict[str, Any] = {
+            "tensors": tuple(_read_tensor(fields, item, f"{prefix}tensors[{i}]") for i, item in enumerate(items)),
+            "model": fields.string(data["model"], f"{prefix}model"),
+            "forward_s": fields.number(data["forward_s"], f"{prefix}forward_s", why="seconds of forward"),
+            "backward_s": fields.number(data["backward_s"], f"{prefix}backward_s", why="seconds of backward"),
+            "dtype_bytes": fields.integer(
+                data.get("dtype_bytes", 4), f"{prefix}dtype_bytes", low=2, high=8, why="bytes per element: 2, 4 or 8"
+            ),
+            "device": fields.string(data.get("device", ""), f"{prefix}device"),
+            "batch": fields.string(data.get("batch", ""), f"{prefix}batch"),
+        }
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"profile is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
-            found = data.get("version") if isinstance(data, dict) else None
-            raise ValueError(f"profile version {found!r} is not {PROFILE_VERSION}")
-        try:
-            tensors = tuple(
-                TensorProfile(
-                    name=str(t["name"]),
-                    shape=tuple(int(d) for d in t["shape"]),
-                    ready_s=float(t["ready_s"]),
-                    ready_cv=float(t.get("ready_cv", 0.0)),
-                )
-                for t in data["tensors"]
-            )
-            fields = {k: data[k] for k in ("model", "forward_s", "backward_s") if k in data}
-            return cls(
-                tensors=tensors,
-                model=str(fields["model"]),
-                forward_s=float(fields["forward_s"]),
-                backward_s=float(fields["backward_s"]),
-                dtype_bytes=int(data.get("dtype_bytes", 4)),
-                device=str(data.get("device", "")),
-                batch=str(data.get("batch", "")),
-            )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"profile is missing or mistypes a field: {exc!r}") from exc
+            return cls(**values)
+        except ValueError as exc:  # consistency across fields (order, names), named by __post_init__
+            if not field:
+                raise
+            raise ValueError(f"{what} field {field!r}: {exc}") from None
+
+
+_PROFILE_FIELDS = ("version", "model", "tensors", "forward_s", "backward_s")
+_PROFILE_OPTIONAL = ("dtype_bytes", "device", "batch")
+_DIMS_WHY = "parameters have 1 to 5 dimensions; MAX_DIMS"
+
+
+def _read_tensor(fields: Fields, item: object, field: str) -> TensorProfile:
+    data = fields.mapping(item, field, required=("name", "shape", "ready_s"), optional=("ready_cv",))
+    dims = fields.array(data["shape"], f"{field}.shape", max_items=MAX_DIMS, why=_DIMS_WHY)
+    shape = tuple(
+        fields.integer(d, f"{field}.shape[{i}]", low=0, high=MAX_NUMEL, why=NUMEL_WHY) for i, d in enumerate(dims)
+    )
+    if math.prod(shape) > MAX_NUMEL:
+        fields.fail(f"{field}.shape", list(shape), f"holds more than {MAX_NUMEL:,} elements ({NUMEL_WHY})")
+    return TensorProfile(
+        name=fields.string(data["name"], f"{field}.name", non_empty=True),
+        shape=shape,
+        ready_s=fields.number(data["ready_s"], f"{field}.ready_s", why="seconds after the start of backward"),
+        ready_cv=fields.number(data.get("ready_cv", 0.0), f"{field}.ready_cv", why="a coefficient of variation"),
+    )
