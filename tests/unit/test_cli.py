@@ -287,7 +287,7 @@ def a_file(tmp_path):
         (["plan", "--model", "resnet50", *_PLAN_ARGS, "-o", "{file}/p.json"], "is not a directory"),
         (["plan", "--model", "resnet50", *_PLAN_ARGS, "-o", "{dir}"], "is a directory"),
         (["plan", "--profile", "{dir}/missing.json", *_PLAN_ARGS], "cannot read profile"),
-        (["plan", "--profile", "{file}", *_PLAN_ARGS], "cannot read profile"),
+        (["plan", "--profile", "{file}", *_PLAN_ARGS], "is not valid JSON"),
         (["explain", "{dir}/missing.json"], "cannot read plan"),
         (["explain", "{plan}", "--png", "/nonexistent/dir/t.png"], "does not exist"),
         (["profile", "--model", "mlp", "-o", "/nonexistent/dir/p.json"], "does not exist"),
@@ -493,3 +493,19 @@ def test_runner_polls_rank0_progress_file(tmp_path):
     (tmp_path / "progress").write_text("0\n1\n2\n3\n")  # never past the total
     poll()
     assert seen == [("zen", 0, 3), ("zen", 2, 3), ("zen", 3, 3)]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "MAX_JSON_DEPTH"),
+        ('{"profile": {}, "compressor_costs": []}', "compressor_costs"),
+        ('{"profile": {}, "compressor_costs": {"topk:0.01": {"cpu_compress": {"seconds": "1"}}}}', "compressor_costs"),
+        ('{"profile": {}, "extra": 1}', "unknown field"),
+    ],
+)
+def test_plan_rejects_malformed_profiles_in_one_line(content, message, tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    path.write_text(content)
+    assert cli.main(["plan", "--profile", str(path), *_PLAN_ARGS]) == 2
+    assert message in _one_error_line(capsys, "plan")

@@ -430,3 +430,13 @@ def test_nesting_around_a_valid_plan(depth: int, opener: str) -> None:
         Plan.from_json(text)
     levels = depth * len(closer) + 5  # the plan itself nests 5 deep (plan > profile > tensors > tensor > shape)
     assert ("MAX_JSON_DEPTH" in str(info.value)) == (levels > MAX_JSON_DEPTH)
+
+
+def test_huge_plan_file_is_refused_before_reading(tmp_path) -> None:
+    from zensync.planner import MAX_JSON_CHARS
+
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(MAX_JSON_CHARS + 1)  # sparse: no disk used, and never read
+    with pytest.raises(ValueError, match="MAX_JSON_CHARS"):
+        resolve_strategy(str(path))

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import pathlib
 from typing import Any
 
 from zensync.cli._errors import CommandFailed, UsageError, check_output_file, read_input
 from zensync.planner import (
+    MAX_JSON_CHARS,
     ClusterSpec,
     ModelProfile,
     Plan,
@@ -28,6 +28,7 @@ from zensync.planner import (
     compressor_model,
     measured_compressor_model,
     plan,
+    read_profile_bundle,
     render_timeline,
     simulate_plan,
     summarize,
@@ -99,16 +100,13 @@ def load_profile_bundle(path: str) -> tuple[ModelProfile, dict[str, dict[str, di
         ValueError: If the file cannot be read or is not a valid profile.
     """
     try:
+        size = pathlib.Path(path).stat().st_size
+        if size > MAX_JSON_CHARS:  # refused before reading it into memory
+            raise ValueError(f"profile {path!r} is {size:,} bytes, more than MAX_JSON_CHARS={MAX_JSON_CHARS:,}")
         text = pathlib.Path(path).read_text()
-        data = json.loads(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read profile {path!r}: {exc}") from exc
-    if isinstance(data, dict) and "profile" in data:
-        costs = data.get("compressor_costs", {})
-        if not isinstance(costs, dict):
-            raise ValueError(f"profile {path!r}: 'compressor_costs' must be an object")
-        return ModelProfile.from_json(json.dumps(data["profile"])), costs
-    return ModelProfile.from_json(text), {}
+    return read_profile_bundle(text, what=f"profile {path!r}")
 
 
 def _profile_file(path: str) -> tuple[ModelProfile, dict[str, dict[str, dict[str, float]]]]:

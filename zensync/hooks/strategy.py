@@ -20,7 +20,7 @@ import pathlib
 from typing import Any, Literal
 
 from zensync.compress import build, compressor_names, parse_spec
-from zensync.planner import Plan
+from zensync.planner import MAX_JSON_CHARS, Plan
 from zensync.sync import SCHEMES
 from zensync.sync.auto import AUTO_CANDIDATES
 
@@ -76,6 +76,11 @@ def _plan_strategy(path: str) -> Strategy:
     file = pathlib.Path(path)
     if not file.is_file():
         raise ValueError(f"strategy={path!r}: plan file not found")
+    size = file.stat().st_size
+    if size > MAX_JSON_CHARS:  # refused before reading it into memory
+        raise ValueError(
+            f"strategy={path!r}: the plan file is {size:,} bytes, more than MAX_JSON_CHARS={MAX_JSON_CHARS:,}"
+        )
     text = file.read_text()
     plan = Plan.from_json(text)
     return Strategy(path, "plan", ("dense", "zen"), plan=plan, plan_digest=hashlib.sha256(text.encode()).hexdigest())

@@ -20,7 +20,7 @@ from zensync.planner.gpus import GpuSpec, builtin_gpus, gpu_spec
 from zensync.planner.models import builtin_models, builtin_profile
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption, candidate_options, option_costs
 from zensync.planner.plan import PLAN_VERSION, Plan, PlanTensor, Predictions
-from zensync.planner.profile import PROFILE_VERSION, ModelProfile, TensorProfile
+from zensync.planner.profile import PROFILE_VERSION, ModelProfile, TensorProfile, read_profile_bundle
 from zensync.planner.search import plan
 from zensync.planner.simulator import (
     SimResult,
@@ -72,6 +72,7 @@ __all__ = [
     "plan",
     "plan_compressor_model",
     "price_units",
+    "read_profile_bundle",
     "render_timeline",
     "simulate",
     "simulate_plan",

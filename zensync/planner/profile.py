@@ -20,8 +20,9 @@ import math
 from typing import Any
 
 from zensync.planner._reader import MAX_NUMEL, MAX_TENSORS, NUMEL_WHY, TENSORS_WHY, Fields, parse_json, shorten
+from zensync.planner.costs import read_measured_costs
 
-__all__ = ["PROFILE_VERSION", "ModelProfile", "TensorProfile"]
+__all__ = ["PROFILE_VERSION", "MeasuredCosts", "ModelProfile", "TensorProfile", "read_profile_bundle"]
 
 PROFILE_VERSION = 1
 MAX_DIMS = 64
@@ -174,3 +175,29 @@ def _read_tensor(fields: Fields, item: object, field: str) -> TensorProfile:
         ready_s=fields.number(data["ready_s"], f"{field}.ready_s", why="seconds after the start of backward"),
         ready_cv=fields.number(data.get("ready_cv", 0.0), f"{field}.ready_cv", why="a coefficient of variation"),
     )
+
+
+MeasuredCosts = dict[str, dict[str, dict[str, float]]]
+"""Measured compressor costs by compressor spec, then cost name, then fit field (``read_measured_costs``)."""
+
+
+def read_profile_bundle(
+    text: str, *, what: str = "profile"
+) -> tuple[ModelProfile, dict[str, dict[str, dict[str, float]]]]:
+    """(profile, measured costs by compressor spec) from a ``zensync profile`` file or a bare profile's text.
+
+    Raises:
+        ValueError: As ``parse_json`` and ``ModelProfile.from_dict``, or a malformed ``compressor_costs``
+            (keyed by compressor spec, each as ``read_measured_costs``).
+    """
+    data = parse_json(text, what=what)
+    if not (isinstance(data, dict) and "profile" in data):
+        return ModelProfile.from_dict(data, what=what), {}
+    fields = Fields(what)
+    # ``comm`` (the measured alpha-beta) and ``version`` are written by ``zensync profile``; not read here.
+    data = fields.mapping(data, "", required=("profile",), optional=("version", "compressor_costs", "comm"))
+    costs = data.get("compressor_costs", {})
+    if not isinstance(costs, dict) or not all(isinstance(spec, str) for spec in costs):
+        fields.fail("compressor_costs", costs, "must be an object keyed by compressor spec")
+    checked = {spec: read_measured_costs(fits, fields, f"compressor_costs.{spec}") for spec, fits in costs.items()}
+    return ModelProfile.from_dict(data["profile"], what=what, field="profile"), checked
