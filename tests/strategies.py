@@ -2,12 +2,17 @@
 
 Tensors are generated from a drawn seed with a ``torch.Generator`` (fast for thousands of items);
 Hypothesis draws the shape, dtype, density, special values and partition.
+
+Every property test sizes its run with ``examples(n)``: n examples, times ``ZENSYNC_HYPOTHESIS_SCALE``
+(default 1) for a thorough run, e.g. ``ZENSYNC_HYPOTHESIS_SCALE=20 python -m pytest tests/property``.
+An explicit ``@settings(max_examples=...)`` overrides any Hypothesis profile, hence the multiplier.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 from unittest import mock
 
 import torch
@@ -19,8 +24,11 @@ from zensync.types import Partition
 
 __all__ = [
     "DENSE_DTYPES",
+    "SCALE_ENV",
     "SUM_DTYPES",
+    "all_in_one_owner",
     "assert_identical",
+    "examples",
     "force_many_chunks",
     "partitions",
     "positions_and_values",
@@ -31,6 +39,16 @@ __all__ = [
 DENSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 SUM_DTYPES = (torch.float32, torch.float64)
 _SPECIAL_VALUES = (math.nan, math.inf, -math.inf, -0.0, 0.0)
+SCALE_ENV = "ZENSYNC_HYPOTHESIS_SCALE"
+"""Environment variable: a positive integer that multiplies every property test's example count."""
+
+
+def examples(n: int) -> int:
+    """``n`` Hypothesis examples, times the positive integer in ``ZENSYNC_HYPOTHESIS_SCALE`` (default 1)."""
+    text = os.environ.get(SCALE_ENV, "1")
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{SCALE_ENV}={text!r} must be a positive integer: the factor on each test's examples")
+    return n * int(text)
 
 
 def sparse_tensor(

@@ -22,7 +22,8 @@ timing) is listed in ``cuda_ext/emulation/build.py``;
 
 Every test here is skipped, with the reason, on a machine without a C++ compiler, ninja or the Python
 headers; a compile error fails them. The first build takes about 25 s per variant on 2 cores, later
-sessions reuse it (``cuda_ext.emulation.build_directory``). Deselect with ``-m "not emulated"``.
+sessions reuse it (``cuda_ext.emulation.build_directory``). A slow tier: plain ``python -m pytest``
+deselects it (``tests/conftest.py``); run it with ``python -m pytest -m emulated tests/emulated``.
 """
 
 from __future__ import annotations

@@ -109,8 +109,9 @@ def test_gpu_tests_are_clean_under_the_sanitizer(tmp_path: Path, sanitizer: str)
         "OMP_NUM_THREADS": "1",
         "NUMBA_NUM_THREADS": "1",
     }
+    # -m emulated: without it tests/conftest.py deselects the slow tier.
     command = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-m", "emulated",
         "tests/emulated/test_cuda_emulated.py", "-k", "not test_runtime_selftest",
     ]  # fmt: skip
     result = subprocess.run(

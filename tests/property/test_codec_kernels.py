@@ -15,11 +15,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.strategies import assert_identical, force_many_chunks
+from tests.strategies import assert_identical, examples, force_many_chunks
 from zensync import kernels
 from zensync.kernels import cpu_codec, reference
 
-_SETTINGS = settings(deadline=None, max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(deadline=None, max_examples=examples(80), suppress_health_check=[HealthCheck.too_slow])
 _LEVEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 

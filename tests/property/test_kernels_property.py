@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tests.strategies import (
     all_in_one_owner,
     assert_identical,
+    examples,
     force_many_chunks,
     partitions,
     positions_and_values,
@@ -21,7 +22,7 @@ from tests.strategies import (
 )
 from zensync.kernels import cpu, reference
 
-_SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(deadline=None, max_examples=examples(60), suppress_health_check=[HealthCheck.too_slow])
 
 
 @_SETTINGS

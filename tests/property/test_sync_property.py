@@ -6,14 +6,13 @@ with the float64 reference sum is bit-exact for every dtype (|sums| <= 32 fit fl
 
 from __future__ import annotations
 
-import os
-
 import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
 import zensync
+from tests.strategies import examples
 from zensync.kernels import reference
 from zensync.sync.partition import make_partition
 
@@ -21,9 +20,8 @@ SEED = 99
 OPTIONS = zensync.SyncOptions(h0_seed=SEED)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 PATTERNS = ("zero", "full", "random", "skew", "single", "one_element", "collide")
-# ZENSYNC_HYPOTHESIS_EXAMPLES raises the budget for a thorough local run (CI keeps the default).
 PROPERTY_SETTINGS = settings(
-    max_examples=int(os.environ.get("ZENSYNC_HYPOTHESIS_EXAMPLES", "60")),
+    max_examples=examples(60),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -134,7 +132,7 @@ def test_every_scheme_equals_dense_sum(case: dict) -> None:
 
 
 @given(n=st.integers(1, 8), seed=st.integers(0, 2**31 - 1), scheme=st.sampled_from(zensync.SCHEMES))
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 def test_non_contiguous_input(n: int, seed: int, scheme: str) -> None:
     gen = torch.Generator().manual_seed(seed)
     bases = [
