@@ -13,9 +13,11 @@ Example counts are set per test through ``tests.strategies.examples`` and multip
 environment variable ``ZENSYNC_HYPOTHESIS_SCALE`` (e.g. 20 for a thorough run).
 
 Slow tier: the tests marked ``emulated`` (``tests/emulated``: the CUDA kernels compiled for CPU
-threads, and again under ThreadSanitizer and AddressSanitizer, about 5 minutes on 2 cores) are
-deselected unless the ``-m`` expression names that marker, so that ``python -m pytest`` stays fast.
-``.ci/run`` runs them after the README's command with ``python -m pytest -m emulated tests/emulated``.
+threads, and again under ThreadSanitizer and AddressSanitizer, about 5 minutes on 2 cores) or
+``exhaustive`` (full matrices, e.g. every strategy x fault in ``tests/distributed/test_faults.py``,
+about 4 minutes) are deselected unless the ``-m`` expression names their marker, so that
+``python -m pytest`` stays fast. ``.ci/run`` runs them after the README's command
+(``-m emulated tests/emulated``, ``-m exhaustive tests``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, settings
 
-_SLOW_TIER_MARKER = "emulated"
+_SLOW_TIER_MARKERS = ("emulated", "exhaustive")
 
 settings.register_profile("zensync", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("zensync-derandomized", settings.get_profile("zensync"), derandomize=True)
@@ -33,10 +35,11 @@ settings.load_profile("zensync")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the slow tier unless ``-m`` names it (``-m emulated``, ``-m "emulated or not emulated"``)."""
-    if _SLOW_TIER_MARKER in (config.option.markexpr or ""):
-        return
-    slow = [item for item in items if item.get_closest_marker(_SLOW_TIER_MARKER) is not None]
+    """Deselect each slow-tier marker's tests unless ``-m`` names it (``-m emulated``, ``-m "exhaustive or ..."``)."""
+    expression = config.option.markexpr or ""
+    skipped = [marker for marker in _SLOW_TIER_MARKERS if marker not in expression]
+    slow = [item for item in items if any(item.get_closest_marker(marker) is not None for marker in skipped)]
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if item.get_closest_marker(_SLOW_TIER_MARKER) is None]
+        slow_ids = {id(item) for item in slow}
+        items[:] = [item for item in items if id(item) not in slow_ids]

@@ -5,7 +5,7 @@ calling collectives while its process stays alive, every surviving rank raises w
 zen, auto and every compressor strategy, as plain DDP does; an exception raised inside the hook
 reaches the user with its own type and message.
 
-The full strategy x fault matrix runs in the slow tier (``-m tier2``, from .ci/run); the default run
+The full strategy x fault matrix runs in the slow tier (``-m exhaustive``, from .ci/run); the default run
 covers one strategy of each kind.
 """
 
@@ -110,7 +110,7 @@ def test_survivors_raise_within_user_timeout(strategy: str, fault: str, tmp_path
     _run_probe(strategy, fault, tmp_path)
 
 
-@pytest.mark.tier2
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("fault", ["stop", "idle"])
 @pytest.mark.parametrize("strategy", ALL_STRATEGIES)
 def test_survivors_raise_within_user_timeout_all(strategy: str, fault: str, tmp_path: Path) -> None:

@@ -131,3 +131,19 @@ def test_checkpoint_loaded_on_one_rank_fails_every_rank(tmp_path: Path) -> None:
         assert result["elapsed_s"] < PROMPT_S
     results = launch(_load_worker, 2, ("all",), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S)
     assert [r["outcome"] for r in results] == ["step 2", "step 2"]
+
+
+def _calibrated(rank: int, world_size: int) -> list[str]:
+    models = []
+    for _ in range(3):
+        ddp = torch.nn.parallel.DistributedDataParallel(_model())
+        models.append(repr(zensync.register(ddp, strategy="auto").cost_model))
+    return models
+
+
+def test_calibrated_cost_model_is_bit_identical_on_every_rank(tmp_path: Path) -> None:
+    # Ranks decide alone from the cost model: an ulp of difference can flip a choice at a crossover
+    # (and fails the per-step agreement). Allreduce sums and LAPACK fits are not bit-reproducible
+    # across processes; the model must be rank 0's, broadcast.
+    results = launch(_calibrated, 3, (), tmp_path)
+    assert results[1] == results[0] and results[2] == results[0], results

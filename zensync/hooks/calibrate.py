@@ -2,8 +2,9 @@
 
 A ring allreduce of B bytes over n ranks takes T(B) = 2(n-1) * alpha + 2(n-1)/n * B / beta. Timing
 a few sizes and fitting T = a + b * B by least squares gives alpha = a / (2(n-1)) and
-beta = 2(n-1)/n / b. Every rank takes the mean over ranks of each timing (one extra allreduce),
-so all ranks fit the same numbers and later make the same decisions.
+beta = 2(n-1)/n / b. Every rank takes the mean over ranks of each timing (one extra allreduce) and
+rank 0's fit of it (one broadcast), so all ranks hold bit-identical models and later make the same
+decisions.
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ def calibrate(transport: Transport, device: torch.device, repeats: int = 3) -> C
             transport.all_reduce(payload)
             times.append(time.perf_counter() - start)
         medians.append(sorted(times)[len(times) // 2])
-    # The mean over ranks: identical on every rank, so every rank fits the same model.
+    # The fit of the mean over ranks, as rank 0 computed it. Neither the allreduce nor the LAPACK fit
+    # is bit-reproducible across processes (the sum order, the buffers' alignment), and ranks whose
+    # models differ by an ulp can choose differently at a crossover: broadcast bits are identical.
     summed = transport.all_reduce(torch.tensor(medians, dtype=torch.float64, device=device)) / n
-    timings = summed.cpu().tolist()
-    intercept, slope = fit_affine(CALIBRATION_BYTES, timings)
+    intercept, slope = fit_affine(CALIBRATION_BYTES, summed.cpu().tolist())
     latency = max(_MIN_LATENCY_S, intercept / (2 * (n - 1)))
     bandwidth = max(_MIN_BANDWIDTH, 2 * (n - 1) / n / max(slope, 1e-15))
+    fitted = torch.tensor([latency, bandwidth], dtype=torch.float64, device=device)
+    latency, bandwidth = transport.broadcast(fitted, src=0).cpu().tolist()
     return CostModel(latency_s=latency, bandwidth_bytes_per_s=bandwidth)
