@@ -254,25 +254,32 @@ class TestAutoFollowsDensity:
             assert all(s != "dense" for s in schemes[5:]), schemes
 
 
-def _insist_worker(rank: int, world_size: int, strategy: str) -> list[dict[str, str]]:
-    torch.manual_seed(0)
-    model = _Net()
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
-    # A model that prices every sparse scheme far above dense (1 s per message): only the strategy
-    # itself can make the embedding sparse.
-    state = zensync.register(ddp, strategy=strategy, latency_s=1.0, bandwidth_bytes_per_s=1e12)
-    for step in range(STEPS):
-        ids, target = _batch(rank, step)
-        nn.functional.cross_entropy(ddp(ids), target).backward()
-    return [{name: p["scheme"] for name, p in record["params"].items()} for record in state.history]
+def _insist_worker(rank: int, world_size: int, strategies: list[str]) -> dict[str, list[dict[str, str]]]:
+    per_strategy = {}
+    for strategy in strategies:
+        torch.manual_seed(0)
+        model = _Net()
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+        # A model that prices every sparse scheme far above dense (1 s per message): only the strategy
+        # itself can make the embedding sparse.
+        state = zensync.register(ddp, strategy=strategy, latency_s=1.0, bandwidth_bytes_per_s=1e12)
+        for step in range(STEPS):
+            ids, target = _batch(rank, step)
+            nn.functional.cross_entropy(ddp(ids), target).backward()
+        per_strategy[strategy] = [{name: p["scheme"] for name, p in r["params"].items()} for r in state.history]
+        state.close()
+    return per_strategy
 
 
-@pytest.mark.parametrize("strategy", ["zen", "sparse_ps", "auto"])
-def test_named_scheme_is_used_for_every_sparse_parameter(strategy: str, tmp_path: Any) -> None:
+INSIST_STRATEGIES = ["zen", "sparse_ps", "auto"]
+
+
+def test_named_scheme_is_used_for_every_sparse_parameter(tmp_path: Any) -> None:
     # "zen" means Zen for every parameter the detector finds sparse, every step, whatever the cost
     # model predicts; "auto" keeps the measured choice (dense under this model).
-    for steps in launch(_insist_worker, 2, (strategy,), tmp_path):
-        assert len(steps) == STEPS
-        expected = "dense" if strategy == "auto" else strategy
-        assert [s["emb.weight"] for s in steps] == [expected] * STEPS
-        assert all(s["fc2.weight"] == "dense" for s in steps)  # cross-entropy: every row non-zero
+    for per_strategy in launch(_insist_worker, 2, (INSIST_STRATEGIES,), tmp_path):
+        for strategy, steps in per_strategy.items():
+            assert len(steps) == STEPS
+            expected = "dense" if strategy == "auto" else strategy
+            assert [s["emb.weight"] for s in steps] == [expected] * STEPS, strategy
+            assert all(s["fc2.weight"] == "dense" for s in steps)  # cross-entropy: every row non-zero

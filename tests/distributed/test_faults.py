@@ -119,21 +119,22 @@ def test_survivors_raise_within_user_timeout_all(strategy: str, fault: str, tmp_
 
 # --------------------------------------------------------------------------------------------------
 # Groups created by zensync take the user's timeout.
-def _group_timeouts(rank: int, world_size: int, explicit: float | None) -> list[float]:
+def _group_timeouts(rank: int, world_size: int, explicit: list[float | None]) -> list[list[float]]:
     from zensync.sync.compressed import hierarchy
 
-    ddp = torch.nn.parallel.DistributedDataParallel(_model())
-    options = {} if explicit is None else {"timeout": explicit}
-    state = zensync.register(ddp, strategy="topk:0.1", **options)
-    levels = hierarchy(state.transport, 1)
-    return [t.timeout.total_seconds() for t in (state.transport, levels.intra, levels.inter)]
+    per_option = []
+    for seconds in explicit:
+        ddp = torch.nn.parallel.DistributedDataParallel(_model())
+        options = {} if seconds is None else {"timeout": seconds}
+        state = zensync.register(ddp, strategy="topk:0.1", **options)
+        levels = hierarchy(state.transport, 1)
+        per_option.append([t.timeout.total_seconds() for t in (state.transport, levels.intra, levels.inter)])
+    return per_option
 
 
-@pytest.mark.parametrize("explicit", [None, 7.5])
-def test_created_groups_inherit_the_timeout(explicit: float | None, tmp_path: Path) -> None:
-    results = launch(_group_timeouts, 2, (explicit,), tmp_path, gloo_timeout_s=USER_TIMEOUT_S)
-    expected = USER_TIMEOUT_S if explicit is None else explicit
-    assert results == [[expected] * 3] * 2
+def test_created_groups_inherit_the_timeout(tmp_path: Path) -> None:
+    results = launch(_group_timeouts, 2, ([None, 7.5],), tmp_path, gloo_timeout_s=USER_TIMEOUT_S)
+    assert results == [[[USER_TIMEOUT_S] * 3, [7.5] * 3]] * 2
 
 
 def test_timeout_option_is_validated() -> None:
@@ -177,14 +178,15 @@ def _raising_hook_probe(rank: int, world_size: int, strategy: str, on_rank: int 
     return seen
 
 
+def _raising_hook_both(rank: int, world_size: int) -> list[list[str]]:
+    return [_raising_hook_probe(rank, world_size, strategy, None) for strategy in ("zen", "topk")]
+
+
 def test_hook_exception_keeps_type_and_message(tmp_path: Path) -> None:
     # zen syncs the embedding sparsely; topk compresses the linear layer: one path each.
-    results = launch(_raising_hook_probe, 2, ("zen", None), tmp_path, gloo_timeout_s=USER_TIMEOUT_S)
-    for rank, seen in enumerate(results):
-        assert seen[0] == f"_Boom: 'original words from rank {rank}'"
-    results = launch(_raising_hook_probe, 2, ("topk", None), tmp_path, gloo_timeout_s=USER_TIMEOUT_S)
-    for rank, seen in enumerate(results):
-        assert seen[1] == f"_Boom: 'original words from rank {rank}'"
+    for rank, (zen, topk) in enumerate(launch(_raising_hook_both, 2, (), tmp_path, gloo_timeout_s=USER_TIMEOUT_S)):
+        assert zen[0] == f"_Boom: 'original words from rank {rank}'"
+        assert topk[1] == f"_Boom: 'original words from rank {rank}'"
 
 
 def test_hook_exception_on_one_rank_fails_the_peer_in_time(tmp_path: Path) -> None:
