@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,29 +21,38 @@ from zensync.hooks.checkpoint import parse_state_dict
 _FIXED = {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9}
 
 
-def _state() -> ZenSyncState:
+@contextlib.contextmanager
+def _state() -> Iterator[ZenSyncState]:
     model = torch.nn.Sequential(torch.nn.Embedding(10, 2), torch.nn.Linear(2, 2))
     world = zensync.SimulatedWorld(num_ranks=1)
     config = HookConfig(strategy="zen", **_FIXED)
     (state,) = world.run(lambda t: ZenSyncState(t, list(model.named_parameters()), config))
-    return state
+    try:
+        yield state
+    finally:
+        state.close()  # its communication thread
+
+
+@functools.cache
+def _saved_once() -> dict[str, Any]:
+    with _state() as state:
+        record = state.record("0.weight")
+        record.scheme, record.gamma, record.predicted_s = "zen", 1.5, {"dense": 1e-3, "zen": math.inf}
+        record.correction = {"zen": 1.2}
+        state.scheme_correction = {"zen": 1.1}
+        state.step = 7
+        return state.state_dict()
 
 
 def _saved() -> dict[str, Any]:
-    state = _state()
-    record = state.record("0.weight")
-    record.scheme, record.gamma, record.predicted_s = "zen", 1.5, {"dense": 1e-3, "zen": math.inf}
-    record.correction = {"zen": 1.2}
-    state.scheme_correction = {"zen": 1.1}
-    state.step = 7
-    return state.state_dict()
+    return copy.deepcopy(_saved_once())
 
 
 def test_round_trip() -> None:
     saved = _saved()
-    state = _state()
-    state.load_state_dict(copy.deepcopy(saved))
-    assert state.state_dict() == saved
+    with _state() as state:
+        state.load_state_dict(copy.deepcopy(saved))
+        assert state.state_dict() == saved
 
 
 BAD = {
@@ -63,13 +75,13 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_malformed_is_rejected_and_nothing_changes(case: str) -> None:
-    bad = copy.deepcopy(_saved())
+    bad = _saved()
     BAD[case](bad)
-    state = _state()
-    before = state.state_dict()
-    with pytest.raises(ValueError, match="state_dict"):
-        state.load_state_dict(bad)
-    assert state.state_dict() == before
+    with _state() as state:
+        before = state.state_dict()
+        with pytest.raises(ValueError, match="state_dict"):
+            state.load_state_dict(bad)
+        assert state.state_dict() == before
 
 
 _JSONISH = st.recursive(
