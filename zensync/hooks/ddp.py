@@ -112,10 +112,12 @@ def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncS
 def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: ``ddp_model.register_comm_hook(state, zensync_hook)``; see the module docstring."""
     if not state.step_open:
-        # The step's first bucket: the ranks compare their engine state before deciding anything
-        # (a checkpoint loaded on one rank only fails every rank here instead of hanging later).
-        state.check_agreement()
-        state.step_open = True  # after the check: a step whose check failed checks again
+        # The step's first bucket: the ranks compare their engine state (a checkpoint loaded on one
+        # rank only fails every rank at this step instead of hanging later). The check is the comm
+        # thread's first job of the step, so it overlaps backward and precedes every collective of
+        # the step on zensync's group; a failure fails the step's remaining buckets on every rank.
+        state.step_open = True
+        state.worker.submit(lambda: _check_step(state))
     buffer = bucket.buffer()
     params = list(bucket.parameters())
     names = [state.name_of(p) for p in params]
@@ -186,6 +188,16 @@ def _async_dense(
     chained = future.then(done)
     state.add_pending(chained)
     return chained
+
+
+def _check_step(state: ZenSyncState) -> torch.Tensor:
+    """The comm thread's first job of a step: ``check_agreement``, its failure noted for the step."""
+    try:
+        state.check_agreement()
+    except BaseException as exc:
+        state.note_failure(exc)
+        raise
+    return torch.empty(0)
 
 
 def _step_work(

@@ -336,9 +336,12 @@ class ZenSyncState:
         """
         with self.lock:
             pending, self._pending = self._pending, []
-        for future in pending:
-            # Completion only: a failed bucket's own exception was recorded by note_failure.
-            future.then(_ignore_outcome).wait()
+        if self.step_error is None:
+            for future in pending:
+                # Completion only: a failed bucket's own exception was recorded by note_failure.
+                future.then(_ignore_outcome).wait()
+        # A failed step does not wait for its async buckets: after a failed agreement check one may
+        # have no partner on the other ranks and would only end in the group's timeout.
         with self.lock:
             failure, self.step_error = self.step_error, None
         record = self.current
@@ -400,15 +403,16 @@ class ZenSyncState:
             )
 
     def check_agreement(self) -> None:
-        """Compare the ranks' engine state in one small all-gather (a collective, at the start of each step).
+        """Compare the ranks' engine state in one small all-gather (a collective; the hook runs it first in each step).
 
         Raises:
             ValueError: On every rank, when some rank's step counter, schemes, scheme corrections,
                 cost model or loaded checkpoint differ from rank 0's (a checkpoint loaded on some
                 ranks only, or different checkpoints).
         """
-        schemes = {name: record.scheme for name, record in self.records.items()}
-        digest = fingerprint(self.step, schemes, self.scheme_correction, self.cost_model)
+        with self.lock:  # async buckets' callbacks write records
+            schemes = {name: record.scheme for name, record in self.records.items()}
+            digest = fingerprint(self.step, schemes, self.scheme_correction, self.cost_model)
         local = torch.tensor(
             [digest, self._load_mark, self.step], dtype=torch.int64, device=self.transport.control_device
         )
