@@ -12,7 +12,10 @@
    ``run_agreed`` (sparse_allreduce without its per-call validation), and returns the averaged bucket.
 
 Everything after step 1 runs on the state's communication thread, so it overlaps the rest of
-backward; DDP waits for the futures at the end of backward.
+backward; DDP waits for the futures at the end of backward. The thread's first job of each step is
+``ZenSyncState.check_agreement`` (the ranks' engine states must match). The last bucket's hook waits
+for the step, so a failure reaches ``backward()`` with its own type and message; a bucket that
+fails makes the step's remaining buckets on that rank skip their collectives.
 """
 
 from __future__ import annotations
@@ -62,17 +65,22 @@ def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncS
     Args:
         ddp_model: A ``torch.nn.parallel.DistributedDataParallel`` model.
         strategy: "auto" (cost model per parameter), "dense", a sparse scheme name ("zen",
-            "agsparse", "sparcml", "sparse_ps", "omnireduce") used for parameters where the cost
-            model predicts it beats dense, a compressor spec ("fp16", "topk:0.01", "powersgd:4";
+            "agsparse", "sparcml", "sparse_ps", "omnireduce") used for every parameter the
+            detector finds sparse (below ``DENSE_DENSITY``), a compressor spec ("fp16", "topk:0.01", "powersgd:4";
             naturally sparse parameters may still take Zen), or a plan file from ``zensync plan``
             ("plan.json"; parameters missing from it are synced densely).
         **options: ``HookConfig`` fields (warmup_steps, latency_s, bandwidth_bytes_per_s,
             switch_margin, history_size, jsonl_path, sync_options, compressed_scheme,
-            ranks_per_node, ...).
+            ranks_per_node, timeout, ...; ``help(zensync.HookConfig)``).
 
     Returns:
         The ``ZenSyncState``: per-step statistics (``history``, ``last_step()``), checkpoints
         (``state_dict()`` / ``load_state_dict()``).
+
+    Raises:
+        ValueError: On every rank, when any rank's local checks fail (options, plan file, devices,
+            dtypes, compressor specs) or ranks differ in options or model (``hooks.agree``).
+        RuntimeError: On this rank, before any collective, when the model already has the hook.
 
     Example::
 
