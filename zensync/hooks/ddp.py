@@ -29,8 +29,9 @@ import torch
 
 from zensync import kernels
 from zensync.hooks.compressed import COMPRESSED_PREFIX, compression_for, sync_compressed
+from zensync.hooks.config import HookConfig
 from zensync.hooks.decide import DENSE_DENSITY, blend_prior, choose_scheme
-from zensync.hooks.state import HookConfig, ZenSyncState
+from zensync.hooks.state import ZenSyncState
 from zensync.sync.base import ItemView, default_granularity, index_dtype, item_view
 from zensync.sync.compressed import hierarchy
 from zensync.sync.cost import TensorShape, predict_time

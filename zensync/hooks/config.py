@@ -1,0 +1,112 @@
+"""The comm hook's options: ``HookConfig``, the keyword options of ``zensync.register``."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from typing import Any
+
+from zensync.hooks.strategy import resolve_strategy
+from zensync.sync import SyncOptions
+from zensync.sync.compressed import COMPRESSED_SCHEMES
+
+__all__ = ["HookConfig"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HookConfig:
+    """Options of ``zensync.register`` (all ranks must pass the same values).
+
+    Attributes:
+        strategy: "auto", "dense", a sparse scheme ("zen", ...), a compressor spec ("topk:0.01") or a plan file.
+        compressed_scheme: Collective of compressed parameters ("auto", "allreduce", "allgather", ...).
+        ranks_per_node: > 0: compressed schemes run two-level with nodes of this many ranks (0: flat).
+        warmup_steps: Steps of plain averaged allreduce before sparse syncs and compression start.
+        switch_margin: Keep a parameter's scheme unless another is predicted this fraction faster.
+        latency_s: Per-message latency alpha in seconds (None: measured at registration).
+        bandwidth_bytes_per_s: Per-rank bandwidth beta in bytes/s (None: measured at registration).
+        adapt: Correct predictions by measured times and try plausible untried schemes ("auto").
+        explore_every: With adapt, re-measure a close runner-up scheme every this many steps.
+        recheck_every: Buckets found clearly dense re-count their non-zeros every this many steps.
+        history_size: Step records kept in ``ZenSyncState.history``.
+        jsonl_path: Append one JSON line per step here ("{rank}" in the path: one file per rank).
+        sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
+        timeout: Collective timeout of the groups the hook creates (timedelta or seconds; None: the
+            DDP group's timeout from init_process_group).
+    """
+
+    strategy: str = "auto"
+    """'auto' (cost model per parameter), 'dense', a sparse scheme used where it beats dense, a
+    compressor spec ('topk:0.01', 'powersgd:4', 'fp16') or a plan file ('plan.json'): see
+    ``zensync.hooks.strategy``."""
+    compressed_scheme: str = "auto"
+    """Compressor strategies: the collective for compressed parameters (``COMPRESSED_SCHEMES``);
+    'auto' is allreduce for allreduce-compatible compressors, else allgather. Plans carry their own."""
+    ranks_per_node: int = 0
+    """Compressor strategies: > 0 runs the compressed scheme two-level (intra-node reduce-scatter,
+    compressed across nodes, intra-node allgather) with nodes of this many consecutive ranks."""
+    warmup_steps: int = 0
+    """Steps of plain averaged allreduce before sparse syncs start."""
+    switch_margin: float = 0.1
+    """Keep a parameter's previous scheme unless another is predicted more than this fraction faster."""
+    latency_s: float | None = None
+    """Per-message latency alpha; None: measured at registration."""
+    bandwidth_bytes_per_s: float | None = None
+    """Per-rank bandwidth beta; None: measured at registration."""
+    adapt: bool = True
+    """Scale each scheme's predicted time by how it measured against the prediction (``ParamRecord.learn``),
+    and measure plausible schemes instead of trusting the model: each one never measured for a
+    parameter (expected within 3x of the best) is tried once, one per step, after its first sync."""
+    explore_every: int = 20
+    """With ``adapt``: every this many steps, re-measure a parameter's runner-up scheme when it is
+    expected within 1.5x of the best (a correction measured at another density must not go stale)."""
+    recheck_every: int = 10
+    """Buckets that were clearly dense re-measure their density only every this many steps."""
+    history_size: int = 1000
+    """Step records kept in memory (oldest dropped)."""
+    jsonl_path: str | None = None
+    """Append one JSON line per step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
+    sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)
+    """Tunables of the sparse schemes."""
+    timeout: datetime.timedelta | float | None = None
+    """Collective timeout (timedelta or seconds) of the process groups the hook creates; None: the
+    DDP group's own timeout (init_process_group's ``timeout``), so a stuck peer fails every rank then."""
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None:
+            seconds = self.timeout.total_seconds() if isinstance(self.timeout, datetime.timedelta) else self.timeout
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+                raise ValueError(f"timeout={self.timeout!r} must be a positive timedelta or number of seconds")
+            object.__setattr__(self, "timeout", datetime.timedelta(seconds=float(seconds)))
+        if not self.strategy.endswith(".json"):  # plan files are read (on every rank) by the state
+            resolve_strategy(self.strategy)
+        if self.compressed_scheme not in ("auto", *COMPRESSED_SCHEMES):
+            raise ValueError(
+                f"compressed_scheme={self.compressed_scheme!r} is not one of auto, {', '.join(COMPRESSED_SCHEMES)}"
+            )
+        if self.ranks_per_node < 0:
+            raise ValueError(f"ranks_per_node={self.ranks_per_node} must be >= 0 (0: flat)")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+        if self.switch_margin < 0:
+            raise ValueError(f"switch_margin={self.switch_margin} must be >= 0")
+        if self.explore_every < 1:
+            raise ValueError(f"explore_every={self.explore_every} must be >= 1")
+        if self.recheck_every < 1:
+            raise ValueError(f"recheck_every={self.recheck_every} must be >= 1")
+        if self.history_size < 1:
+            raise ValueError(f"history_size={self.history_size} must be >= 1")
+        for name in ("latency_s", "bandwidth_bytes_per_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name}={value} must be positive (or None to measure it)")
+
+    @classmethod
+    def from_options(cls, strategy: str, options: dict[str, Any]) -> HookConfig:
+        """Build from ``register``'s keyword options, naming any unknown option."""
+        valid = [f.name for f in dataclasses.fields(cls) if f.name != "strategy"]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown zensync.register option(s) {unknown} (valid: {', '.join(valid)})")
+        return cls(strategy=strategy, **options)
