@@ -6,6 +6,7 @@ import argparse
 import ast
 import inspect
 import itertools
+import logging
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,8 @@ from zensync.demo.report import format_table, summarize, write_outputs
 from zensync.testbed import WorkerError
 
 __all__ = ["DEMO_FLAGS", "add_demo"]
+
+logger = logging.getLogger(__name__)
 
 
 def _demo_help() -> dict[str, str]:
@@ -96,7 +99,9 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except WorkerError as err:
         raise CommandFailed(f"a worker failed:\n{err}") from err
     except RuntimeError as err:  # the testbed could not build or tear down the emulated cluster
-        raise CommandFailed(str(err)) from err
+        # One line for the user; the traceback stays reachable (-vv) in case it is a bug of ours.
+        logger.debug("zensync demo failed", exc_info=True)
+        raise CommandFailed(f"{err} (run with -vv for the traceback)") from err
     rows = summarize(result)
     table = format_table(rows, result.emulated)
     print(table)
