@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import secrets
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
+from zensync.sync.validate import SUPPORTED_DTYPES
 from zensync.transport import Transport
 
-__all__ = ["MAX_MESSAGE_BYTES", "agree", "checked_parameters"]
+__all__ = ["MAX_MESSAGE_BYTES", "agree", "checked_parameters", "differing_from_rank0"]
 
 MAX_MESSAGE_BYTES = 4096
 """A failing rank's message is cut to this many UTF-8 bytes (it travels to every rank)."""
@@ -64,8 +65,7 @@ def agree(transport: Transport, description: str, failure: BaseException | None,
             f"rank {rank}: {bytes(messages[rank].cpu().tolist()).decode(errors='replace')}" for rank in failing
         )
         raise ValueError(f"zensync.register failed on rank(s) {failing}: {told}") from failure
-    fingerprints = [g[0] for g in gathered]
-    differing = [rank for rank, value in enumerate(fingerprints) if value != fingerprints[0]]
+    differing = differing_from_rank0([g[0] for g in gathered])
     if differing:  # Step 3
         raise ValueError(
             f"zensync.register: ranks {differing} differ from rank 0 in their hook options or in their "
@@ -75,12 +75,16 @@ def agree(transport: Transport, description: str, failure: BaseException | None,
     return int(gathered[0][1])
 
 
+def differing_from_rank0(values: Sequence[object]) -> list[int]:
+    """The ranks whose gathered value differs from rank 0's."""
+    return [rank for rank, value in enumerate(values) if value != values[0]]
+
+
 def _describe(failure: BaseException) -> bytes:
     text = f"{type(failure).__name__}: {failure}".encode(errors="replace")
     return text[:MAX_MESSAGE_BYTES] or b"?"
 
 
-_SYNCED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -104,10 +108,10 @@ def checked_parameters(named_parameters: Iterable[tuple[str, torch.nn.Parameter]
                 f"e.g. with to_empty() and an initialization)"
             )
         device_types.add(param.device.type)
-        if param.requires_grad and param.dtype not in _SYNCED_DTYPES:
+        if param.requires_grad and param.dtype not in SUPPORTED_DTYPES:
             raise ValueError(
                 f"zensync.register: trainable parameter {name!r} has dtype {param.dtype}; gradients are "
-                f"synced for {', '.join(str(d) for d in _SYNCED_DTYPES)}"
+                f"synced for {', '.join(str(d) for d in SUPPORTED_DTYPES)}"
             )
     if len(device_types) > 1:
         raise ValueError(

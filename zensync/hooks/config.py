@@ -14,6 +14,16 @@ from zensync.sync.compressed import COMPRESSED_SCHEMES
 __all__ = ["HookConfig"]
 
 
+_LOWER_BOUNDS = (
+    ("warmup_steps", 0),
+    ("switch_margin", 0),
+    ("explore_every", 1),
+    ("recheck_every", 1),
+    ("history_size", 1),
+)
+"""Options checked only for a lower bound (name, least valid value)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class HookConfig:
     """Options of ``zensync.register`` (all ranks must pass the same values).
@@ -87,20 +97,20 @@ class HookConfig:
             )
         if self.ranks_per_node < 0:
             raise ValueError(f"ranks_per_node={self.ranks_per_node} must be >= 0 (0: flat)")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
-        if self.switch_margin < 0:
-            raise ValueError(f"switch_margin={self.switch_margin} must be >= 0")
-        if self.explore_every < 1:
-            raise ValueError(f"explore_every={self.explore_every} must be >= 1")
-        if self.recheck_every < 1:
-            raise ValueError(f"recheck_every={self.recheck_every} must be >= 1")
-        if self.history_size < 1:
-            raise ValueError(f"history_size={self.history_size} must be >= 1")
+        for name, least in _LOWER_BOUNDS:
+            value = getattr(self, name)
+            if value < least:
+                raise ValueError(f"{name}={value} must be >= {least}")
         for name in ("latency_s", "bandwidth_bytes_per_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name}={value} must be positive (or None to measure it)")
+
+    @property
+    def timeout_delta(self) -> datetime.timedelta | None:
+        """``timeout`` as the timedelta ``__post_init__`` made of it (None: the DDP group's)."""
+        assert self.timeout is None or isinstance(self.timeout, datetime.timedelta)
+        return self.timeout
 
     @classmethod
     def from_options(cls, strategy: str, options: dict[str, Any]) -> HookConfig:

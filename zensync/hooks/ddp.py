@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -45,6 +46,8 @@ _CLEARLY_DENSE_FACTOR = 2.0
 """A bucket skips detection while every sparse candidate was predicted at least this much slower,
 or while its dense parameters are at least ``DENSE_DENSITY`` dense."""
 
+
+T = TypeVar("T")
 
 _REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
 """DDP models zensync's hook is registered on (a second ``register`` is refused)."""
@@ -199,13 +202,18 @@ def _async_dense(
     return chained
 
 
-def _check_step(state: ZenSyncState) -> torch.Tensor:
-    """The comm thread's first job of a step: ``check_agreement``, its failure noted for the step."""
+def _noting_failure(state: ZenSyncState, work: Callable[[], T]) -> T:
+    """``work()``, its exception first noted as the step's failure (``note_failure``), then re-raised."""
     try:
-        state.check_agreement()
+        return work()
     except BaseException as exc:
         state.note_failure(exc)
         raise
+
+
+def _check_step(state: ZenSyncState) -> torch.Tensor:
+    """The comm thread's first job of a step: ``check_agreement``, its failure noted for the step."""
+    _noting_failure(state, state.check_agreement)
     return torch.empty(0)
 
 
@@ -227,11 +235,7 @@ def _step_work(
     try:
         if state.step_error is not None:
             raise state.step_error
-        try:
-            return _sync_bucket(state, buffer, params, names, dense_only)
-        except BaseException as exc:
-            state.note_failure(exc)
-            raise
+        return _noting_failure(state, lambda: _sync_bucket(state, buffer, params, names, dense_only))
     finally:
         if is_last:
             failure = state.finish_step()

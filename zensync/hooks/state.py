@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import datetime
 import json
 import logging
 import threading
@@ -13,7 +12,7 @@ from typing import Any
 
 import torch
 
-from zensync.hooks.agree import agree, checked_parameters
+from zensync.hooks.agree import agree, checked_parameters, differing_from_rank0
 from zensync.hooks.calibrate import calibrate
 from zensync.hooks.checkpoint import STATE_DICT_VERSION, fingerprint, parse_state_dict
 from zensync.hooks.config import HookConfig
@@ -112,14 +111,12 @@ class ZenSyncState:
         self.hierarchy: Hierarchy | None = None
         self._plan_warned = False
         self._hier2_warned = False
-        transport = base
         # A group of its own: the comm thread's collectives must not interleave with DDP's.
         # It inherits the DDP group's timeout (or ``config.timeout``), not torch's 30-minute default.
-        self.transport: Transport = transport
-        if isinstance(transport, TorchTransport):
-            timeout = config.timeout if isinstance(config.timeout, datetime.timedelta) else None
-            self.transport = transport.duplicate(timeout=timeout)
-        self.dense_transport: Transport = transport
+        self.transport: Transport = base
+        if isinstance(base, TorchTransport):
+            self.transport = base.duplicate(timeout=config.timeout_delta)
+        self.dense_transport: Transport = base
         """DDP's own group: buckets that need no detection are allreduced on it straight from the
         hook, asynchronously, as torch's allreduce hook does (when it is not ``transport`` itself)."""
         self.cost_model: CostModel | None = None
@@ -136,11 +133,11 @@ class ZenSyncState:
         """Guards ``current`` and ``records``: async dense buckets complete on the backend's thread."""
         self._pending: list[torch.futures.Future[torch.Tensor]] = []
         self.step_error: BaseException | None = None
+        """The first exception of the current step on this rank (``note_failure``); cleared by ``finish_step``."""
         self.step_open = False
-        """Whether the current step's first bucket has been seen (``check_agreement`` ran)."""
+        """Whether the current step's first bucket has been seen (``check_agreement`` is queued)."""
         self._load_mark = 0
         """Digest of the last loaded checkpoint (0: none); part of what ranks must agree on."""
-        """The first exception of the current step on this rank (``note_failure``); cleared by ``finish_step``."""
         self._jsonl = self._jsonl_target()
         if self.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.transport.world_size)
@@ -329,7 +326,7 @@ class ZenSyncState:
         local = torch.tensor([digest, self._load_mark, self.step], dtype=torch.int64, device=self._control_device())
         with self.transport.phase("setup"):
             gathered = [t.tolist() for t in self.transport.all_gather(local)]  # host-device sync
-        differing = [rank for rank, g in enumerate(gathered) if g[:2] != gathered[0][:2]]
+        differing = differing_from_rank0([g[:2] for g in gathered])
         if differing:
             steps = [g[2] for g in gathered]
             raise ValueError(

@@ -38,6 +38,7 @@ __all__ = [
     "TENSORS_WHY",
     "Fields",
     "clip",
+    "finite",
     "parse_json",
     "shorten",
 ]
@@ -85,13 +86,23 @@ _OPEN[[ord("]"), ord("}")]] = -1
 
 def shorten(value: object) -> str:
     """``repr(value)`` cut to ``_SHORT_CHARS`` characters, for messages."""
-    text = _REPR.repr(value)
-    return text if len(text) <= _SHORT_CHARS else f"{text[: _SHORT_CHARS - 3]}..."
+    return clip(_REPR.repr(value))
 
 
 def clip(text: str) -> str:
     """``text`` cut to ``_SHORT_CHARS`` characters, for names in messages (JSON keys can be long)."""
     return text if len(text) <= _SHORT_CHARS else f"{text[: _SHORT_CHARS - 3]}..."
+
+
+def finite(value: object) -> float | None:
+    """``value`` as a finite float; None for a bool, a non-number or a value a float64 cannot hold."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float64
+        return None
+    return number if math.isfinite(number) else None
 
 
 def parse_json(text: object, *, what: str) -> Any:
@@ -252,15 +263,9 @@ class Fields:
 
     def number(self, value: object, field: str, *, why: str, positive: bool = False) -> float:
         """``value`` as a finite float >= 0 (> 0 when ``positive``); ints are accepted."""
-        bound = "> 0" if positive else ">= 0"
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(field, value, f"must be a finite number {bound} ({why})")
-        try:
-            number = float(value)
-        except OverflowError:  # an int beyond float64
-            number = math.inf
-        if not (math.isfinite(number) and (number > 0 if positive else number >= 0)):
-            self.fail(field, value, f"must be a finite number {bound} ({why})")
+        number = finite(value)
+        if number is None or not (number > 0 if positive else number >= 0):
+            self.fail(field, value, f"must be a finite number {'> 0' if positive else '>= 0'} ({why})")
         return number
 
 

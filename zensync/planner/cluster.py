@@ -16,7 +16,7 @@ import math
 import re
 from typing import Any
 
-from zensync.planner._reader import clip, shorten
+from zensync.planner._reader import clip, finite, shorten
 
 __all__ = [
     "BANDWIDTH_PRESETS",
@@ -102,19 +102,8 @@ MAX_CPU_WORKERS = 1024
 """Most CPU compression workers per GPU (more than the cores of any host)."""
 
 
-def _finite(value: object) -> float | None:
-    """``value`` as a finite float; None for a bool, a non-number or a value a float64 cannot hold."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _check_positive(name: str, value: float) -> None:
-    number = _finite(value)
+    number = finite(value)
     if number is None or number <= 0:
         raise ValueError(f"ClusterSpec.{name}={shorten(value)} must be a positive, finite number")
 
@@ -158,7 +147,7 @@ class ClusterSpec:
             _check_positive(name, getattr(self, name))
         for name in ("intra_latency_s", "inter_latency_s"):
             value = getattr(self, name)
-            number = _finite(value)
+            number = finite(value)
             if number is None or number < 0:
                 raise ValueError(f"ClusterSpec.{name}={shorten(value)} must be a finite number of seconds >= 0")
 

@@ -86,11 +86,11 @@ class ModelProfile:
                     f"profile {self.model!r}: tensors must be in backward order (ready_s non-decreasing); tensor "
                     f"{after.name!r} is ready at {after.ready_s} s, before {before.name!r} at {before.ready_s} s"
                 )
-        ready = [t.ready_s for t in self.tensors]
-        if self.forward_s < 0 or self.backward_s < ready[-1]:
+        last_ready = self.tensors[-1].ready_s
+        if self.forward_s < 0 or self.backward_s < last_ready:
             raise ValueError(
                 f"profile {self.model!r}: forward_s={self.forward_s} must be >= 0 and backward_s={self.backward_s} "
-                f">= the last ready time {ready[-1]}"
+                f">= the last ready time {last_ready}"
             )
         if self.dtype_bytes not in (2, 4, 8):
             raise ValueError(f"profile {self.model!r}: dtype_bytes={self.dtype_bytes} must be 2, 4 or 8")
@@ -181,9 +181,7 @@ MeasuredCosts = dict[str, dict[str, dict[str, float]]]
 """Measured compressor costs by compressor spec, then cost name, then fit field (``read_measured_costs``)."""
 
 
-def read_profile_bundle(
-    text: str, *, what: str = "profile"
-) -> tuple[ModelProfile, dict[str, dict[str, dict[str, float]]]]:
+def read_profile_bundle(text: str, *, what: str = "profile") -> tuple[ModelProfile, MeasuredCosts]:
     """(profile, measured costs by compressor spec) from a ``zensync profile`` file or a bare profile's text.
 
     Raises:
@@ -197,7 +195,7 @@ def read_profile_bundle(
     # ``comm`` (the measured alpha-beta) and ``version`` are written by ``zensync profile``; not read here.
     data = fields.mapping(data, "", required=("profile",), optional=("version", "compressor_costs", "comm"))
     costs = data.get("compressor_costs", {})
-    if not isinstance(costs, dict) or not all(isinstance(spec, str) for spec in costs):
+    if not isinstance(costs, dict):  # parse_json gives str keys only
         fields.fail("compressor_costs", costs, "must be an object keyed by compressor spec")
     checked = {spec: read_measured_costs(fits, fields, f"compressor_costs.{spec}") for spec, fits in costs.items()}
     return ModelProfile.from_dict(data["profile"], what=what, field="profile"), checked
