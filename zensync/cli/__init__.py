@@ -57,12 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args, args.subparser))
-    except UsageError as err:
+    except (UsageError, CommandFailed) as err:
         print(f"zensync {args.command}: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except CommandFailed as err:
-        print(f"zensync {args.command}: error: {err}", file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_USAGE if isinstance(err, UsageError) else EXIT_FAILURE
 
 
 if __name__ == "__main__":

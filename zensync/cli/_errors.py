@@ -21,9 +21,11 @@ __all__ = [
     "EXIT_USAGE",
     "CommandFailed",
     "UsageError",
+    "check_input",
     "check_output_dir",
     "check_output_file",
     "read_input",
+    "write_failed",
 ]
 
 EXIT_FAILURE = 1
@@ -82,5 +84,22 @@ def read_input(path: str, what: str) -> str:
     try:
         return pathlib.Path(path).read_text()
     except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise UsageError(f"cannot read {what} {path}: {reason}") from err
+        raise _unreadable(path, what, err) from err
+
+
+def check_input(path: str, what: str) -> None:
+    """Raise ``UsageError`` (the reason alone) unless ``path`` can be opened for reading; reads nothing."""
+    try:
+        open(path, "rb").close()
+    except OSError as err:
+        raise _unreadable(path, what, err) from err
+
+
+def write_failed(path: str, err: OSError) -> CommandFailed:
+    """The ``CommandFailed`` of a result that cannot be written to ``path`` after the work."""
+    return CommandFailed(f"cannot write {path}: {err.strerror or err}")
+
+
+def _unreadable(path: str, what: str, err: OSError | UnicodeDecodeError) -> UsageError:
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    return UsageError(f"cannot read {what} {path}: {reason}")

@@ -16,7 +16,7 @@ import importlib.util
 import pathlib
 from typing import Any
 
-from zensync.cli._errors import CommandFailed, UsageError, check_output_file, read_input
+from zensync.cli._errors import CommandFailed, UsageError, check_input, check_output_file, read_input, write_failed
 from zensync.planner import (
     MAX_JSON_CHARS,
     ClusterSpec,
@@ -111,7 +111,7 @@ def load_profile_bundle(path: str) -> tuple[ModelProfile, dict[str, dict[str, di
 
 def _profile_file(path: str) -> tuple[ModelProfile, dict[str, dict[str, dict[str, float]]]]:
     """``load_profile_bundle`` of a file named on the command line: a bad one is a usage error (one line)."""
-    read_input(path, "profile")  # a missing or unreadable file: the reason alone
+    check_input(path, "profile")  # a missing or unreadable file: the reason alone (opened, not read twice)
     try:
         return load_profile_bundle(path)
     except ValueError as err:
@@ -140,7 +140,7 @@ def _run_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         try:
             pathlib.Path(args.output).write_text(chosen.to_json())
         except OSError as err:
-            raise CommandFailed(f"cannot write {args.output}: {err.strerror or err}") from err
+            raise write_failed(args.output, err) from err
         print(f"wrote {args.output} (use: zensync.register(ddp, strategy={args.output!r}))")
     return 0
 
@@ -197,6 +197,6 @@ def _run_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         try:
             draw_timeline(result, args.png, title=f"{loaded.model}: {loaded.compressor}")
         except OSError as err:
-            raise CommandFailed(f"cannot write {args.png}: {err.strerror or err}") from err
+            raise write_failed(args.png, err) from err
         print(f"wrote {args.png}")
     return 0

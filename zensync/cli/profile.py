@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from zensync.cli._errors import CommandFailed, check_output_file
+from zensync.cli._errors import check_output_file, write_failed
 from zensync.cli._progress import bar
 from zensync.planner import ModelProfile
 from zensync.profiling import CompressorCost, measure_compressor_costs, measure_ready_times
@@ -111,7 +111,7 @@ def _run_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     try:
         pathlib.Path(args.output).write_text(json.dumps(bundle, indent=1))
     except OSError as err:
-        raise CommandFailed(f"cannot write {args.output}: {err.strerror or err}") from err
+        raise write_failed(args.output, err) from err
     _print_summary(args, name, profile, costs, comm)
     return 0
 

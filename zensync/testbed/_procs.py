@@ -205,6 +205,8 @@ class ClusterBase(abc.ABC):
 
     def _forget(self, procs: list[subprocess.Popen[Any]]) -> None:
         """Drop reaped processes from the bookkeeping and the record."""
+        if not procs:
+            return
         self._procs = [p for p in self._procs if p not in procs]
         if self._record is not None:
             self._record.forget_workers(p.pid for p in procs)

@@ -175,11 +175,13 @@ class RunRecord:
                 self._write()
 
     def forget_workers(self, pids: Iterable[int]) -> None:
-        """Drop workers that have exited and been reaped."""
+        """Drop workers that have exited and been reaped (the file is rewritten only if one was recorded)."""
         gone = set(pids)
         with self._lock:
-            self._data["workers"] = [w for w in self._data["workers"] if w["pid"] not in gone]
-            self._write()
+            kept = [w for w in self._data["workers"] if w["pid"] not in gone]
+            if len(kept) != len(self._data["workers"]):
+                self._data["workers"] = kept
+                self._write()
 
     def add_temp_dir(self, path: str) -> None:
         """Record a temp dir (its name must start with ``TEMP_DIR_PREFIX``)."""
@@ -190,10 +192,12 @@ class RunRecord:
             self._write()
 
     def forget_temp_dir(self, path: str) -> None:
-        """Drop a temp dir that was removed."""
+        """Drop a temp dir that was removed (the file is rewritten only if it was recorded)."""
         with self._lock:
-            self._data["temp_dirs"] = [p for p in self._data["temp_dirs"] if p != os.path.abspath(path)]
-            self._write()
+            kept = [p for p in self._data["temp_dirs"] if p != os.path.abspath(path)]
+            if len(kept) != len(self._data["temp_dirs"]):
+                self._data["temp_dirs"] = kept
+                self._write()
 
     def close(self) -> None:
         """Delete the record (the run has torn down everything it names)."""
@@ -255,13 +259,12 @@ def cleanup_stale() -> CleanupReport:
                 path.unlink(missing_ok=True)
                 report.runs.append(record["run_id"])
         # Namespaces without a record: their name carries the owner's pid (no start time to compare).
+        orphans = []
         for name in sorted(existing - recorded):
             match = netns.NAME_PATTERN.match(name)
             if match and ProcessId.of(int(match.group(2))) is None:
-                inside = netns.delete_namespace(name)
-                _wait_gone(inside)
-                report.processes.extend(inside)
-                report.namespaces.append(name)
+                orphans.append(name)
+        _delete_namespaces(orphans, report)
     return report
 
 
@@ -275,18 +278,22 @@ def _remove_run(record: dict[str, Any], existing: set[str], report: CleanupRepor
     for link in record["links"]:
         if link["namespace"] in existing:
             netns.run_cmd(["ip", "-n", link["namespace"], "link", "del", link["name"]], check=False)
-    inside = []
-    for name in reversed(record["namespaces"]):
-        if name in existing:
-            inside += netns.delete_namespace(name)
-            report.namespaces.append(name)
-    _wait_gone(inside)
-    report.processes.extend(inside)
+    _delete_namespaces([name for name in reversed(record["namespaces"]) if name in existing], report)
     # Step 3: temp dirs (only zensync's, only directories).
     for path in record["temp_dirs"]:
         if os.path.basename(path).startswith(TEMP_DIR_PREFIX) and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
             report.temp_dirs.append(path)
+
+
+def _delete_namespaces(names: list[str], report: CleanupReport) -> None:
+    """Delete ``names`` (killing the processes inside), then wait once for those processes to be gone."""
+    inside = []
+    for name in names:
+        inside += netns.delete_namespace(name)
+        report.namespaces.append(name)
+    _wait_gone(inside)
+    report.processes.extend(inside)
 
 
 def _kill_group(pid: int) -> bool:
