@@ -78,3 +78,43 @@ class TestGlooTransportSizes:
             assert record["sent"] == 4 * (forwarded if ring else sizes[rank] * (n - 1)), (rank, name)
             assert record["recv"] == 4 * (sum(sizes) - sizes[rank])
             assert record["control_sent"] == record["control_recv"] == 8 * (n - 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Non-blocking collectives issued back to back keep the call order on the wire.
+def _issue_order_worker(rank: int, world_size: int, late_rank: int) -> list[list[float]]:
+    """Multi-call collectives (sizes, then payload) followed at once by single-call ones.
+
+    ``late_rank`` pauses between its calls, so on that rank the size exchange completes before the
+    next call while on the others it does not: without the transport's issue slot the payload would
+    reach gloo after the next collective on some ranks and before it on others.
+    """
+    import time
+
+    transport = transport_for_group(None)
+    handles = []
+    for i in range(4):
+        handles.append(
+            transport.all_to_all_v_async(torch.arange(world_size, dtype=torch.float32) + 10 * rank, [1] * world_size)
+        )
+        if rank == late_rank:
+            time.sleep(0.05)
+        handles.append(transport.all_reduce_async(torch.full((3 + i,), float(rank + 1))))
+        handles.append(transport.all_gather_v_async(torch.full((rank + i + 1,), float(rank))))
+    out = []
+    for i in range(4):
+        (received, _), summed, gathered = (h.wait(timeout=60) for h in handles[3 * i : 3 * i + 3])
+        out.append([*received.tolist(), *summed.tolist(), *torch.cat(gathered).tolist()])
+    return out
+
+
+@pytest.mark.parametrize("late_rank", [0, 1])
+def test_back_to_back_async_collectives_keep_call_order(late_rank: int, tmp_path: Any) -> None:
+    n = 3
+    results = launch(_issue_order_worker, n, (late_rank,), tmp_path)
+    for rank, out in enumerate(results):
+        for i, values in enumerate(out):
+            received = [rank + 10.0 * r for r in range(n)]
+            summed = [float(n * (n + 1) // 2)] * (3 + i)
+            gathered = [float(r) for r in range(n) for _ in range(r + i + 1)]
+            assert values == received + summed + gathered, (rank, i)

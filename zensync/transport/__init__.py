@@ -10,20 +10,26 @@ from typing import Any
 
 from zensync.transport import launch
 from zensync.transport.base import CONTROL_BYTES_PER_COUNT, TrafficLog, Transport
+from zensync.transport.handle import Handle, Lane, Task, gather, run_sync
 from zensync.transport.simulated import SimulatedTransport, SimulatedWorld, WorldAborted
 from zensync.transport.torch_dist import GradBucket, TorchTransport, transport_for_group
 
 __all__ = [
     "CONTROL_BYTES_PER_COUNT",
     "GradBucket",
+    "Handle",
+    "Lane",
     "SimulatedTransport",
     "SimulatedWorld",
+    "Task",
     "TorchTransport",
     "TrafficLog",
     "Transport",
     "WorldAborted",
+    "gather",
     "launch",
     "resolve",
+    "run_sync",
     "transport_for_group",
 ]
 

@@ -4,7 +4,6 @@ A ``Transport`` is one rank's handle on a group of ``world_size`` ranks. It offe
 engine needs on 1-D tensors (any dtype the backend moves; byte tensors for packed payloads):
 
     all_reduce(x)                  -> sum over ranks (new tensor, or x itself with inplace=True)
-    all_reduce_async(x)            -> Future of x summed in place
     all_gather(x)                  -> list of every rank's x (equal sizes)
     all_gather_v(x)                -> list of every rank's x (sizes may differ)
     all_to_all_v(x, send_counts)   -> (received, recv_counts); x is cut into world_size chunks
@@ -12,6 +11,16 @@ engine needs on 1-D tensors (any dtype the backend moves; byte tensors for packe
     send_recv(x, dst, src)         -> sends bytes x to dst while receiving bytes from src
     barrier()
     split(color)                   -> transport over the ranks with the same color
+
+Every collective but ``split`` also has a non-blocking form, ``all_reduce_async(x)`` and so on,
+returning a ``Handle`` (``zensync.transport.handle``) that coroutines await. Issue order: a rank's
+collectives reach the backend in the order it called them, blocking or not (``_issue``); callers
+keep that order the same on every rank (the DDP hook runs its buckets on one ``Lane``).
+
+Device tensors: a backend enqueues its collective on the caller's current CUDA stream or on a
+stream that waits for it (NCCL), and its handle completes through ``torch.futures.Future.then``, so
+code chained after a collective runs on streams that see its result; nothing here synchronizes the
+host with the device except where a size must be read (marked "host-device sync").
 
 Byte accounting is done here, once, with one logical model, so that every implementation (the
 in-process simulated world, torch.distributed, and MPI later) reports the same numbers for the same
@@ -40,19 +49,28 @@ every collective then starts with an (unaccounted, untimed) barrier.
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 
+from zensync.transport.handle import Handle, run_sync
 from zensync.types import PhaseTraffic
 
 __all__ = ["CONTROL_BYTES_PER_COUNT", "TrafficLog", "Transport"]
 
 CONTROL_BYTES_PER_COUNT = 8
 """Size exchanges move one int64 per count."""
+
+R = TypeVar("R")
+T = TypeVar("T")
+_Traffic = tuple[int, int, int, int, "int | None"]
+"""(bytes sent, bytes received, control bytes sent, messages sent, control bytes received or None:
+as sent) of one collective on this rank."""
 
 
 class TrafficLog:
@@ -99,8 +117,14 @@ class Transport(abc.ABC):
         self._phase = "other"
         self._logs: list[TrafficLog] = []
         self._fenced = False
-        self.h0_seed: int | None = None
-        """Seed of Zen's first-level hash, agreed on at first use (see zensync.sync.partition)."""
+        self._issue_lock = threading.Lock()
+        self._waiting: collections.deque[tuple[Callable[[], Handle[Any]], bool, Callable[[Handle[Any]], None]]] = (
+            collections.deque()
+        )
+        self._in_flight = False
+        """Whether a multi-call collective holds the issue slot (``_issue``)."""
+        self._driver = threading.local()
+        """Per thread: how deep this thread is in ``run`` on this transport."""
 
     @property
     def control_device(self) -> torch.device:
@@ -148,13 +172,8 @@ class Transport(abc.ABC):
     def _start(self) -> float:
         """Start time of a collective (after the fence barrier when ``fenced()`` is active)."""
         if self._fenced:
-            self._barrier()
+            self._barrier().wait()
         return time.perf_counter()
-
-    def _account(
-        self, sent: int, recv: int, control: int, messages: int, seconds: float, control_recv: int | None = None
-    ) -> None:
-        self._account_to(self._logs, self._phase, sent, recv, control, messages, seconds, control_recv)
 
     @staticmethod
     def _account_to(
@@ -178,19 +197,32 @@ class Transport(abc.ABC):
             record.comm_time_s += seconds
 
     # ----------------------------------------------------------------------------------------------
-    # Public collectives: validate, time, call the backend, account.
+    # Public collectives: each has a blocking form and a non-blocking ``*_async`` form returning a
+    # Handle. Both validate, time, call the backend through ``_issue`` (which keeps the issue order)
+    # and account the bytes when the collective completes, to the logs and phase installed at the call.
     def all_reduce(self, tensor: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
         """Element-wise sum over ranks of a 1-D tensor: a new tensor, or ``tensor`` itself if ``inplace``.
 
         ``inplace`` needs a contiguous tensor and saves a copy of it (the DDP hook's bucket buffer).
         """
-        start = self._start()
+        return self._all_reduce_op(tensor, inplace=inplace, blocking=True).wait()
+
+    def all_reduce_async(self, tensor: torch.Tensor, *, inplace: bool = False) -> Handle[torch.Tensor]:
+        """Non-blocking ``all_reduce``: a Handle of the sum (``tensor`` itself with ``inplace``)."""
+        return self._all_reduce_op(tensor, inplace=inplace, blocking=False)
+
+    def _all_reduce_op(self, tensor: torch.Tensor, *, inplace: bool, blocking: bool) -> Handle[torch.Tensor]:
         if inplace and not tensor.is_contiguous():
             raise ValueError("all_reduce(inplace=True) needs a contiguous tensor")
-        out = self._all_reduce(tensor if inplace else tensor.contiguous().clone())
+        start = self._start()
+        target = tensor if inplace else tensor.contiguous().clone()
         nbytes, messages = self._ring_traffic(tensor)
-        self._account(nbytes, nbytes, 0, messages, time.perf_counter() - start)
-        return out
+        return self._issue(
+            lambda: self._all_reduce(target),
+            lambda _: (nbytes, nbytes, 0, messages, None),
+            start,
+            blocking=blocking,
+        )
 
     def _ring_traffic(self, tensor: torch.Tensor) -> tuple[int, int]:
         """(bytes sent = bytes received, messages sent) of this rank in a ring allreduce of ``tensor``."""
@@ -200,70 +232,66 @@ class Transport(abc.ABC):
         nbytes = 2 * (tensor.numel() - _ring_chunk(tensor.numel(), n, self.rank)) * tensor.element_size()
         return nbytes, 2 * (n - 1) if nbytes else 0
 
-    def all_reduce_async(
-        self, tensor: torch.Tensor, on_error: Callable[[BaseException], None] | None = None
-    ) -> torch.futures.Future[torch.Tensor]:
-        """Sum the contiguous 1-D ``tensor`` over ranks in place, asynchronously where the backend can.
-
-        Returns a Future holding ``tensor``. Traffic goes to the logs and phase installed at the
-        call, with the time from the call to completion. Callers must issue their async and blocking
-        collectives of a group in the same order on every rank.
-
-        Args:
-            tensor: The contiguous 1-D tensor to sum in place.
-            on_error: Called with the collective's own exception (original type) when it fails; the
-                returned Future then fails too, with a RuntimeError quoting it (a torch Future
-                callback cannot pass an exception object on).
-        """
-        if not tensor.is_contiguous():
-            raise ValueError("all_reduce_async needs a contiguous tensor")
-        start = self._start()
-        logs, phase = list(self._logs), self._phase
-        nbytes, messages = self._ring_traffic(tensor)
-
-        def account(done: torch.futures.Future[Any]) -> torch.Tensor:
-            try:
-                result = done.value()  # re-raises a failed collective
-            except BaseException as exc:
-                if on_error is not None:
-                    on_error(exc)
-                raise
-            if isinstance(result, list):  # a backend's work future holds [tensor]
-                (result,) = result
-            self._account_to(logs, phase, nbytes, nbytes, 0, messages, time.perf_counter() - start)
-            return result
-
-        return self._all_reduce_async(tensor).then(account)
-
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's 1-D tensor, in rank order; all ranks must pass the same size."""
+        return self._all_gather_op(tensor, blocking=True).wait()
+
+    def all_gather_async(self, tensor: torch.Tensor) -> Handle[list[torch.Tensor]]:
+        """Non-blocking ``all_gather``."""
+        return self._all_gather_op(tensor, blocking=False)
+
+    def _all_gather_op(self, tensor: torch.Tensor, *, blocking: bool) -> Handle[list[torch.Tensor]]:
         start = self._start()
-        out = self._all_gather(tensor.contiguous())
-        self._account_gather(tensor, out, control=0, start=start)
-        return out
+        x = tensor.contiguous()
+        return self._issue(
+            lambda: self._all_gather(x), lambda out: self._gather_traffic(tensor, out, 0), start, blocking=blocking
+        )
 
     def all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's 1-D tensor, in rank order; sizes may differ (dtype may not)."""
-        start = self._start()
-        out, forwarded = self._all_gather_v(tensor.contiguous())
-        control = CONTROL_BYTES_PER_COUNT * (self.world_size - 1)
-        self._account_gather(tensor, out, control=control, start=start, sent=forwarded)
-        return out
+        return self._all_gather_v_op(tensor, blocking=True).wait()
 
-    def _account_gather(
-        self, tensor: torch.Tensor, out: list[torch.Tensor], control: int, start: float, sent: int | None = None
-    ) -> None:
+    def all_gather_v_async(self, tensor: torch.Tensor) -> Handle[list[torch.Tensor]]:
+        """Non-blocking ``all_gather_v``."""
+        return self._all_gather_v_op(tensor, blocking=False)
+
+    def _all_gather_v_op(self, tensor: torch.Tensor, *, blocking: bool) -> Handle[list[torch.Tensor]]:
+        start = self._start()
+        x = tensor.contiguous()
+        control = CONTROL_BYTES_PER_COUNT * (self.world_size - 1)
+
+        def traffic(result: tuple[list[torch.Tensor], int | None]) -> _Traffic:
+            out, forwarded = result
+            return self._gather_traffic(tensor, out, control, sent=forwarded)
+
+        raw = self._issue(lambda: self._all_gather_v(x), traffic, start, blocking=blocking, multi_stage=True)
+        return raw.then(lambda result: result[0])
+
+    def _gather_traffic(
+        self, tensor: torch.Tensor, out: list[torch.Tensor], control: int, sent: int | None = None
+    ) -> _Traffic:
         if sent is None:
             sent = _nbytes(tensor) * (self.world_size - 1)
         recv = sum(_nbytes(t) for j, t in enumerate(out) if j != self.rank)
         messages = (self.world_size - 1) if tensor.numel() else 0
-        self._account(sent, recv, control, messages, time.perf_counter() - start)
+        return sent, recv, control, messages, None
 
     def all_to_all_v(self, tensor: torch.Tensor, send_counts: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
         """Send ``tensor[offset_j : offset_j + send_counts[j]]`` to rank j; receive likewise.
 
         Returns the concatenation of the chunks received (in source-rank order) and their counts.
         """
+        return self._all_to_all_v_op(tensor, send_counts, blocking=True).wait()
+
+    def all_to_all_v_async(
+        self, tensor: torch.Tensor, send_counts: Sequence[int]
+    ) -> Handle[tuple[torch.Tensor, list[int]]]:
+        """Non-blocking ``all_to_all_v``."""
+        return self._all_to_all_v_op(tensor, send_counts, blocking=False)
+
+    def _all_to_all_v_op(
+        self, tensor: torch.Tensor, send_counts: Sequence[int], *, blocking: bool
+    ) -> Handle[tuple[torch.Tensor, list[int]]]:
         counts = [int(c) for c in send_counts]
         if len(counts) != self.world_size or sum(counts) != tensor.numel() or min(counts, default=0) < 0:
             raise ValueError(
@@ -271,26 +299,36 @@ class Transport(abc.ABC):
                 f"non-negative entries summing to tensor.numel()={tensor.numel()}"
             )
         start = self._start()
-        out, recv_counts = self._all_to_all_v(tensor.contiguous(), counts)
+        x = tensor.contiguous()
         esize = tensor.element_size()
-        sent = sum(c for j, c in enumerate(counts) if j != self.rank) * esize
-        recv = sum(c for j, c in enumerate(recv_counts) if j != self.rank) * esize
-        messages = sum(1 for j, c in enumerate(counts) if j != self.rank and c)
-        control = CONTROL_BYTES_PER_COUNT * (self.world_size - 1)
-        self._account(sent, recv, control, messages, time.perf_counter() - start)
-        return out, recv_counts
+
+        def traffic(result: tuple[torch.Tensor, list[int]]) -> _Traffic:
+            recv_counts = result[1]
+            sent = sum(c for j, c in enumerate(counts) if j != self.rank) * esize
+            recv = sum(c for j, c in enumerate(recv_counts) if j != self.rank) * esize
+            messages = sum(1 for j, c in enumerate(counts) if j != self.rank and c)
+            return sent, recv, CONTROL_BYTES_PER_COUNT * (self.world_size - 1), messages, None
+
+        return self._issue(lambda: self._all_to_all_v(x, counts), traffic, start, blocking=blocking, multi_stage=True)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """``src``'s tensor on every rank (others pass a tensor of the same size and dtype)."""
+        return self._broadcast_op(tensor, src, blocking=True).wait()
+
+    def broadcast_async(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]:
+        """Non-blocking ``broadcast``."""
+        return self._broadcast_op(tensor, src, blocking=False)
+
+    def _broadcast_op(self, tensor: torch.Tensor, src: int, *, blocking: bool) -> Handle[torch.Tensor]:
         start = self._start()
-        out = self._broadcast(tensor.contiguous(), src)
+        x = tensor.contiguous()
         nbytes = _nbytes(tensor)
         if self.rank == src:
             sent, recv, messages = nbytes * (self.world_size - 1), 0, self.world_size - 1
         else:
             sent, recv, messages = 0, nbytes, 0
-        self._account(sent, recv, 0, messages if nbytes else 0, time.perf_counter() - start)
-        return out
+        traffic = (sent, recv, 0, messages if nbytes else 0, None)
+        return self._issue(lambda: self._broadcast(x, src), lambda _: traffic, start, blocking=blocking)
 
     def send_recv(
         self, tensor: torch.Tensor | None, dst: int | None, src: int | None, *, device: torch.device
@@ -298,30 +336,126 @@ class Transport(abc.ABC):
         """Send the byte tensor ``tensor`` to ``dst`` while receiving a byte tensor from ``src``.
 
         Either side may be None (send only, or receive only). Sizes may differ: the size travels
-        first. Payloads are uint8 (pack typed data with ``zensync.sync.packing``). The received
+        first. Payloads are uint8 (pack typed data with ``zensync.transport.packing``). The received
         tensor lives on ``device``. Returns None when ``src`` is None.
         """
+        return self._send_recv_op(tensor, dst, src, device=device, blocking=True).wait()
+
+    def send_recv_async(
+        self, tensor: torch.Tensor | None, dst: int | None, src: int | None, *, device: torch.device
+    ) -> Handle[torch.Tensor | None]:
+        """Non-blocking ``send_recv``."""
+        return self._send_recv_op(tensor, dst, src, device=device, blocking=False)
+
+    def _send_recv_op(
+        self, tensor: torch.Tensor | None, dst: int | None, src: int | None, *, device: torch.device, blocking: bool
+    ) -> Handle[torch.Tensor | None]:
         if (dst is None) != (tensor is None):
             raise ValueError("send_recv: pass both tensor and dst, or neither")
         if tensor is not None and tensor.dtype != torch.uint8:
             raise ValueError(f"send_recv moves uint8 payloads, got dtype={tensor.dtype}")
         start = self._start()
-        out = self._send_recv(None if tensor is None else tensor.contiguous(), dst, src, device)
+        x = None if tensor is None else tensor.contiguous()
         sent = 0 if tensor is None else _nbytes(tensor)
-        recv = 0 if out is None else _nbytes(out)
-        self._account(
-            sent,
-            recv,
-            CONTROL_BYTES_PER_COUNT * (dst is not None),
-            int(sent > 0),
-            time.perf_counter() - start,
-            control_recv=CONTROL_BYTES_PER_COUNT * (src is not None),
+
+        def traffic(out: torch.Tensor | None) -> _Traffic:
+            recv = 0 if out is None else _nbytes(out)
+            control_recv = CONTROL_BYTES_PER_COUNT * (src is not None)
+            return sent, recv, CONTROL_BYTES_PER_COUNT * (dst is not None), int(sent > 0), control_recv
+
+        return self._issue(
+            lambda: self._send_recv(x, dst, src, device), traffic, start, blocking=blocking, multi_stage=True
         )
-        return out
 
     def barrier(self) -> None:
         """Wait until every rank reaches this point."""
-        self._barrier()
+        self.barrier_async(blocking=True).wait()
+
+    def barrier_async(self, *, blocking: bool = False) -> Handle[None]:
+        """Non-blocking ``barrier`` (neither timed nor counted)."""
+        return self._issue(self._barrier, None, None, blocking=blocking)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Drive a coroutine of this transport's ``*_async`` collectives to completion, here (blocking).
+
+        While it runs, the coroutine's collectives count as blocking calls of this thread (a
+        blocking backend then runs them on this thread instead of handing them to another).
+        """
+        self._driver.depth = getattr(self._driver, "depth", 0) + 1
+        try:
+            return run_sync(coro)
+        finally:
+            self._driver.depth -= 1
+
+    def _driven_here(self) -> bool:
+        """Whether this thread is inside ``run`` on this transport."""
+        return getattr(self._driver, "depth", 0) > 0
+
+    # ----------------------------------------------------------------------------------------------
+    # Issue order. A collective that needs several backend calls (sizes first, then the payload)
+    # holds the issue slot until it completes: collectives issued meanwhile wait in a queue, so the
+    # backend sees every rank's calls in the order they were made on that rank, whatever order
+    # their completions arrive in. Single-call collectives are issued at once when nothing waits.
+    def _issue(
+        self,
+        start_op: Callable[[], Handle[R]],
+        traffic: Callable[[R], _Traffic] | None,
+        start: float | None,
+        *,
+        blocking: bool,
+        multi_stage: bool = False,
+    ) -> Handle[R]:
+        """Issue one collective (``start_op`` calls the backend) in order; account it when done.
+
+        The returned handle completes after the accounting, so whoever awaits it sees the bytes.
+        """
+        del blocking  # the default issue is the same for both forms; SimulatedTransport's is not
+        handle: Handle[R] = Handle()
+        logs, phase = list(self._logs), self._phase
+
+        def finish(done: Handle[R]) -> None:
+            if traffic is not None and done.error is None:
+                assert start is not None
+                sent, recv, control, messages, control_recv = traffic(done.outcome())
+                seconds = time.perf_counter() - start
+                self._account_to(logs, phase, sent, recv, control, messages, seconds, control_recv)
+            done.forward_to(handle)
+
+        with self._issue_lock:
+            queued = self._in_flight or bool(self._waiting)
+            if queued:
+                self._waiting.append((start_op, multi_stage, finish))
+            elif multi_stage:
+                self._in_flight = True
+        if not queued:
+            self._launch(start_op, multi_stage, finish)
+        return handle
+
+    def _launch(
+        self, start_op: Callable[[], Handle[Any]], multi_stage: bool, finish: Callable[[Handle[Any]], None]
+    ) -> None:
+        try:
+            inner = start_op()
+        except BaseException as exc:  # noqa: BLE001 - the collective's failure, kept in its handle
+            inner = Handle()
+            inner.set_exception(exc)
+        if multi_stage:
+            inner.add_done_callback(self._multi_stage_done)
+        inner.add_done_callback(finish)
+
+    def _multi_stage_done(self, _: Handle[Any]) -> None:
+        """The in-flight multi-call collective completed: issue what waited, in order."""
+        while True:
+            with self._issue_lock:
+                if not self._waiting:
+                    self._in_flight = False
+                    return
+                start_op, multi_stage, finish = self._waiting.popleft()
+                if multi_stage:  # it takes the slot over; the rest waits for it
+                    self._in_flight = True
+            self._launch(start_op, multi_stage, finish)
+            if multi_stage:
+                return
 
     def split(self, color: int) -> Transport:
         """A transport over the ranks that pass the same ``color``, ranked by their rank here.
@@ -329,44 +463,40 @@ class Transport(abc.ABC):
         A collective of every rank of this transport (each gets the group of its own color). Used
         for hierarchical schemes: ``split(rank // gpus_per_node)`` gives the intra-node group,
         ``split(rank % gpus_per_node)`` the inter-node group of one local rank. The setup exchange
-        is neither timed nor counted.
+        is neither timed nor counted. Blocking, and only between steps: no non-blocking collective
+        of this transport may be pending.
         """
         if isinstance(color, bool) or not isinstance(color, int) or color < 0:
             raise ValueError(f"split(color={color!r}): color must be an int >= 0")
         return self._split(color)
 
     # ----------------------------------------------------------------------------------------------
-    # Backend hooks
+    # Backend hooks: each starts the backend's collective and returns its Handle (done at once on a
+    # blocking backend, ``Handle.from_call``). Sizes and data as in the public forms above.
     @abc.abstractmethod
-    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over ranks in place and return it (the caller owns ``tensor``)."""
-
-    def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[Any]:
-        """In-place sum as a Future of ``tensor`` (or ``[tensor]``); this default runs it now (a done Future)."""
-        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        future.set_result(self._all_reduce(tensor))
-        return future
+    def _all_reduce(self, tensor: torch.Tensor) -> Handle[torch.Tensor]:
+        """Sum ``tensor`` over ranks in place (the caller owns ``tensor``); the handle holds it."""
 
     @abc.abstractmethod
-    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]: ...
+    def _all_gather(self, tensor: torch.Tensor) -> Handle[list[torch.Tensor]]: ...
 
     @abc.abstractmethod
-    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int | None]:
+    def _all_gather_v(self, tensor: torch.Tensor) -> Handle[tuple[list[torch.Tensor], int | None]]:
         """Every rank's tensor, and the bytes this rank sent if not B_r to each peer (a ring forwards)."""
 
     @abc.abstractmethod
-    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]: ...
+    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> Handle[tuple[torch.Tensor, list[int]]]: ...
 
     @abc.abstractmethod
-    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor: ...
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]: ...
 
     @abc.abstractmethod
     def _send_recv(
         self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
-    ) -> torch.Tensor | None: ...
+    ) -> Handle[torch.Tensor | None]: ...
 
     @abc.abstractmethod
-    def _barrier(self) -> None: ...
+    def _barrier(self) -> Handle[None]: ...
 
     @abc.abstractmethod
     def _split(self, color: int) -> Transport: ...

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from zensync.transport.base import Transport, _ring_chunk
+from zensync.transport.handle import Handle
 
 __all__ = ["SimulatedTransport", "SimulatedWorld", "WorldAborted"]
 
@@ -86,6 +87,11 @@ class _Shared:
     aborted: threading.Event
     children: list[_Shared] = dataclasses.field(default_factory=list)
     """Worlds split from this one (``split``): aborted with it."""
+    delay_s: Callable[[int], float] | None = None
+    """Seconds by which the completion of each non-blocking collective of a rank reaches its caller
+    (tests: random completion delays per rank, so completions arrive out of order); None: at once."""
+    transports: list[SimulatedTransport] = dataclasses.field(default_factory=list)
+    """Every transport of this world (and its splits) with a progress thread, closed by ``run``."""
 
     def abort(self) -> None:
         self.aborted.set()
@@ -94,10 +100,11 @@ class _Shared:
             child.abort()
 
 
-def _new_shared(num_ranks: int, timeout_s: float) -> _Shared:
+def _new_shared(num_ranks: int, timeout_s: float, delay_s: Callable[[int], float] | None = None) -> _Shared:
     return _Shared(
         num_ranks=num_ranks,
         timeout_s=timeout_s,
+        delay_s=delay_s,
         barrier=_Barrier(num_ranks),
         slots=[None] * num_ranks,
         mailboxes={},
@@ -106,12 +113,71 @@ def _new_shared(num_ranks: int, timeout_s: float) -> _Shared:
     )
 
 
+_STOP = object()
+
+
 class SimulatedTransport(Transport):
-    """One logical rank of a ``SimulatedWorld``."""
+    """One logical rank of a ``SimulatedWorld``.
+
+    Its collectives are rendezvous of the rank threads, so they block: a blocking call runs on the
+    calling thread. The non-blocking forms need someone to wait in the rendezvous while the caller
+    goes on, so they run on this rank's progress thread (started by the first one; the simulated
+    world has no asynchronous backend to hand them to, which is why this thread exists). Once it
+    exists every collective of the rank goes through it, in call order (``Transport._issue``).
+    """
 
     def __init__(self, shared: _Shared, rank: int) -> None:
         super().__init__(rank, shared.num_ranks)
         self._shared = shared
+        self._progress: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    # -- issue: inline when blocking, else on the progress thread ----------------------------------
+    def _issue(self, start_op: Any, traffic: Any, start: Any, *, blocking: bool, multi_stage: bool = False) -> Any:
+        on_progress = threading.current_thread() is self._progress
+        blocking = blocking or self._driven_here()  # a coroutine driven by ``run`` on this thread
+        if on_progress or (blocking and self._progress is None):
+            return super()._issue(start_op, traffic, start, blocking=True, multi_stage=multi_stage)
+        self._ensure_progress()
+        handle: Handle[Any] = Handle()
+        delay = self._shared.delay_s if not blocking else None
+
+        def job() -> None:
+            inner = super(SimulatedTransport, self)._issue(
+                start_op, traffic, start, blocking=True, multi_stage=multi_stage
+            )
+            if delay is None:
+                inner.forward_to(handle)
+                return
+            # The collective ran in issue order; its completion reaches the caller later, from
+            # another thread, so completions arrive out of order, as a backend's worker threads
+            # deliver them.
+            timer = threading.Timer(delay(self.rank), inner.forward_to, args=(handle,))
+            timer.daemon = True
+            timer.start()
+
+        self._jobs.put(job)
+        return handle
+
+    def _ensure_progress(self) -> None:
+        if self._progress is None:
+            self._progress = threading.Thread(target=self._loop, name=f"sim-progress-{self.rank}", daemon=True)
+            self._shared.transports.append(self)
+            self._progress.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            job()
+
+    def close(self) -> None:
+        """Stop the progress thread after the queued collectives (``SimulatedWorld.run`` calls it)."""
+        if self._progress is not None and self._progress is not threading.current_thread():
+            self._jobs.put(_STOP)
+            self._progress.join(timeout=self._shared.timeout_s)
+            self._progress = None
 
     # One rendezvous: deposit, wait, read everyone's deposit, wait again before slots are reused.
     def _exchange(self, item: Any) -> list[Any]:
@@ -132,7 +198,10 @@ class SimulatedTransport(Transport):
                 f"reach the collective within {self._shared.timeout_s} s)"
             ) from None
 
-    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _all_reduce(self, tensor: torch.Tensor) -> Handle[torch.Tensor]:
+        return Handle.from_call(lambda: self._all_reduce_now(tensor))
+
+    def _all_reduce_now(self, tensor: torch.Tensor) -> torch.Tensor:
         inputs = self._exchange(tensor)
         # Step 1: reduce-scatter. Rank r sums chunk r over ranks in rank order (deterministic);
         # chunk bounds as torch.tensor_split, computed directly (O(1) per input, not O(n)).
@@ -146,7 +215,10 @@ class SimulatedTransport(Transport):
         torch.cat(self._exchange(mine), out=tensor)
         return tensor
 
-    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+    def _all_gather(self, tensor: torch.Tensor) -> Handle[list[torch.Tensor]]:
+        return Handle.from_call(lambda: self._all_gather_now(tensor))
+
+    def _all_gather_now(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         items = self._exchange(tensor)
         if any(t.shape != tensor.shape or t.dtype != tensor.dtype for t in items):
             raise ValueError(
@@ -155,11 +227,14 @@ class SimulatedTransport(Transport):
             )
         return items
 
-    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int | None]:
+    def _all_gather_v(self, tensor: torch.Tensor) -> Handle[tuple[list[torch.Tensor], int | None]]:
         # Received tensors are shared with their owners: callers must not modify them in place.
-        return self._exchange(tensor), None
+        return Handle.from_call(lambda: (self._exchange(tensor), None))
 
-    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
+    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> Handle[tuple[torch.Tensor, list[int]]]:
+        return Handle.from_call(lambda: self._all_to_all_v_now(tensor, counts))
+
+    def _all_to_all_v_now(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
         offsets = list(itertools.accumulate(counts, initial=0))
         items = self._exchange((tensor, counts, offsets))
         received, recv_counts = [], []
@@ -169,8 +244,8 @@ class SimulatedTransport(Transport):
             recv_counts.append(src_counts[self.rank])
         return torch.cat(received), recv_counts
 
-    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        return self._exchange(tensor)[src].clone()
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]:
+        return Handle.from_call(lambda: self._exchange(tensor)[src].clone())
 
     def _mailbox(self, src: int, dst: int) -> queue.Queue[torch.Tensor]:
         shared = self._shared
@@ -181,6 +256,11 @@ class SimulatedTransport(Transport):
             return box
 
     def _send_recv(
+        self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
+    ) -> Handle[torch.Tensor | None]:
+        return Handle.from_call(lambda: self._send_recv_now(tensor, dst, src, device))
+
+    def _send_recv_now(
         self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
     ) -> torch.Tensor | None:
         if tensor is not None and dst is not None:
@@ -202,8 +282,8 @@ class SimulatedTransport(Transport):
                         f"rank {self.rank}: no message from rank {src} within {self._shared.timeout_s} s"
                     ) from None
 
-    def _barrier(self) -> None:
-        self._wait()
+    def _barrier(self) -> Handle[None]:
+        return Handle.from_call(self._wait)
 
     def _split(self, color: int) -> SimulatedTransport:
         colors = self._exchange(color)
@@ -211,7 +291,8 @@ class SimulatedTransport(Transport):
         # The lowest member creates its group's shared state; everyone picks up its leader's.
         mine = None
         if members[0] == self.rank:
-            mine = _new_shared(len(members), self._shared.timeout_s)
+            mine = _new_shared(len(members), self._shared.timeout_s, self._shared.delay_s)
+            mine.transports = self._shared.transports  # closed with the world
             with self._shared.mailbox_lock:
                 self._shared.children.append(mine)
         offered = self._exchange(mine)
@@ -226,9 +307,19 @@ class SimulatedWorld:
         timeout_s: How long a rank waits at a collective before the world is declared hung.
         single_thread_torch: Run torch with one intra-op thread while the world runs (restored
             afterwards): p ranks are already p threads, and more would only contend.
+        delay_s: Each non-blocking collective of a rank completes for its caller ``delay_s(rank)``
+            seconds after it ran (delivered from a timer thread), so completions arrive in another
+            order on every rank: tests of the issue order use it. None: at once.
     """
 
-    def __init__(self, num_ranks: int, *, timeout_s: float = 120.0, single_thread_torch: bool = True) -> None:
+    def __init__(
+        self,
+        num_ranks: int,
+        *,
+        timeout_s: float = 120.0,
+        single_thread_torch: bool = True,
+        delay_s: Callable[[int], float] | None = None,
+    ) -> None:
         if not 1 <= num_ranks <= 4096:
             raise ValueError(f"num_ranks={num_ranks} must be in 1..4096")
         if timeout_s <= 0:
@@ -236,6 +327,7 @@ class SimulatedWorld:
         self.num_ranks = num_ranks
         self.timeout_s = timeout_s
         self.single_thread_torch = single_thread_torch
+        self.delay_s = delay_s
 
     def run(
         self,
@@ -247,7 +339,7 @@ class SimulatedWorld:
 
         With ``return_exceptions=True`` a rank's exception is returned in its place instead of raised.
         """
-        shared = _new_shared(self.num_ranks, self.timeout_s)
+        shared = _new_shared(self.num_ranks, self.timeout_s, self.delay_s)
         outcomes: list[Any] = [None] * self.num_ranks
         failed = [False] * self.num_ranks
 
@@ -269,6 +361,8 @@ class SimulatedWorld:
                 thread.join()
         finally:
             torch.set_num_threads(previous_threads)
+            for transport in list(shared.transports):
+                transport.close()
         if return_exceptions or not any(failed):
             return outcomes
         root_causes = [o for o, f in zip(outcomes, failed, strict=True) if f and not isinstance(o, WorldAborted)]

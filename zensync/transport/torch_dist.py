@@ -13,17 +13,29 @@ on 2 cores, where one ``all_to_all_single`` carrying the same bytes takes about 
 count exchanges) therefore go through ``all_to_all_single``; large ones keep the ring, which uses
 the links better (gloo's all_to_all reached about 2/3 of the link rate on 4 shaped hosts, its ring
 about 90 %); large uneven ones run as a ring of point-to-point steps with exact sizes.
+
+Non-blocking forms: every collective is issued with ``async_op=True`` and completes through its
+work's future (``Handle.from_torch``); a collective that needs sizes first chains its payload after
+them in a ``Task``. gloo's point-to-point work has no future ("Work::getFuture not implemented"), so
+``send_recv`` and the ring all-gather run on this transport's point-to-point thread, the one place
+a thread of zensync's waits for the network, started only when those are used.
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import Any
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from zensync.transport.base import Transport
+from zensync.transport.handle import Handle, Task
+
+T = TypeVar("T")
 
 __all__ = ["GradBucket", "TorchTransport", "group_timeout", "transport_for_group"]
 
@@ -83,6 +95,8 @@ class TorchTransport(Transport):
         self.timeout = timeout if timeout is not None else group_timeout(group)
         """Timeout of the groups this transport creates (and of ``group`` unless given otherwise)."""
         self._small_gather_bytes = SMALL_GATHER_BYTES if dist.get_backend(group) == "gloo" else 0
+        self._p2p_thread: threading.Thread | None = None
+        self._p2p_jobs: queue.SimpleQueue[tuple[Callable[[], Any], Handle[Any]]] = queue.SimpleQueue()
 
     def duplicate(self, timeout: datetime.timedelta | None = None) -> TorchTransport:
         """A transport on a new process group with the same ranks (a collective of those ranks).
@@ -98,7 +112,7 @@ class TorchTransport(Transport):
         return self._new_group(ranks, timeout if timeout is not None else self.timeout)
 
     def _split(self, color: int) -> TorchTransport:
-        colors = self._all_gather(torch.tensor([color], dtype=torch.int64, device=self._device()))
+        colors = self._all_gather(torch.tensor([color], dtype=torch.int64, device=self._device())).wait()
         members = [r for r, c in enumerate(torch.cat(colors).tolist()) if c == color]
         return self._new_group([self._global(r) for r in members], self.timeout)
 
@@ -123,42 +137,70 @@ class TorchTransport(Transport):
             return group_rank
         return dist.get_global_rank(self.group, group_rank)
 
-    def _exchange_counts(self, counts: torch.Tensor) -> torch.Tensor:
-        received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts, group=self.group)
-        return received
+    # -- non-blocking building blocks ---------------------------------------------------------------
+    def _p2p(self, fn: Callable[[], T]) -> Handle[T]:
+        """Run blocking point-to-point work on the point-to-point thread (gloo's p2p work has no future)."""
+        if self._p2p_thread is None:
+            self._p2p_thread = threading.Thread(target=self._p2p_loop, name="zensync-p2p", daemon=True)
+            self._p2p_thread.start()
+        handle: Handle[T] = Handle()
+        self._p2p_jobs.put((fn, handle))
+        return handle
 
-    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(tensor, group=self.group)
-        return tensor
+    def _p2p_loop(self) -> None:
+        while True:
+            fn, handle = self._p2p_jobs.get()
+            Handle.from_call(fn).forward_to(handle)
 
-    def _all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future[Any]:
-        # The work's own future (holding [tensor]): its error keeps the backend's exception type.
+    def _a2a(
+        self,
+        out: torch.Tensor,
+        send: torch.Tensor,
+        output_split_sizes: list[int] | None = None,
+        input_split_sizes: list[int] | None = None,
+    ) -> Handle[torch.Tensor]:
+        work = dist.all_to_all_single(
+            out,
+            send,
+            output_split_sizes=output_split_sizes,
+            input_split_sizes=input_split_sizes,
+            group=self.group,
+            async_op=True,
+        )
+        assert work is not None
+        return Handle.from_torch(work.get_future(), lambda _: out)
+
+    # -- backend hooks ---------------------------------------------------------------------------------
+    def _all_reduce(self, tensor: torch.Tensor) -> Handle[torch.Tensor]:
+        # The work's own future: its error keeps the backend's exception type.
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
         assert work is not None
-        return work.get_future()
+        return Handle.from_torch(work.get_future(), lambda _: tensor)
 
-    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        out = torch.empty(self.world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    def _all_gather(self, tensor: torch.Tensor) -> Handle[list[torch.Tensor]]:
+        n = self.world_size
+        out = torch.empty(n * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
         if tensor.numel() * tensor.element_size() <= self._small_gather_bytes:
-            dist.all_to_all_single(out, tensor.repeat(self.world_size), group=self.group)
+            done = self._a2a(out, tensor.repeat(n))
         else:
-            _all_gather_single(out, tensor, group=self.group)
-        return list(out.chunk(self.world_size)) if tensor.numel() else [out[:0]] * self.world_size
+            work = _all_gather_single(out, tensor, group=self.group, async_op=True)
+            assert work is not None
+            done = Handle.from_torch(work.get_future(), lambda _: out)
+        return done.then(lambda o: list(o.chunk(n)) if tensor.numel() else [o[:0]] * n)
 
-    def _all_gather_v(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int | None]:
+    def _all_gather_v(self, tensor: torch.Tensor) -> Handle[tuple[list[torch.Tensor], int | None]]:
+        return Task(self._all_gather_v_steps(tensor)).start()
+
+    async def _all_gather_v_steps(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], int | None]:
         n = self.world_size
         size = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
-        sizes = torch.cat(self._all_gather(size)).tolist()  # host-device sync
+        sizes = torch.cat(await self._all_gather(size)).tolist()  # host-device sync
         if all(s == sizes[0] for s in sizes):
-            return self._all_gather(tensor), None
+            return await self._all_gather(tensor), None
         if self._small_gather_bytes and max(sizes) * tensor.element_size() > self._small_gather_bytes:
-            return self._ring_all_gather_v(tensor, sizes)
+            return await self._p2p(lambda: self._ring_all_gather_v(tensor, sizes))
         out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device)
-        send = tensor.repeat(n)
-        dist.all_to_all_single(
-            out, send, output_split_sizes=sizes, input_split_sizes=[tensor.numel()] * n, group=self.group
-        )
+        await self._a2a(out, tensor.repeat(n), output_split_sizes=sizes, input_split_sizes=[tensor.numel()] * n)
         return list(out.split(sizes)), None
 
     def _ring_all_gather_v(self, tensor: torch.Tensor, sizes: list[int]) -> tuple[list[torch.Tensor], int]:
@@ -184,19 +226,28 @@ class TorchTransport(Transport):
         sent = sum(s for j, s in enumerate(sizes) if j != (r + 1) % n) * tensor.element_size()
         return blocks, sent
 
-    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
+    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> Handle[tuple[torch.Tensor, list[int]]]:
+        return Task(self._all_to_all_v_steps(tensor, counts)).start()
+
+    async def _all_to_all_v_steps(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
         send_counts = torch.tensor(counts, dtype=torch.int64, device=tensor.device)
-        recv_counts = self._exchange_counts(send_counts).tolist()  # host-device sync
+        recv_counts = (await self._a2a(torch.empty_like(send_counts), send_counts)).tolist()  # host-device sync
         out = torch.empty(sum(recv_counts), dtype=tensor.dtype, device=tensor.device)
-        dist.all_to_all_single(out, tensor, output_split_sizes=recv_counts, input_split_sizes=counts, group=self.group)
+        await self._a2a(out, tensor, output_split_sizes=recv_counts, input_split_sizes=counts)
         return out, recv_counts
 
-    def _broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]:
         out = tensor.clone()
-        dist.broadcast(out, src=self._global(src), group=self.group)
-        return out
+        work = dist.broadcast(out, src=self._global(src), group=self.group, async_op=True)
+        assert work is not None
+        return Handle.from_torch(work.get_future(), lambda _: out)
 
     def _send_recv(
+        self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
+    ) -> Handle[torch.Tensor | None]:
+        return self._p2p(lambda: self._send_recv_now(tensor, dst, src, device))
+
+    def _send_recv_now(
         self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
     ) -> torch.Tensor | None:
         ops = []
@@ -222,8 +273,10 @@ class TorchTransport(Transport):
                 work.wait()
         return received
 
-    def _barrier(self) -> None:
-        dist.barrier(group=self.group)
+    def _barrier(self) -> Handle[None]:
+        work = dist.barrier(group=self.group, async_op=True)
+        assert work is not None
+        return Handle.from_torch(work.get_future(), lambda _: None)
 
 
 _TRANSPORTS: dict[object, TorchTransport] = {}

@@ -1,0 +1,177 @@
+"""Handles, tasks and lanes: outcomes keep their exception type, lanes run coroutines in submission order."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from zensync.transport import Handle, Lane, SimulatedWorld, Task, run_sync
+
+
+class _Boom(KeyError):
+    pass
+
+
+def _later(value: object, delay_s: float, error: BaseException | None = None) -> Handle[object]:
+    """A handle completed from another thread after ``delay_s``."""
+    handle: Handle[object] = Handle()
+
+    def complete() -> None:
+        time.sleep(delay_s)
+        if error is None:
+            handle.set_result(value)
+        else:
+            handle.set_exception(error)
+
+    threading.Thread(target=complete, daemon=True).start()
+    return handle
+
+
+def test_wait_returns_value_and_reraises_original_exception() -> None:
+    assert Handle.completed(3).wait() == 3
+    failed = Handle.from_call(lambda: (_ for _ in ()).throw(_Boom("words")))
+    with pytest.raises(_Boom, match="words"):
+        failed.wait()
+    assert isinstance(failed.error, _Boom)
+
+
+def test_wait_times_out() -> None:
+    with pytest.raises(TimeoutError):
+        Handle().wait(timeout=0.01)
+
+
+def test_completing_twice_is_an_error() -> None:
+    handle = Handle.completed(1)
+    with pytest.raises(RuntimeError, match="completed twice"):
+        handle.set_result(2)
+
+
+def test_then_chains_values_and_passes_failures_on() -> None:
+    assert Handle.completed(2).then(lambda v: v * 5).wait() == 10
+    failed: Handle[int] = Handle()
+    failed.set_exception(_Boom("first"))
+    with pytest.raises(_Boom, match="first"):
+        failed.then(lambda v: v + 1).wait()
+    with pytest.raises(ZeroDivisionError):
+        Handle.completed(0).then(lambda v: 1 / v).wait()
+
+
+def test_callbacks_run_before_waiters_wake() -> None:
+    seen: list[str] = []
+    handle: Handle[int] = Handle()
+    handle.add_done_callback(lambda h: (time.sleep(0.02), seen.append("callback")))
+    threading.Thread(target=handle.set_result, args=(1,), daemon=True).start()
+    handle.wait()
+    seen.append("waiter")
+    assert seen == ["callback", "waiter"]
+
+
+def test_torch_future_quotes_the_original_error() -> None:
+    ok = Handle.completed(torch.ones(2)).to_torch_future()
+    assert torch.equal(ok.wait(), torch.ones(2))
+    failed: Handle[torch.Tensor] = Handle()
+    failed.set_exception(_Boom("lost type"))
+    with pytest.raises(RuntimeError, match="_Boom: 'lost type'"):
+        failed.to_torch_future().wait()
+
+
+def test_task_drives_a_coroutine_across_threads_and_keeps_exception_type() -> None:
+    async def body() -> int:
+        a = await _later(1, 0.01)
+        b = await _later(2, 0.0)
+        with contextlib.suppress(_Boom):  # the awaited handle's own exception, caught inside the coroutine
+            await _later(None, 0.01, _Boom("inside"))
+        return a + b
+
+    assert Task(body()).start().wait(timeout=5) == 3
+
+    async def failing() -> int:
+        await _later(None, 0.01, _Boom("escapes"))
+        return 0
+
+    with pytest.raises(_Boom, match="escapes"):
+        Task(failing()).start().wait(timeout=5)
+
+
+def test_task_refuses_awaiting_something_else() -> None:
+    class _NotAHandle:
+        def __await__(self):
+            yield 42
+
+    async def body() -> None:
+        await _NotAHandle()
+
+    with pytest.raises(TypeError, match="not a Handle"):
+        Task(body()).start().wait(timeout=5)
+
+
+def test_run_sync_drives_to_completion() -> None:
+    async def body() -> int:
+        return (await _later(4, 0.01)) * 2
+
+    assert run_sync(body()) == 8
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lane_runs_coroutines_one_at_a_time_in_submission_order(seed: int) -> None:
+    rng = random.Random(seed)
+    lane = Lane()
+    events: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    async def job(i: int) -> int:
+        with lock:
+            events.append(("start", i))
+        for _ in range(3):
+            await _later(None, rng.random() * 0.003)
+        with lock:
+            events.append(("end", i))
+        return i
+
+    tasks = [lane.submit(job(i)) for i in range(8)]
+    assert [t.wait(timeout=10) for t in tasks] == list(range(8))
+    assert events == [(kind, i) for i in range(8) for kind in ("start", "end")]
+
+
+def test_lane_goes_on_after_a_failed_job_and_drains() -> None:
+    lane = Lane()
+
+    async def bad() -> None:
+        await _later(None, 0.01, _Boom("bad"))
+
+    async def good() -> int:
+        return await _later(7, 0.0)  # type: ignore[return-value]
+
+    first, second = lane.submit(bad()), lane.submit(good())
+    assert second.wait(timeout=5) == 7
+    assert isinstance(first.error, _Boom)
+    assert lane.drain(timeout=5)
+
+
+def test_transport_issue_order_is_call_order_whatever_the_completion_order() -> None:
+    """Non-blocking collectives issued back to back (no awaits between) still pair up across ranks."""
+    generators = [random.Random(11 + r) for r in range(4)]
+    world = SimulatedWorld(4, timeout_s=30, delay_s=lambda r: generators[r].random() * 0.003)
+
+    async def body(t):
+        handles = []
+        for i in range(6):
+            x = torch.full((i + 1,), float(t.rank + 1))
+            handles.append(t.all_reduce_async(x))
+            handles.append(t.all_gather_v_async(torch.ones(t.rank + i)))
+            handles.append(t.all_to_all_v_async(torch.arange(4.0) + 10 * t.rank, [1, 1, 1, 1]))
+        return [await h for h in handles]
+
+    results = world.run(lambda t: t.run(body(t)))
+    for rank, out in enumerate(results):
+        for i in range(6):
+            summed, gathered, (received, counts) = out[3 * i : 3 * i + 3]
+            assert torch.equal(summed, torch.full((i + 1,), 10.0))
+            assert [g.numel() for g in gathered] == [r + i for r in range(4)]
+            assert torch.equal(received, torch.tensor([rank + 10.0 * r for r in range(4)]))
+            assert counts == [1, 1, 1, 1]

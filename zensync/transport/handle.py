@@ -1,0 +1,324 @@
+"""Handles of pending collectives, the coroutines that chain them, and the lane that orders them.
+
+Every collective of a ``Transport`` has a non-blocking form returning a ``Handle``: a thread-safe
+future that keeps the original exception of a failed collective (type and message), unlike a
+``torch.futures.Future``, whose Python errors reach DDP's C++ reducer as "Unable to cast ...".
+
+Code that issues several dependent collectives is written as a coroutine that awaits handles::
+
+    async def summed_twice(transport, x):
+        once = await transport.all_reduce_async(x)
+        return await transport.all_reduce_async(once * 2)
+
+and is driven either to completion on the calling thread (``run_sync``, the blocking APIs) or by
+the handles' completion callbacks (``Task``), as torch's own hooks chain ``fut.then(...)``: a
+``Task`` runs each segment of its coroutine on whatever thread completed the awaited handle, so no
+thread of zensync's own waits for the network.
+
+Ordering rule: the ranks of a group must issue its collectives in the same order. Callbacks fire in
+completion order, which differs between ranks (torch's PowerSGD hook breaks exactly there on gloo
+with several buckets), so coroutines that share a group run one at a time on a ``Lane``, in the
+order they were submitted, which is the order of the hook calls and the same on every rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+import torch
+
+__all__ = ["Handle", "Lane", "Task", "gather", "run_sync"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+SegmentContext = Callable[[], contextlib.AbstractContextManager[Any]]
+"""Entered around every segment of a Task (e.g. the caller's CUDA stream; see kernels.device)."""
+
+
+class Handle(Generic[T]):
+    """The pending result of a collective (or of a chain of them).
+
+    ``wait()`` returns the value or re-raises the original exception; ``add_done_callback`` runs a
+    callback once done (at once, on the caller's thread, when already done); ``await handle``
+    inside a coroutine driven by ``Task`` or ``run_sync`` gives the value.
+    """
+
+    __slots__ = ("_callbacks", "_done", "_error", "_finished", "_lock", "_value")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._finished = False
+        """Set (under the lock) when the outcome is known; callbacks added from then on run at once."""
+        self._done = threading.Event()
+        """Set after every callback ran: a waiter sees the byte accounting and chained state done."""
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Handle[T]], None]] = []
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def completed(cls, value: T) -> Handle[T]:
+        """A handle that is already done with ``value``."""
+        handle: Handle[T] = cls()
+        handle.set_result(value)
+        return handle
+
+    @classmethod
+    def from_call(cls, fn: Callable[[], T]) -> Handle[T]:
+        """A done handle holding ``fn()``, or its exception (a blocking backend's collective)."""
+        handle: Handle[T] = cls()
+        try:
+            value = fn()
+        except BaseException as exc:  # noqa: BLE001 - kept in the handle, re-raised by wait()
+            handle.set_exception(exc)
+        else:
+            handle.set_result(value)
+        return handle
+
+    @classmethod
+    def from_torch(cls, future: torch.futures.Future[Any], convert: Callable[[Any], T]) -> Handle[T]:
+        """The handle of a torch Future (a backend's work), its value passed through ``convert``.
+
+        Chained with ``then``: for CUDA futures torch makes the callback's current stream wait for
+        the collective, so ``convert`` and everything chained after it see the finished data.
+        """
+        handle: Handle[T] = cls()
+
+        def complete(done: torch.futures.Future[Any]) -> None:
+            try:
+                value = convert(done.value())  # re-raises a failed collective with its own type
+            except BaseException as exc:  # noqa: BLE001 - kept in the handle, re-raised by wait()
+                handle.set_exception(exc)
+            else:
+                handle.set_result(value)
+
+        future.then(complete)
+        return handle
+
+    # -- completion --------------------------------------------------------------------------------
+    def set_result(self, value: T) -> None:
+        """Complete with ``value`` and run the callbacks (in the order they were added)."""
+        self._complete(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        """Fail with ``error`` (kept as is) and run the callbacks."""
+        self._complete(None, error)
+
+    def forward_to(self, other: Handle[T]) -> None:
+        """When done, complete ``other`` the same way."""
+        self.add_done_callback(lambda done: other._complete(done._value, done._error))
+
+    def _complete(self, value: Any, error: BaseException | None) -> None:
+        with self._lock:
+            if self._finished:
+                raise RuntimeError("a zensync Handle was completed twice")
+            self._value, self._error = value, error
+            callbacks, self._callbacks = self._callbacks, []
+            self._finished = True
+        try:
+            for callback in callbacks:
+                _run_callback(callback, self)
+        finally:
+            self._done.set()
+
+    # -- observation -------------------------------------------------------------------------------
+    def done(self) -> bool:
+        """Whether the outcome is known (callbacks may still be running on the completing thread)."""
+        return self._finished
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Wait for completion without raising; False when ``timeout`` passed first."""
+        return self._done.wait(timeout)
+
+    def wait(self, timeout: float | None = None) -> T:
+        """The value; re-raises the collective's own exception. TimeoutError after ``timeout`` s."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"zensync: collective not done within {timeout} s")
+        return self.outcome()
+
+    def outcome(self) -> T:
+        """The value of a finished handle, or its exception raised (no waiting; for callbacks)."""
+        assert self._finished, "outcome() of a pending Handle"
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception of a failed handle (None while pending or after success)."""
+        return self._error
+
+    def add_done_callback(self, callback: Callable[[Handle[T]], None]) -> None:
+        """Run ``callback(self)`` once done: on the completing thread, or now if already done."""
+        with self._lock:
+            if not self._finished:
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self)
+
+    def then(self, fn: Callable[[T], U]) -> Handle[U]:
+        """A handle of ``fn(value)``; a failure (of this handle or of ``fn``) passes on unchanged."""
+        chained: Handle[U] = Handle()
+
+        def step(done: Handle[T]) -> None:
+            if done._error is not None:
+                chained.set_exception(done._error)
+                return
+            try:
+                value = fn(done._value)
+            except BaseException as exc:  # noqa: BLE001 - kept in the chained handle
+                chained.set_exception(exc)
+            else:
+                chained.set_result(value)
+
+        self.add_done_callback(step)
+        return chained
+
+    def to_torch_future(self) -> torch.futures.Future[T]:
+        """A torch Future for DDP: the value, or a RuntimeError quoting the original exception.
+
+        (DDP's reducer reads the Future in C++, which cannot carry a Python exception object.)
+        """
+        future: torch.futures.Future[T] = torch.futures.Future()
+
+        def complete(done: Handle[T]) -> None:
+            if done._error is not None:
+                error = done._error
+                future.set_exception(RuntimeError(f"{type(error).__name__}: {error}"))  # type: ignore[arg-type]
+            else:
+                future.set_result(done._value)
+
+        self.add_done_callback(complete)
+        return future
+
+    def __await__(self) -> Generator[Handle[T], None, T]:
+        if not self._finished:
+            yield self  # the driver resumes this coroutine once the handle is finished
+        return self.outcome()
+
+
+def _run_callback(callback: Callable[[Handle[T]], None], handle: Handle[T]) -> None:
+    # A callback runs on the thread that completed the handle (a backend's completion thread): an
+    # exception escaping it would be lost there, so it is logged with its traceback. zensync's own
+    # callbacks (Task steps, accounting, forwarding) catch their errors into handles themselves.
+    try:
+        callback(handle)
+    except BaseException:
+        logger.exception("zensync: a Handle callback raised")
+        raise
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Drive ``coro`` to completion on this thread, waiting for each handle it awaits (blocking APIs)."""
+    while True:
+        try:
+            awaited = coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+        awaited.wait_done()  # then the coroutine reads the outcome (or its exception) itself
+
+
+async def gather(*handles: Handle[Any]) -> list[Any]:
+    """Every handle's value, in order (awaits them one by one; they proceed concurrently)."""
+    return [await handle for handle in handles]
+
+
+class Task(Handle[T]):
+    """A coroutine driven by the completion callbacks of the handles it awaits.
+
+    Each segment (the code between two awaits) runs inside ``context()`` on the thread that
+    completed the previous handle; the first segment runs on the thread that calls ``start``.
+    The task completes with the coroutine's return value or its exception (original type).
+    """
+
+    __slots__ = ("_context", "_coro")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], context: SegmentContext | None = None) -> None:
+        super().__init__()
+        self._coro = coro
+        self._context: SegmentContext = context or contextlib.nullcontext
+
+    def start(self) -> Task[T]:
+        self._step()
+        return self
+
+    def _step(self, _: object = None) -> None:
+        while True:  # loop over handles that are already done: no recursion, no callback per step
+            try:
+                with self._context():
+                    awaited = self._coro.send(None)
+            except StopIteration as stop:
+                self.set_result(stop.value)
+                return
+            except BaseException as exc:  # noqa: BLE001 - the task's outcome, re-raised by wait()
+                self.set_exception(exc)
+                return
+            if not isinstance(awaited, Handle):
+                self._coro.close()
+                self.set_exception(TypeError(f"a zensync Task awaited {type(awaited).__name__}, not a Handle"))
+                return
+            if not awaited.done():
+                awaited.add_done_callback(self._step)
+                return
+
+
+class Lane:
+    """Runs coroutines one at a time, in the order they were submitted.
+
+    Each coroutine starts when the previous one has finished (successfully or not), on the thread
+    that finished it, or at once on the submitting thread when the lane is idle. Submitting in the
+    same order on every rank (DDP calls its comm hook bucket by bucket, in the same order on every
+    rank) therefore issues the group's collectives in the same order on every rank, whatever order
+    the backend completes them in.
+    """
+
+    __slots__ = ("_busy", "_lock", "_queue")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Task[Any]] = collections.deque()
+        self._busy = False
+
+    def submit(self, coro: Coroutine[Any, Any, T], context: SegmentContext | None = None) -> Task[T]:
+        """Queue ``coro``; the returned Task completes with its outcome."""
+        task = Task(coro, context)
+        with self._lock:
+            if self._busy:
+                self._queue.append(task)
+                return task
+            self._busy = True
+        self._run(task)
+        return task
+
+    def _run(self, task: Task[Any]) -> None:
+        task.add_done_callback(self._next)
+        task.start()
+
+    def _next(self, _: Handle[Any]) -> None:
+        with self._lock:
+            if not self._queue:
+                self._busy = False
+                return
+            task = self._queue.popleft()
+        self._run(task)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted coroutine has finished; False on timeout."""
+        with self._lock:
+            last = self._queue[-1] if self._queue else None
+        if last is None:
+            marker = self.submit(_nothing())
+            return marker.wait_done(timeout)
+        return last.wait_done(timeout)
+
+
+async def _nothing() -> None:
+    return None
