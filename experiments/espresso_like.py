@@ -29,7 +29,8 @@ import time
 
 import torch
 
-from zensync.planner import ClusterSpec, ModelProfile, builtin_profile, compressor_model, plan
+from zensync.cost import compressor_model
+from zensync.planner import ClusterSpec, ModelProfile, builtin_profile, plan
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 CLUSTERS = {

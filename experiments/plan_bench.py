@@ -34,7 +34,8 @@ import numpy
 import torch
 
 import zensync
-from zensync.planner import ClusterSpec, Plan, builtin_profile, compressor_model, plan
+from zensync.cost import compressor_model
+from zensync.planner import ClusterSpec, Plan, builtin_profile, plan
 
 _MODELS = ("resnet101", "bert-base", "gpt2", "vgg16", "lstm")
 _COMPRESSORS = ("dgc:0.01", "randomk:0.01", "efsignsgd", "fp16")

@@ -19,8 +19,8 @@ import torch
 from hypothesis import strategies as st
 
 from zensync.kernels import reference
+from zensync.kernels.hashing import Partition
 from zensync.sync.partition import make_partition
-from zensync.types import Partition
 
 __all__ = [
     "DENSE_DTYPES",

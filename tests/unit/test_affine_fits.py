@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from zensync.cost import fit_affine
 from zensync.profiling.costs import _fit
-from zensync.sync.cost import fit_affine
 
 
 def test_fit_affine_recovers_a_line_and_the_least_squares_solution() -> None:

@@ -5,8 +5,10 @@ sees an external package only at its top level (``torch``), so it cannot confine
 or ``torch.cuda``. This test walks zensync/**/*.py and checks:
 
 1. only zensync/transport/ imports torch.distributed or mpi4py;
-2. only zensync/kernels/ imports numba, torch.cuda or cuda_ext;
-3. nothing in zensync imports experiments/ (experiments import zensync, never the reverse).
+2. only zensync/kernels/ imports torch.cuda or cuda_ext;
+3. only zensync/kernels/ and modules named ``_compiled_*`` (the compiled loop of the package that owns the
+   algorithm, e.g. zensync/planner/_compiled_timeline.py) import numba;
+4. nothing in zensync imports experiments/ (experiments import zensync, never the reverse).
 
 "Imports" covers ``import a.b [as c]``, ``from a import b``, relative imports, ``importlib.import_module``
 or ``__import__`` with a literal name, and attribute use such as ``torch.cuda.synchronize()`` after a
@@ -20,6 +22,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import tomllib
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _PACKAGE_DIR = _REPO_ROOT / "zensync"
@@ -32,7 +35,12 @@ class _Rule:
     allowed_in: str | None
     """The one subpackage of zensync (a folder name) that may import them; None for nowhere."""
     fix: str
+    allowed_prefix: str | None = None
+    """Modules whose file name starts with this may import them too, in any subpackage."""
 
+
+_COMPILED_PREFIX = "_compiled_"
+"""File-name prefix of a package's numba-compiled module (``zensync/planner/_compiled_timeline.py``)."""
 
 _RULES = {
     "transport_only": _Rule(
@@ -41,9 +49,19 @@ _RULES = {
         fix="Use the zensync.transport.Transport interface; only zensync/transport/ talks to the network.",
     ),
     "kernels_only": _Rule(
-        forbidden=("numba", "torch.cuda", "cuda_ext"),
+        forbidden=("torch.cuda", "cuda_ext"),
         allowed_in="kernels",
         fix="Call the kernel through zensync.kernels (dispatch.py picks reference/cpu/cuda by device).",
+    ),
+    "numba_kernels_or_compiled": _Rule(
+        forbidden=("numba",),
+        allowed_in="kernels",
+        allowed_prefix=_COMPILED_PREFIX,
+        fix=(
+            "Put a tensor kernel in zensync/kernels/cpu*.py and call it through zensync.kernels; a compiled loop "
+            "of another package's algorithm goes in that package's _compiled_<name>.py (and in pyproject.toml's "
+            "numba contract)."
+        ),
     ),
     "no_experiments": _Rule(
         forbidden=("experiments",),
@@ -125,9 +143,34 @@ def test_import_rule(rule_name: str) -> None:
         rel = path.relative_to(_PACKAGE_DIR)
         if rule.allowed_in is not None and rel.parts[0] == rule.allowed_in:
             continue
+        if rule.allowed_prefix is not None and path.name.startswith(rule.allowed_prefix):
+            continue
         for line, module in imported_modules(path.read_text(encoding="utf-8"), _package_of(path)):
             if any(_matches(module, forbidden) for forbidden in rule.forbidden):
                 violations.append(f"zensync/{rel.as_posix()}:{line}: uses {module}")
     who = f"Only zensync/{rule.allowed_in}/" if rule.allowed_in else "Nothing in zensync"
+    if rule.allowed_prefix:
+        who += f" and modules named {rule.allowed_prefix}*"
     header = f"{who} may import {', '.join(rule.forbidden)}. {rule.fix}"
     assert not violations, "\n".join([header, *sorted(set(violations))])
+
+
+def test_compiled_modules_match_the_import_contract() -> None:
+    """Every ``_compiled_*`` module is listed in pyproject.toml's numba contract, and each one listed
+    exists and imports numba: the two checks allow the same files."""
+    contracts = tomllib.loads((_REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    (numba_contract,) = [c for c in contracts["contracts"] if c.get("forbidden_modules") == ["numba"]]
+    listed = {
+        entry.split(" -> ")[0] for entry in numba_contract["ignore_imports"] if not entry.startswith("zensync.kernels")
+    }
+    compiled = {
+        ".".join(path.relative_to(_REPO_ROOT).with_suffix("").parts)
+        for path in _library_files()
+        if path.name.startswith(_COMPILED_PREFIX)
+    }
+    assert compiled, f"no {_COMPILED_PREFIX}*.py under {_PACKAGE_DIR} (the planner's event loop is one)"
+    assert compiled == listed, (compiled, listed)
+    for module in compiled:
+        path = _REPO_ROOT / (module.replace(".", "/") + ".py")
+        imported = {name for _, name in imported_modules(path.read_text(encoding="utf-8"), _package_of(path))}
+        assert "numba" in imported, module

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import math
 import threading
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ _NUM_THREADS = 4
 
 def test_public_api_matches_reference() -> None:
     """Every dispatched op has exactly one numba implementation, with the reference's signature."""
-    expected = {name for name in dispatch.__all__ if name != "implementation_for"}
+    expected = set(dispatch.__all__) - {"implementation_for", "reset_dispatch_cache"}
     modules = (cpu, cpu_codec, cpu_select)
     assert sorted(name for module in modules for name in module.__all__) == sorted(expected)
     for module in modules:
@@ -333,10 +334,21 @@ def test_threads_take_the_serial_path(monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker_picks and not any(worker_picks), "worker threads must use the serial builds"
 
 
-def test_dispatch_routes_by_device_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def fresh_dispatch(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """``monkeypatch`` with an empty dispatch cache before and after: the test's environment and stubs are
+    read afresh, and none of its choices outlive it (the cache is cleared before monkeypatch undoes)."""
+    dispatch.reset_dispatch_cache()
+    yield monkeypatch
+    dispatch.reset_dispatch_cache()
+
+
+def test_dispatch_routes_by_device_and_falls_back(fresh_dispatch: pytest.MonkeyPatch) -> None:
     """CPU tensors take numba; CUDA tensors take cuda_ext only for its ops and only when it loads;
     ZENSYNC_KERNELS=reference forces the torch definitions everywhere."""
     from zensync.kernels import cuda
+
+    monkeypatch = fresh_dispatch
 
     assert dispatch.implementation_for(torch.device("cpu"), "topk") == "cpu"
     # Small exact selections run the torch reference on CPU (faster there); the other ops never do.
@@ -346,19 +358,43 @@ def test_dispatch_routes_by_device_and_falls_back(monkeypatch: pytest.MonkeyPatc
     assert dispatch.implementation_for(torch.device("cpu"), "sampled_topk", 64) == "cpu"
     assert dispatch.implementation_for(torch.device("cpu"), "scatter_add", 64) == "cpu"
     monkeypatch.setattr(cuda, "available", lambda: False)
+    dispatch.reset_dispatch_cache()
     assert dispatch.implementation_for(torch.device("cuda"), "topk") == "reference"
     monkeypatch.setattr(cuda, "available", lambda: True)
+    dispatch.reset_dispatch_cache()
     assert dispatch.implementation_for(torch.device("cuda"), "topk") == "cuda"
     assert dispatch.implementation_for(torch.device("cuda"), "topk", 64) == "cuda"
     assert dispatch._impl(torch.device("cuda"), "scatter_add") is cuda
     assert dispatch.implementation_for(torch.device("cuda"), "aggregate") == "reference"  # no CUDA kernel
     assert dispatch.implementation_for(torch.device("meta"), "topk") == "reference"
     monkeypatch.setenv("ZENSYNC_KERNELS", "reference")
+    dispatch.reset_dispatch_cache()
     assert dispatch.implementation_for(torch.device("cpu"), "topk") == "reference"
     assert dispatch.implementation_for(torch.device("cuda"), "topk") == "reference"
     monkeypatch.setenv("ZENSYNC_KERNELS", "fastest")
+    dispatch.reset_dispatch_cache()
     with pytest.raises(ValueError, match="ZENSYNC_KERNELS='fastest' is not one of"):
         dispatch.implementation_for(torch.device("cpu"), "topk")
+
+
+def test_dispatch_resolves_once_and_reset_rereads_the_environment(fresh_dispatch: pytest.MonkeyPatch) -> None:
+    """The module behind an (op, device type, size class) is resolved once: later calls neither read
+    ZENSYNC_KERNELS nor import, until ``reset_dispatch_cache``."""
+    monkeypatch = fresh_dispatch
+    cpu_device = torch.device("cpu")
+    first = dispatch._impl(cpu_device, "topk", 1 << 20)
+    assert first is cpu_select and dispatch._impl(cpu_device, "topk", 1 << 21) is first  # same size class
+    assert dispatch._impl(cpu_device, "topk", 64) is reference  # the small class is its own entry
+    monkeypatch.setenv("ZENSYNC_KERNELS", "reference")
+    assert dispatch._impl(cpu_device, "topk", 1 << 20) is first  # cached: the change is not seen yet
+    assert dispatch.implementation_for(cpu_device, "topk") == "cpu"
+    dispatch.reset_dispatch_cache()
+    assert dispatch._impl(cpu_device, "topk", 1 << 20) is reference
+    assert dispatch.topk(torch.tensor([1.0, 3.0, 2.0]), 1).tolist() == [1]
+    monkeypatch.setenv("ZENSYNC_KERNELS", "auto")
+    dispatch.reset_dispatch_cache()
+    assert dispatch._impl(cpu_device, "topk", 1 << 20) is cpu_select
+    assert dispatch._resolve.cache_info().currsize == 1
 
 
 def test_bitmap_positions_beyond_int32() -> None:

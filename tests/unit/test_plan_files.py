@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 
 from tests.strategies import examples
 from zensync import cli
+from zensync.compress import COMPRESSED_SCHEMES
+from zensync.cost import measured_compressor_model
 from zensync.hooks.strategy import resolve_strategy
 from zensync.planner import (
     MAX_JSON_CHARS,
@@ -35,11 +37,9 @@ from zensync.planner import (
     ModelProfile,
     Plan,
     builtin_profile,
-    measured_compressor_model,
     plan,
 )
 from zensync.planner.plan import _RUNTIME_SCHEME
-from zensync.sync.compressed import COMPRESSED_SCHEMES
 
 MEASURED = {"gpu_compress": {"fixed_s": 2e-05, "per_element_s": 1e-10, "knee_elements": 4096}}
 """A measured cost as ``zensync profile`` writes it (``knee_elements`` an int, kept an int on reload)."""

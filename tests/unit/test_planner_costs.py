@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zensync.planner.cluster import ClusterSpec, parse_bandwidth
-from zensync.planner.costs import (
+from zensync.cost import (
     FP16_MODEL,
     AffineCost,
     CompressorModel,
@@ -19,6 +18,7 @@ from zensync.planner.costs import (
     gather_s,
     reduce_scatter_s,
 )
+from zensync.planner.cluster import ClusterSpec, parse_bandwidth
 from zensync.planner.options import TensorOption, candidate_options, option_costs
 
 REL = 1e-12

@@ -17,10 +17,10 @@ import time
 import numpy as np
 import pytest
 
+from zensync.cost import AffineCost, CompressorModel
 from zensync.planner._fusion import fuse_gpu
 from zensync.planner._pricing import PricedOptions
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.costs import AffineCost, CompressorModel
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption, candidate_options
 from zensync.planner.plan import PLAN_VERSION, Plan
 from zensync.planner.profile import ModelProfile, TensorProfile
@@ -431,7 +431,7 @@ def test_selection_time_of_a_314_tensor_model() -> None:
 
 def test_plan_with_a_registered_compressor() -> None:
     pytest.importorskip("zensync.compress.dgc", reason="the dgc compressor module is not there yet")
-    from zensync.planner.costs import compressor_model
+    from zensync.cost import compressor_model
 
     result = plan(vgg_like(), CLUSTERS["8x8-pcie-25g"], compressor_model("dgc:0.01"))
     assert result.compressor == "dgc:0.01" and result.predicted.plan_s <= result.predicted.fp32_s

@@ -12,10 +12,10 @@ import random
 import numpy as np
 import pytest
 
-from zensync.kernels import timeline
+from zensync.cost import CompressorModel, allreduce_s
+from zensync.planner import _compiled_timeline as timeline
 from zensync.planner._pricing import MaxPlus, PricedOptions
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.costs import CompressorModel, allreduce_s
 from zensync.planner.options import FP32_OPTION, TensorOption
 from zensync.planner.profile import ModelProfile, TensorProfile
 from zensync.planner.simulator import Strategy, Unit, iteration_time, render_timeline, simulate, simulate_units
@@ -205,7 +205,7 @@ def _unit_arrays(units: list[Unit], max_stages: int) -> tuple[np.ndarray, ...]:
 
 
 def test_compiled_event_loop_equals_the_python_one() -> None:
-    """zensync.kernels.timeline.iteration_time must reproduce simulator.iteration_time bit for bit,
+    """zensync.planner._compiled_timeline.iteration_time must reproduce simulator.iteration_time bit for bit,
     including ties (equal ready times, zero-length stages) and several CPU workers."""
     rng = random.Random(5)
     resources = ("wait", "comm", "cpu")

@@ -17,6 +17,7 @@ import pathlib
 from typing import Any
 
 from zensync.cli._errors import CommandFailed, UsageError, check_input, check_output_file, read_input, write_failed
+from zensync.cost import compressor_model, measured_compressor_model
 from zensync.planner import (
     MAX_JSON_CHARS,
     ClusterSpec,
@@ -25,8 +26,6 @@ from zensync.planner import (
     builtin_gpus,
     builtin_models,
     builtin_profile,
-    compressor_model,
-    measured_compressor_model,
     plan,
     read_profile_bundle,
     render_timeline,

@@ -238,7 +238,7 @@ def _calibrate(workers: int) -> dict[str, float]:
 
 def calibrate_worker(out: str) -> None:
     """One rank of ``--calibrate-workers``: join the group, fit alpha/beta, rank 0 writes ``out``."""
-    from zensync.hooks.calibrate import calibrate
+    from zensync.cost.calibrate import calibrate
     from zensync.transport import TorchTransport, launch
 
     rank, world = launch.init_from_env(timeout_s=120)

@@ -1,11 +1,12 @@
 """Kernels behind one dispatcher: ``reference`` (torch), ``cpu`` (numba), ``cuda`` (cuda_ext).
 
-Only this package imports numba, torch.cuda and cuda_ext.
+Only this package imports torch.cuda and cuda_ext; numba also runs in the compiled module of a
+package that owns its algorithm (``zensync.planner._compiled_timeline``, the planner's event loop).
 """
 
 from __future__ import annotations
 
-from zensync.kernels.device import device_name, synchronize
+from zensync.kernels.device import caller_stream, device_name, synchronize
 from zensync.kernels.dispatch import (
     aggregate,
     bitmap_decode,
@@ -15,6 +16,7 @@ from zensync.kernels.dispatch import (
     nonzero_items,
     pack_bits,
     permute,
+    reset_dispatch_cache,
     sampled_topk,
     scatter_add,
     topk,
@@ -27,11 +29,13 @@ __all__ = [
     "bitmap_decode",
     "bitmap_encode",
     "bucket_nonzero",
+    "caller_stream",
     "device_name",
     "implementation_for",
     "nonzero_items",
     "pack_bits",
     "permute",
+    "reset_dispatch_cache",
     "sampled_topk",
     "scatter_add",
     "synchronize",

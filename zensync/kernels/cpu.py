@@ -32,7 +32,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic
 
 from zensync.kernels import reference
-from zensync.types import Partition
+from zensync.kernels.hashing import Partition
 
 __all__ = [
     "aggregate",

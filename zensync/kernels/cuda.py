@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from zensync.kernels import reference
-from zensync.types import Partition
+from zensync.kernels.hashing import Partition
 
 __all__ = [
     "EXTENSION_NAME",

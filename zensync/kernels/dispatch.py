@@ -10,12 +10,18 @@ The engine and the compressors call only these functions. The choice is by devic
 - anything else (or ``ZENSYNC_KERNELS=reference``): ``reference``, the plain-torch definitions every
   other implementation is tested against.
 
+The implementation is resolved once per (op, device type, size class) and cached: a kernel call costs
+a dictionary lookup, not an environment read and an import. ``ZENSYNC_KERNELS`` and the CUDA
+extension's availability are read when an entry is first resolved; ``reset_dispatch_cache`` forgets
+every entry (tests that change either call it).
+
 numba kernels run multi-threaded when called from the main thread and single-threaded (GIL released)
 from other threads, where the caller already provides the parallelism (e.g. the simulated world).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import types
@@ -23,7 +29,7 @@ import types
 import torch
 
 from zensync.kernels import reference
-from zensync.types import Partition
+from zensync.kernels.hashing import Partition
 
 __all__ = [
     "aggregate",
@@ -34,6 +40,7 @@ __all__ = [
     "nonzero_items",
     "pack_bits",
     "permute",
+    "reset_dispatch_cache",
     "sampled_topk",
     "scatter_add",
     "topk",
@@ -89,21 +96,51 @@ def _cuda_loaded() -> bool:
 
 def implementation_for(device: torch.device, op: str = "topk", numel: int | None = None) -> str:
     """Which implementation runs ``op`` on ``numel`` elements (None: large) on ``device``: 'cuda', 'cpu'
-    (numba) or 'reference'."""
+    (numba) or 'reference'. Cached per (op, device type, size class): see ``reset_dispatch_cache``."""
+    return _resolve(op, device.type, _is_small(op, numel))[0]
+
+
+def reset_dispatch_cache() -> None:
+    """Forget every resolved implementation, so the next kernel call re-reads ``ZENSYNC_KERNELS`` and
+    re-checks the CUDA extension. For tests that change either (``monkeypatch.setenv``, a stubbed
+    ``cuda.available``); a process sets the variable before its first kernel call.
+
+    Example::
+
+        monkeypatch.setenv("ZENSYNC_KERNELS", "reference")
+        reset_dispatch_cache()
+        implementation_for(torch.device("cpu"), "topk")  # 'reference'
+    """
+    _resolve.cache_clear()
+
+
+def _is_small(op: str, numel: int | None) -> bool:
+    """Whether ``numel`` is below ``op``'s numba crossover on CPU (``_CPU_MIN_NUMEL``): the size class."""
+    return numel is not None and numel < _CPU_MIN_NUMEL.get(op, 0)
+
+
+def _choose(op: str, device_type: str, small: bool) -> str:
     if _forced() == "reference":
         return "reference"
-    if device.type == "cpu":
-        return "reference" if numel is not None and numel < _CPU_MIN_NUMEL.get(op, 0) else "cpu"
-    if device.type == "cuda" and op in _CUDA_OPS and _cuda_loaded():
+    if device_type == "cpu":
+        return "reference" if small else "cpu"
+    if device_type == "cuda" and op in _CUDA_OPS and _cuda_loaded():
         return "cuda"
     return "reference"
 
 
-def _impl(device: torch.device, op: str, numel: int | None = None) -> types.ModuleType:
-    kind = implementation_for(device, op, numel)
+@functools.cache
+def _resolve(op: str, device_type: str, small: bool) -> tuple[str, types.ModuleType]:
+    """(implementation name, module) for ``op``; an invalid ``ZENSYNC_KERNELS`` raises and caches nothing."""
+    kind = _choose(op, device_type, small)
     if kind == "reference":
-        return reference
-    return importlib.import_module(f"zensync.kernels.{_CPU_MODULE.get(op, 'cpu') if kind == 'cpu' else 'cuda'}")
+        return kind, reference
+    module = _CPU_MODULE.get(op, "cpu") if kind == "cpu" else "cuda"
+    return kind, importlib.import_module(f"zensync.kernels.{module}")
+
+
+def _impl(device: torch.device, op: str, numel: int | None = None) -> types.ModuleType:
+    return _resolve(op, device.type, _is_small(op, numel))[1]
 
 
 def permute(items: torch.Tensor, part: Partition) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from zensync.types import Partition
+from zensync.kernels.hashing import Partition
 
 __all__ = [
     "FEISTEL_MUL1",

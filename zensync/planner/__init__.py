@@ -1,20 +1,13 @@
 """Espresso-style compression planning: model profiles, a timeline simulator and the plan search.
 
-Never imports the transport layer: planning works offline, with no process group and no GPU.
+Never imports the transport layer: planning works offline, with no process group and no GPU. The cost
+formulas it prices with (compressor models, collective times) live in ``zensync.cost``.
 """
 
 from __future__ import annotations
 
 from zensync.planner._reader import MAX_JSON_CHARS, MAX_JSON_DEPTH, MAX_TENSORS, parse_json
 from zensync.planner.cluster import ClusterSpec, parse_bandwidth
-from zensync.planner.costs import (
-    FP16_MODEL,
-    FP32_MODEL,
-    AffineCost,
-    CompressorModel,
-    compressor_model,
-    measured_compressor_model,
-)
 from zensync.planner.explain import plan_compressor_model, simulate_plan, summarize
 from zensync.planner.gpus import GpuSpec, builtin_gpus, gpu_spec
 from zensync.planner.models import builtin_models, builtin_profile
@@ -35,18 +28,14 @@ from zensync.planner.simulator import (
 )
 
 __all__ = [
-    "FP16_MODEL",
     "FP16_OPTION",
-    "FP32_MODEL",
     "FP32_OPTION",
     "MAX_JSON_CHARS",
     "MAX_JSON_DEPTH",
     "MAX_TENSORS",
     "PLAN_VERSION",
     "PROFILE_VERSION",
-    "AffineCost",
     "ClusterSpec",
-    "CompressorModel",
     "GpuSpec",
     "ModelProfile",
     "Plan",
@@ -62,10 +51,8 @@ __all__ = [
     "builtin_models",
     "builtin_profile",
     "candidate_options",
-    "compressor_model",
     "gpu_spec",
     "iteration_time",
-    "measured_compressor_model",
     "option_costs",
     "parse_bandwidth",
     "parse_json",

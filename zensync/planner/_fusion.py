@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from zensync.cost import FloatArray
 from zensync.planner._pricing import PricedOptions
-from zensync.planner.costs import FloatArray
 from zensync.planner.options import TensorOption
 from zensync.planner.simulator import Unit, iteration_time
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from zensync.kernels import timeline
+from zensync.cost import CompressorModel, Device, FloatArray
+from zensync.planner import _compiled_timeline as timeline
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.costs import CompressorModel, Device, FloatArray
 from zensync.planner.options import OptionCosts, TensorOption, candidate_options, option_costs
 from zensync.planner.profile import ModelProfile
 from zensync.planner.simulator import Unit
@@ -75,7 +75,7 @@ class PricedOptions:
     def iteration_s(self, choice: np.ndarray) -> float:
         """Simulated iteration time of an unfused choice, from the prices already computed.
 
-        The event loop of ``simulate`` on the same units, compiled (``zensync.kernels.timeline``, equal
+        The event loop of ``simulate`` on the same units, compiled (``zensync.planner._compiled_timeline``, equal
         to the Python loop bit for bit), without pricing the options again.
         """
         compute, resource, seconds, num_stages = self.stage_arrays

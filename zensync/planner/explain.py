@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from zensync.planner.costs import CompressorModel, measured_compressor_model
+from zensync.cost import CompressorModel, measured_compressor_model
 from zensync.planner.plan import Plan
 from zensync.planner.simulator import SimResult, Strategy, simulate
 

@@ -42,8 +42,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from zensync.planner.cluster import ClusterSpec
-from zensync.planner.costs import (
+from zensync.cost import (
     FP16_MODEL,
     CompressorModel,
     Device,
@@ -55,6 +54,7 @@ from zensync.planner.costs import (
     gather_s,
     reduce_scatter_s,
 )
+from zensync.planner.cluster import ClusterSpec
 
 __all__ = [
     "FP16_OPTION",

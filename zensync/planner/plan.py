@@ -15,9 +15,9 @@ import dataclasses
 import json
 import math
 
+from zensync.cost import measured_compressor_model, read_measured_costs
 from zensync.planner._reader import MAX_NUMEL, MAX_TENSORS, NUMEL_WHY, TENSORS_WHY, Fields, parse_json, shorten
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.costs import measured_compressor_model, read_measured_costs
 from zensync.planner.options import TensorOption, candidate_options
 from zensync.planner.profile import ModelProfile
 
@@ -26,7 +26,7 @@ __all__ = ["PLAN_VERSION", "Plan", "PlanTensor", "Predictions"]
 PLAN_VERSION = 1
 
 _RUNTIME_SCHEME = {"ar": "allreduce", "ag": "allgather", "a2a": "alltoall_allgather", "gb": "gather_broadcast"}
-"""Option scheme -> ``zensync.sync.compressed`` scheme name."""
+"""Option scheme -> ``zensync.compress.collectives`` scheme name."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,7 +129,7 @@ class Plan:
         return name in self._by_name
 
     def compression_for(self, name: str) -> tuple[str, str] | None:
-        """(compressor spec, ``zensync.sync.compressed`` scheme) of ``name``; None for float32 or unknown names."""
+        """(compressor spec, ``zensync.compress.collectives`` scheme) of ``name``; None for float32 or unknown names."""
         if not self.has(name):
             return None
         option = self.option_for(name)

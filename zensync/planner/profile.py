@@ -19,8 +19,8 @@ import json
 import math
 from typing import Any
 
+from zensync.cost import read_measured_costs
 from zensync.planner._reader import MAX_NUMEL, MAX_TENSORS, NUMEL_WHY, TENSORS_WHY, Fields, parse_json, shorten
-from zensync.planner.costs import read_measured_costs
 
 __all__ = ["PROFILE_VERSION", "MeasuredCosts", "ModelProfile", "TensorProfile", "read_profile_bundle"]
 

@@ -32,7 +32,7 @@ What is exact and what is heuristic (all "exact" is relative to the simulator's 
   ``MAX_OFFLOAD_SWEEPS`` sweeps) replaces it: a heuristic that finds a per-group local optimum.
 - With CPU offload, a joint local search (``_joint_pass``) follows from each of the two passes' results:
   coordinate descent over every option, GPU and CPU, for tensors of at least ``MIN_JOINT_NUMEL``
-  elements, each trial a full simulation by the compiled event loop (``zensync.kernels.timeline``,
+  elements, each trial a full simulation by the compiled event loop (``zensync.planner._compiled_timeline``,
   identical to the Python one). It ends in a local optimum (no single-tensor change is faster),
   which the two-stage decomposition of Algorithms 1 and 2 does not guarantee.
 - Fusion is one greedy left-to-right pass: a tensor joins the group before it when that does not slow
@@ -51,11 +51,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from zensync.kernels import timeline
+from zensync.cost import CompressorModel, Device
+from zensync.planner import _compiled_timeline as timeline
 from zensync.planner._fusion import fuse_gpu, fuse_simulated
 from zensync.planner._pricing import MaxPlus, PricedOptions
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.costs import CompressorModel, Device
 from zensync.planner.plan import Plan, PlanTensor, Predictions
 from zensync.planner.profile import ModelProfile
 from zensync.planner.simulator import Strategy, simulate
@@ -196,7 +196,7 @@ def _joint_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
     least ``MIN_JOINT_NUMEL`` elements, largest first (ties latest in backward first, Property 2),
     takes in turn the option with the fastest simulated iteration, others fixed; sweeps repeat until
     one changes nothing (at most ``MAX_JOINT_SWEEPS``). Each trial re-runs the event loop compiled by
-    ``zensync.kernels.timeline`` (identical to ``simulator.iteration_time``).
+    ``zensync.planner._compiled_timeline`` (identical to ``simulator.iteration_time``).
     """
     candidates = [i for i in range(len(choice)) if priced.numel[i] >= MIN_JOINT_NUMEL]
     if not candidates:

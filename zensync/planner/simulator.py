@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from zensync.cost import FP16_MODEL, CompressorModel
 from zensync.planner._render import render_timeline
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.costs import FP16_MODEL, CompressorModel
 from zensync.planner.options import Resource, TensorOption, option_costs
 from zensync.planner.profile import ModelProfile
 

@@ -1,11 +1,11 @@
 """Measuring the planner's inputs on real hardware: gradient-ready times, compressor costs.
 
-The group's alpha-beta parameters are measured by ``zensync.hooks.calibrate``.
+The group's alpha-beta parameters are measured by ``zensync.cost.calibrate``.
 """
 
 from __future__ import annotations
 
-from zensync.profiling.costs import CompressorCost, CostFit, measure_compressor_costs
+from zensync.profiling.costs import CompressorCost, measure_compressor_costs
 from zensync.profiling.ready import measure_ready_times
 
-__all__ = ["CompressorCost", "CostFit", "measure_compressor_costs", "measure_ready_times"]
+__all__ = ["CompressorCost", "measure_compressor_costs", "measure_ready_times"]

@@ -2,7 +2,7 @@
 
 For each compressor spec and each size, the median of ``repeats`` timed calls (after a warm-up)
 of ``compress`` and of ``decompress``; then a least-squares fit ``seconds = a + b * numel`` per
-operation, which is what the planner's cost model takes (``CostFit``).
+operation, which is what the planner's cost model takes (``zensync.cost.CostFit``).
 
 Example::
 
@@ -22,23 +22,9 @@ import torch
 
 from zensync import kernels
 from zensync.compress import build
-from zensync.sync.cost import fit_affine
+from zensync.cost import CostFit, fit_affine
 
-__all__ = ["CompressorCost", "CostFit", "measure_compressor_costs"]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class CostFit:
-    """seconds = fixed_s + per_element_s * numel, fitted to measured (numel, seconds) points."""
-
-    fixed_s: float
-    per_element_s: float
-    sizes: tuple[int, ...]
-    seconds: tuple[float, ...]
-    """The measured medians the fit came from."""
-
-    def at(self, numel: int) -> float:
-        return self.fixed_s + self.per_element_s * numel
+__all__ = ["CompressorCost", "measure_compressor_costs"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,13 +1,13 @@
-"""Cost models: what a compressor costs (payload size, compress/decompress time) and what a collective costs.
+"""What a compressor costs: payload size and compress/decompress time, modelled or measured.
 
 Compression costs follow Espresso's simulator (reference/espresso.md 1.6): on the GPU, a constant per
 (compressor, operation) for tensors of at most 2**20 elements and linear scaling above; on the CPU,
-bytes * 8 / 20 Gbit/s on one worker. Collectives are alpha-beta with ring-style volumes, alpha charged
-once per collective as Espresso does::
+bytes * 8 / 20 Gbit/s on one worker. Measured costs (``zensync profile``) replace them: ``CostFit`` is
+one operation fitted by ``zensync.profiling``, and ``measured_compressor_model`` builds a model from
+measured ``AffineCost`` fields::
 
     model = CompressorModel.family("dgc", bits_per_element=0.64, allreduce_compatible=False)
     model.payload_bytes(2**20)  # 83886 bytes: values + indices of 1 %
-    allreduce_s(100e6, ranks=8, bandwidth_bytes_per_s=3.125e9, latency_s=150e-6)
 
 Every time function accepts a float or a float64 numpy array (the planner prices all tensors at once).
 """
@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 
-from zensync.planner._reader import MAX_NUMEL, NUMEL_WHY, Fields
+from zensync.cost.collectives import FloatArray, Num
+from zensync.cost.fields import MAX_NUMEL, NUMEL_WHY, Fields
 
 __all__ = [
     "FP16_MODEL",
@@ -31,21 +31,14 @@ __all__ = [
     "MEASURABLE_COSTS",
     "AffineCost",
     "CompressorModel",
+    "CostFit",
     "Device",
-    "allgather_s",
-    "allreduce_s",
-    "alltoall_s",
-    "broadcast_s",
     "compressor_model",
-    "gather_s",
     "measured_compressor_model",
     "read_measured_costs",
-    "reduce_scatter_s",
 ]
 
 Device = Literal["gpu", "cpu"]
-FloatArray = npt.NDArray[np.float64]
-Num = TypeVar("Num", float, FloatArray)
 
 GPU_KNEE_ELEMENTS = 2**20
 """Espresso's GPU compression cost is constant up to this many elements and linear above."""
@@ -83,6 +76,20 @@ class AffineCost:
 
     def __call__(self, numel: Num) -> Num:
         return self.fixed_s + self.per_element_s * np.maximum(numel - self.knee_elements, 0.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CostFit:
+    """seconds = fixed_s + per_element_s * numel, fitted to measured (numel, seconds) points."""
+
+    fixed_s: float
+    per_element_s: float
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    """The measured medians the fit came from."""
+
+    def at(self, numel: int) -> float:
+        return self.fixed_s + self.per_element_s * numel
 
 
 _CPU_COST = AffineCost(fixed_s=_CPU_FIXED_S, per_element_s=4 / _CPU_BYTES_PER_S)
@@ -328,45 +335,3 @@ def read_measured_costs(value: object, fields: Fields, field: str) -> dict[str, 
             for key, v in fit.items()
         }
     return fits
-
-
-# Collectives over `ranks` ranks: alpha (once per collective) + volume / bandwidth. `nbytes` is each
-# rank's input (allreduce, reduce-scatter) or each rank's own payload (allgather, alltoall, gather,
-# broadcast). One rank costs nothing.
-
-
-def _alpha_beta(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float, volume: float) -> Num:
-    """``alpha + volume * nbytes / B`` over ``ranks`` ranks; nothing when there is one rank."""
-    if ranks <= 1:
-        return nbytes * 0.0
-    return latency_s + volume * nbytes / bandwidth_bytes_per_s
-
-
-def allreduce_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
-    """Ring allreduce: ``alpha + 2 (k-1)/k * nbytes / B``."""
-    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, 2.0 * (ranks - 1) / ranks)
-
-
-def reduce_scatter_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
-    """Ring reduce-scatter of ``nbytes`` per rank into 1/k shards: ``alpha + (k-1)/k * nbytes / B``."""
-    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, (ranks - 1) / ranks)
-
-
-def allgather_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
-    """Ring allgather of ``nbytes`` from each rank: every rank receives ``(k-1) * nbytes``."""
-    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, (ranks - 1))
-
-
-def alltoall_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
-    """Alltoall of ``nbytes`` per rank split in k chunks: each rank sends and receives ``(k-1)/k * nbytes``."""
-    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, (ranks - 1) / ranks)
-
-
-def gather_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
-    """Gather of ``nbytes`` from each rank to one root: the root receives ``(k-1) * nbytes``."""
-    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, (ranks - 1))
-
-
-def broadcast_s(nbytes: Num, ranks: int, bandwidth_bytes_per_s: float, latency_s: float) -> Num:
-    """Pipelined (chain) broadcast of ``nbytes`` from one root: ``alpha + nbytes / B``."""
-    return _alpha_beta(nbytes, ranks, bandwidth_bytes_per_s, latency_s, 1.0)
