@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 from zensync.sync import agsparse, auto, dense, omnireduce, sparcml, zen  # noqa: F401 - register schemes
-from zensync.sync.base import SyncContext, SyncOptions, SyncScheme, scheme_registry
-from zensync.sync.cost import CostModel, TensorShape, independent_union, predict_bytes, predict_time
+from zensync.sync.base import SyncContext, SyncOptions, SyncScheme, get_scheme, scheme_registry
 
 __all__ = [
     "SCHEMES",
-    "CostModel",
     "SyncContext",
     "SyncOptions",
     "SyncScheme",
-    "TensorShape",
-    "independent_union",
-    "predict_bytes",
-    "predict_time",
+    "get_scheme",
     "scheme_registry",
 ]
 

@@ -1,5 +1,9 @@
 """AGsparse: all-gather every rank's COO, then every rank sums everything (Horovod, torch gloo sparse).
 
+1. Encode. Each rank finds its non-zero items and packs them as COO records (index, value row).
+2. All-gather. One all-gather with uneven sizes gives every rank every rank's records.
+3. Aggregate. Every rank sums all records by index, in rank order (identical result on every rank).
+
 Received volume per rank (n-1) * k * (index + value bytes): linear in n (reference/zen.md 1.3).
 """
 
@@ -21,7 +25,7 @@ class AGSparseScheme(SyncScheme):
 
     name = "agsparse"
 
-    def run(self, ctx: SyncContext) -> torch.Tensor:
+    async def run(self, ctx: SyncContext) -> torch.Tensor:
         view, transport, stats = ctx.view, ctx.transport, ctx.stats
         idx_dtype = index_dtype(view.num_items)
         # Step 1: local COO.
@@ -32,7 +36,7 @@ class AGSparseScheme(SyncScheme):
             block = encode_records(items, view.x2d.index_select(0, items), idx_dtype)
         # Step 2: all-gather.
         with ctx.phase("allgather"):
-            gathered = transport.all_gather_v(block.view(-1))
+            gathered = await transport.all_gather_v_async(block.view(-1))
         # Step 3: every rank sums all records, in rank order (identical result on every rank).
         with ctx.phase("aggregate"):
             decoded = [decode_records(g, idx_dtype, view.x2d.dtype, view.item_numel) for g in gathered]
@@ -44,5 +48,6 @@ class AGSparseScheme(SyncScheme):
             out[unique] = sums.to(out.dtype)
         nnz_per_rank = [d[0].numel() for d in decoded]
         record_densities(stats, nnz_per_rank, unique.numel())
-        record_overlap(stats, nnz_per_rank, int((multiplicity * (multiplicity - 1) // 2).sum()))
+        shared_pairs = int((multiplicity * (multiplicity - 1) // 2).sum())  # host-device sync
+        record_overlap(stats, nnz_per_rank, shared_pairs)
         return out

@@ -2,7 +2,7 @@
 
 A first version: every rank's non-zero count arrives with the call's descriptor exchange, so all ranks
 evaluate the same formulas on the same numbers and pick the same scheme. The union after aggregation
-is estimated by independent placement (``cost.independent_union``); the hook layer refines this with
+is estimated by independent placement (``zensync.cost.independent_union``); the hook layer refines this with
 measured densification and network parameters.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from zensync.sync.base import SyncContext, SyncScheme, index_dtype, register_scheme, scheme_registry
-from zensync.sync.cost import CostModel, TensorShape, independent_union, predict_time
+from zensync.cost import CostModel, TensorShape, independent_union, predict_time
+from zensync.sync.base import SyncContext, SyncScheme, get_scheme, index_dtype, register_scheme
 
 __all__ = ["AUTO_CANDIDATES", "AutoScheme"]
 
@@ -25,10 +25,10 @@ class AutoScheme(SyncScheme):
 
     name = "auto"
 
-    def run(self, ctx: SyncContext) -> torch.Tensor:
+    async def run(self, ctx: SyncContext) -> torch.Tensor:
         choice = self.choose(ctx)
         ctx.stats.scheme = choice
-        return scheme_registry()[choice]().run(ctx)
+        return await get_scheme(choice).run(ctx)
 
     def choose(self, ctx: SyncContext) -> str:
         """The candidate with the lowest predicted time (ties: the earlier candidate)."""

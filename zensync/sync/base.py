@@ -1,5 +1,11 @@
 """What every sync scheme shares: the item view of a tensor, the per-call context, phase timing,
-and the ``SyncScheme`` interface with its registry."""
+and the ``SyncScheme`` interface with its registry.
+
+A scheme's ``run`` is a coroutine that awaits the transport's non-blocking collectives
+(``transport.all_gather_v_async`` and so on), so the same code serves the blocking API
+(``transport.run(coro)``) and the DDP hook, which drives it by completion callbacks (``Task`` on a
+``Lane``). Inside ``run`` never call a blocking collective: it would block a backend's callback thread.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +19,8 @@ from typing import ClassVar
 
 import torch
 
-from zensync.compress.topk import index_dtype  # one rule for every index payload: int32 below 2**31
 from zensync.transport import Transport
-from zensync.types import Granularity, SyncStats
+from zensync.types import Granularity, SyncStats, accumulation_dtype, index_dtype
 
 __all__ = [
     "ItemView",
@@ -24,6 +29,7 @@ __all__ = [
     "SyncScheme",
     "accumulation_dtype",
     "default_granularity",
+    "get_scheme",
     "index_dtype",
     "item_view",
     "register_scheme",
@@ -94,11 +100,6 @@ def item_view(tensor: torch.Tensor, granularity: Granularity) -> ItemView:
     return ItemView(x2d=x2d, granularity=granularity)
 
 
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Half types are summed in float32 and rounded once; float32/64 in their own precision."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 @dataclasses.dataclass(kw_only=True, slots=True)
 class SyncContext:
     """Everything one call of a scheme needs."""
@@ -108,13 +109,17 @@ class SyncContext:
     stats: SyncStats
     options: SyncOptions
     h0_seed: int
-    """The agreed seed (see ``zensync.sync.validate``)."""
+    """The agreed seed (see ``zensync.sync.agreement``)."""
     nnz_per_rank: list[int] | None = None
     """Non-zero items of every rank, where the caller measured them before the scheme ran."""
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Attribute traffic to ``name`` and add the enclosed wall time to stats.phase_time_s."""
+        """Attribute traffic to ``name`` and add the enclosed wall time to stats.phase_time_s.
+
+        The transport takes the phase when a collective is issued, so a collective issued inside the
+        block and awaited there is counted under ``name`` whatever thread completes it.
+        """
         start = time.perf_counter()
         with self.transport.phase(name):
             try:
@@ -127,18 +132,22 @@ class SyncContext:
 class SyncScheme(abc.ABC):
     """A lossless way to sum a tensor over ranks.
 
-    ``run`` returns the (not averaged) sum as a new (num_items, item_numel) tensor in the input dtype,
-    identical on every rank, and fills what it observes into ``ctx.stats``.
+    ``run`` is a coroutine: it awaits the transport's ``*_async`` collectives and returns the (not
+    averaged) sum as a new (num_items, item_numel) tensor in the input dtype, identical on every
+    rank, and fills what it observes into ``ctx.stats``. Schemes hold no state between calls: one
+    instance per name serves every call (``get_scheme``).
     """
 
     name: ClassVar[str]
 
     @abc.abstractmethod
-    def run(self, ctx: SyncContext) -> torch.Tensor:
+    async def run(self, ctx: SyncContext) -> torch.Tensor:
         """Sum ``ctx.view`` over the ranks of ``ctx.transport``."""
 
 
 _REGISTRY: dict[str, type[SyncScheme]] = {}
+_INSTANCES: dict[str, SyncScheme] = {}
+"""The one instance of each registered scheme, built at registration (schemes are stateless)."""
 
 
 def register_scheme(cls: type[SyncScheme]) -> type[SyncScheme]:
@@ -146,9 +155,22 @@ def register_scheme(cls: type[SyncScheme]) -> type[SyncScheme]:
     if cls.name in _REGISTRY:
         raise ValueError(f"sync scheme {cls.name!r} is registered twice")
     _REGISTRY[cls.name] = cls
+    _INSTANCES[cls.name] = cls()
     return cls
 
 
+def get_scheme(name: str) -> SyncScheme:
+    """The scheme registered under ``name`` (the same instance on every call; nothing is copied).
+
+    Raises:
+        ValueError: ``name`` is not a registered scheme (the message lists the valid ones).
+    """
+    scheme = _INSTANCES.get(name)
+    if scheme is None:
+        raise ValueError(f"sync scheme {name!r} is unknown (valid: {', '.join(_INSTANCES)})")
+    return scheme
+
+
 def scheme_registry() -> dict[str, type[SyncScheme]]:
-    """The registered schemes by name (a copy)."""
+    """The registered scheme classes by name (a copy: for listing, not for running a scheme)."""
     return dict(_REGISTRY)

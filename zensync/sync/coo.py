@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from zensync.sync.packing import as_bytes, from_bytes
+from zensync.transport.packing import as_bytes, from_bytes
 
 __all__ = ["decode_records", "encode_records"]
 

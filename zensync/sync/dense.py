@@ -15,8 +15,8 @@ class DenseScheme(SyncScheme):
 
     name = "dense"
 
-    def run(self, ctx: SyncContext) -> torch.Tensor:
+    async def run(self, ctx: SyncContext) -> torch.Tensor:
         x2d = ctx.view.x2d
         with ctx.phase("allreduce"):
-            summed = ctx.transport.all_reduce(x2d.reshape(-1))
+            summed = await ctx.transport.all_reduce_async(x2d.reshape(-1))
         return summed.view(x2d.shape)

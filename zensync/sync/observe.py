@@ -26,7 +26,7 @@ def local_skew(items: torch.Tensor, num_items: int, num_ranges: int) -> float:
         device=counts.device,
     )
     density = counts / sizes.clamp(min=1)
-    return float(density.max() / (items.numel() / num_items))
+    return float(density.max() / (items.numel() / num_items))  # host-device sync
 
 
 def imbalance(received: Sequence[int]) -> float | None:

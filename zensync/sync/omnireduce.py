@@ -1,9 +1,12 @@
 """OmniReduce (SIGCOMM'21; reference/zen.md 3.4): blocks of 256 elements, only non-zero blocks move,
 no per-element indices; owners (aggregators) hold contiguous even ranges of blocks.
 
-Each message to an owner is a bitmap of which of the owner's blocks follow (one bit per block: the
-block ids OmniReduce carries in its packets) and the non-zero blocks' values. Owners sum the blocks
-they receive and every rank all-gathers the owners' non-zero aggregated blocks the same way.
+1. Push. Each rank sends each owner, in one all-to-all, a bitmap of which of the owner's blocks
+   follow (one bit per block: the block ids OmniReduce carries in its packets) and the values of
+   its non-zero blocks.
+2. Aggregate. Each owner sums the blocks it received, in source-rank order (still the push phase).
+3. Pull. Every rank all-gathers the owners' non-zero aggregated blocks, encoded the same way.
+
 Skewed gradients put most non-zero blocks on the first owners, and at high density almost every
 block is non-zero: the two weaknesses Zen's evaluation points out.
 """
@@ -15,7 +18,7 @@ import torch
 from zensync import kernels
 from zensync.sync.base import SyncContext, SyncScheme, accumulation_dtype, register_scheme
 from zensync.sync.observe import imbalance, record_densities
-from zensync.sync.packing import ByteReader, pack
+from zensync.transport.packing import ByteReader, pack
 
 __all__ = ["OmniReduceScheme", "block_ranges"]
 
@@ -34,7 +37,7 @@ def _encode_blocks(blocks: torch.Tensor, first: int, count: int, numel: int, blo
     words = kernels.bitmap_encode(ids, count)
     values = mine[ids].reshape(-1)
     tail_pad = (first + count) * block - numel  # padding of the tensor's last, partial block
-    if tail_pad > 0 and ids.numel() and int(ids[-1]) == count - 1:
+    if tail_pad > 0 and ids.numel() and int(ids[-1]) == count - 1:  # host-device sync
         values = values[: values.numel() - tail_pad]
     return pack(words, values)
 
@@ -57,7 +60,7 @@ class OmniReduceScheme(SyncScheme):
 
     name = "omnireduce"
 
-    def run(self, ctx: SyncContext) -> torch.Tensor:
+    async def run(self, ctx: SyncContext) -> torch.Tensor:
         view, transport, stats = ctx.view, ctx.transport, ctx.stats
         n, rank = transport.world_size, transport.rank
         block = ctx.options.omnireduce_block
@@ -72,7 +75,7 @@ class OmniReduceScheme(SyncScheme):
         # Step 1: push each owner the bitmap + non-zero blocks of its range.
         with ctx.phase("push"):
             parts = [_encode_blocks(blocks, first, count, numel, block) for first, count in ranges]
-            received, counts = transport.all_to_all_v(torch.cat(parts), [p.numel() for p in parts])
+            received, counts = await transport.all_to_all_v_async(torch.cat(parts), [p.numel() for p in parts])
             push_bytes_recv = sum(c for j, c in enumerate(counts) if j != rank)
             # Step 2: the owner sums the blocks of its range in source-rank order.
             first, count = ranges[rank]
@@ -85,11 +88,11 @@ class OmniReduceScheme(SyncScheme):
             header = torch.tensor([push_bytes_recv, stats.local_nnz], dtype=torch.int64, device=flat.device)
             aggregated = acc.to(dtype)
             body = _encode_blocks(aggregated, 0, count, numel - first * block, block)
-            payloads = transport.all_gather_v(pack(header, body))
+            payloads = await transport.all_gather_v_async(pack(header, body))
             out = torch.zeros(num_blocks, block, dtype=dtype, device=flat.device)
             headers = []
             for owner, payload in enumerate(payloads):
-                headers.append(ByteReader(payload[:16]).take(torch.int64, 2).tolist())
+                headers.append(ByteReader(payload[:16]).take(torch.int64, 2).tolist())  # host-device sync
                 owner_first, owner_count = ranges[owner]
                 ids, values = _decode_blocks(payload[16:], owner_first, owner_count, numel, block, dtype)
                 out[ids] = values

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zensync.types import MASK64, Partition, splitmix64
+from zensync.kernels.hashing import MASK64, Partition, splitmix64
 
 __all__ = ["NUM_FEISTEL_ROUNDS", "make_partition"]
 

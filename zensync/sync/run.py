@@ -2,18 +2,19 @@
 
 ``zensync.sparse_allreduce`` validates first and then calls ``run_agreed``. Callers that have
 established agreement another way (the DDP hook checks the model and options once at registration
-and all-gathers the densities every step) call it directly and save a collective per tensor.
+and all-gathers the densities every step) call it directly and save a collective per tensor; the
+hook awaits ``run_agreed_async`` in the coroutine it runs on its ``Lane``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from zensync.sync.base import ItemView, SyncContext, SyncOptions, scheme_registry
+from zensync.sync.base import ItemView, SyncContext, SyncOptions, get_scheme
 from zensync.transport import TrafficLog, Transport
 from zensync.types import SyncStats
 
-__all__ = ["run_agreed"]
+__all__ = ["run_agreed", "run_agreed_async"]
 
 
 def run_agreed(
@@ -26,22 +27,55 @@ def run_agreed(
     stats: SyncStats,
     nnz_per_rank: list[int] | None = None,
 ) -> torch.Tensor:
+    """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor (blocking).
+
+    ``run_agreed_async`` driven to completion on this thread; see it for the contract.
+    """
+    coro = run_agreed_async(
+        view, transport, scheme=scheme, options=options, h0_seed=h0_seed, stats=stats, nnz_per_rank=nnz_per_rank
+    )
+    with torch.no_grad():
+        return transport.run(coro)
+
+
+async def run_agreed_async(
+    view: ItemView,
+    transport: Transport,
+    *,
+    scheme: str,
+    options: SyncOptions,
+    h0_seed: int,
+    stats: SyncStats,
+    nnz_per_rank: list[int] | None = None,
+) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor.
 
-    Every rank must pass the same scheme, shapes, dtype, options and seed: nothing is checked here.
-    Traffic already recorded in ``stats.phases`` (e.g. a validation exchange) is kept.
+    A coroutine of the transport's non-blocking collectives: await it, drive it with
+    ``transport.run`` (what ``run_agreed`` does) or with a ``Task`` on a ``Lane``. Every rank must
+    pass the same scheme, shapes, dtype, options and seed: nothing is checked here. Traffic already
+    recorded in ``stats.phases`` (e.g. a validation exchange) is kept.
+
+    The input is detached rather than run under ``torch.no_grad()``: grad mode is per thread, and
+    the coroutine's segments may run on different threads.
+
+    Args:
+        view: This rank's tensor as items (``zensync.sync.base.item_view``).
+        transport: The group.
+        scheme: A registered scheme name (``zensync.sync.SCHEMES``).
+        options: Scheme tunables, identical on every rank.
+        h0_seed: Zen's agreed hash seed (``zensync.sync.agreement``).
+        stats: Filled with what the call observed and moved.
+        nnz_per_rank: Every rank's non-zero item count, when measured before (``auto`` needs it).
+
+    Returns:
+        The (not averaged) sum, a new tensor in the input dtype, identical on every rank.
     """
-    stats.requested_scheme = scheme
-    stats.scheme = scheme
-    stats.rank = transport.rank
-    stats.world_size = transport.world_size
-    stats.numel = view.x2d.numel()
-    stats.granularity = view.granularity
-    stats.num_items = view.num_items
-    stats.item_numel = view.item_numel
+    _record_call(stats, view, transport, scheme)
+    if view.x2d.requires_grad:
+        view = ItemView(x2d=view.x2d.detach(), granularity=view.granularity)
     log = TrafficLog()
     log.phases = stats.phases
-    with transport.recording(log), torch.no_grad():
+    with transport.recording(log):
         if view.x2d.numel() == 0:
             result = view.x2d.clone()
         else:
@@ -53,6 +87,18 @@ def run_agreed(
                 h0_seed=h0_seed,
                 nnz_per_rank=nnz_per_rank,
             )
-            result = scheme_registry()[scheme]().run(ctx)
+            result = await get_scheme(scheme).run(ctx)
     stats.density = stats.local_nnz / stats.num_items if stats.num_items else 0.0
     return result
+
+
+def _record_call(stats: SyncStats, view: ItemView, transport: Transport, scheme: str) -> None:
+    """What the call is, into ``stats`` (before the scheme adds what it observes)."""
+    stats.requested_scheme = scheme
+    stats.scheme = scheme
+    stats.rank = transport.rank
+    stats.world_size = transport.world_size
+    stats.numel = view.x2d.numel()
+    stats.granularity = view.granularity
+    stats.num_items = view.num_items
+    stats.item_numel = view.item_numel

@@ -1,8 +1,13 @@
 """SparCML's hierarchical centralization (SC'19; reference/zen.md 1.3, 3.5): recursive doubling with
 incremental aggregation, switching a stage to dense once the merged set is denser than COO pays for.
 
-Any world size: with p the largest power of two <= n, ranks p..n-1 first fold their data into ranks
-0..n-p-1, the first p ranks run log2(p) doubling stages, then the folded ranks receive the result.
+Any world size, with p the largest power of two <= n; all three steps are the "exchange" phase:
+
+1. Fold. Ranks p..n-1 send their non-zeros (COO) to ranks 0..n-p-1, which merge them.
+2. Double. The first p ranks run log2(p) stages; in stage s each swaps its partial sum with the rank
+   2^(s-1) away and merges it (COO, or dense once COO would be larger).
+3. Hand back. Ranks 0..n-p-1 send the result to the folded ranks.
+
 Stage s (s = 1..log2 p) receives the partner's aggregate of 2^(s-1) ranks: Eq. 2,
 T = sum_s gamma_{2^(s-1)} * 2 * M * d / b.
 
@@ -26,7 +31,7 @@ from zensync.sync.base import (
     register_scheme,
 )
 from zensync.sync.observe import local_skew
-from zensync.sync.packing import ByteReader, pack
+from zensync.transport.packing import ByteReader, pack
 
 __all__ = ["SparCMLScheme"]
 
@@ -106,7 +111,7 @@ class SparCMLScheme(SyncScheme):
 
     name = "sparcml"
 
-    def run(self, ctx: SyncContext) -> torch.Tensor:
+    async def run(self, ctx: SyncContext) -> torch.Tensor:
         view, transport, stats = ctx.view, ctx.transport, ctx.stats
         n, rank = transport.world_size, transport.rank
         device = view.x2d.device
@@ -120,27 +125,27 @@ class SparCMLScheme(SyncScheme):
         with ctx.phase("exchange"):
             # Step 1: fold ranks >= power into their partner rank - power.
             if rank >= power:
-                transport.send_recv(_encode(state, view), rank - power, None, device=device)
+                await transport.send_recv_async(_encode(state, view), rank - power, None, device=device)
             elif rank + power < n:
-                received = transport.send_recv(None, None, rank + power, device=device)
+                received = await transport.send_recv_async(None, None, rank + power, device=device)
                 assert received is not None
                 state = _merge(_rounded(state, view), _decode(received, view), view, ratio)
             # Step 2: recursive doubling among the first `power` ranks.
             distance = 1
             while rank < power and distance < power:
                 partner = rank ^ distance
-                received = transport.send_recv(_encode(state, view), partner, partner, device=device)
+                received = await transport.send_recv_async(_encode(state, view), partner, partner, device=device)
                 assert received is not None
                 mine, theirs = _rounded(state, view), _decode(received, view)
                 state = _merge(mine, theirs, view, ratio) if rank < partner else _merge(theirs, mine, view, ratio)
                 distance *= 2
             # Step 3: hand the result to the folded ranks.
             if rank >= power:
-                received = transport.send_recv(None, None, rank - power, device=device)
+                received = await transport.send_recv_async(None, None, rank - power, device=device)
                 assert received is not None
                 state = _decode(received, view)
             elif rank + power < n:
-                transport.send_recv(_encode(state, view), rank + power, None, device=device)
+                await transport.send_recv_async(_encode(state, view), rank + power, None, device=device)
         final = _rounded(state, view)
         if not final.is_dense:
             stats.global_nnz = final.values.shape[0]

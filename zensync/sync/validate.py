@@ -1,20 +1,27 @@
-"""Agreeing on a call before any data moves: every rank checks its own arguments, all ranks exchange a
-small fixed-size descriptor, and either all proceed or all raise the same ``ValueError``.
+"""Agreeing on a ``sparse_allreduce`` call before any data moves, with the protocol of ``zensync.sync.agreement``.
+
+1. Every rank checks its own arguments (``LocalRequest``: dtype, layout, dimensions, scheme,
+   granularity) without communicating.
+2. All ranks exchange a small fixed-size int64 descriptor of their call (``exchange_and_check``): the
+   local error code, scheme, granularity, average, dtype, device type, explicit seed, seed proposal,
+   non-zero count and shape.
+3. Every rank compares the descriptors the same way: on any local error or mismatch every rank raises
+   the same ``ValueError``, naming the first problem.
 
 This is the first collective of every call, so a rank with bad input still takes part in exactly the
 collectives its peers expect, and no rank hangs waiting for a peer that gave up. The same exchange
-agrees on Zen's hash seed (rank 0's proposal wins at first use of a group) and, for ``auto``, carries
-every rank's non-zero count.
+agrees on Zen's hash seed (rank 0's proposal wins at first use of a group; an explicit
+``SyncOptions.h0_seed`` wins for its call) and, for ``auto``, carries every rank's non-zero count.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from collections.abc import Sequence
 
 import torch
 
+from zensync.sync.agreement import agree_group_seed, differing_from_rank0, gather_descriptors_async, propose_seed
 from zensync.sync.base import default_granularity
 from zensync.transport import Transport
 from zensync.types import Granularity
@@ -25,6 +32,7 @@ __all__ = [
     "Agreement",
     "LocalRequest",
     "exchange_and_check",
+    "exchange_and_check_async",
 ]
 
 MAX_NDIM = 8
@@ -107,7 +115,8 @@ class LocalRequest:
         assert self.tensor is not None
         return default_granularity(self.tensor)
 
-    def descriptor(self, local_nnz: int) -> torch.Tensor:
+    def descriptor(self, local_nnz: int) -> list[int]:
+        """This rank's call as the fixed-size int64 descriptor every rank all-gathers (-1: unset)."""
         desc = [-1] * _SIZE
         desc[_F_MAGIC] = _MAGIC
         desc[_F_ERROR] = self.error
@@ -116,7 +125,7 @@ class LocalRequest:
         desc[_F_AVG] = int(bool(self.average))
         desc[_F_NNZ] = local_nnz
         desc[_F_SEED] = -1 if self.h0_seed is None else self.h0_seed & (2**62 - 1)
-        desc[_F_PROPOSAL] = secrets.randbits(62)
+        desc[_F_PROPOSAL] = propose_seed()
         tensor = self.tensor
         if isinstance(tensor, torch.Tensor):
             desc[_F_DTYPE] = _DTYPE_TABLE.index(tensor.dtype) if tensor.dtype in _DTYPE_TABLE else -2
@@ -124,7 +133,7 @@ class LocalRequest:
             desc[_F_NDIM] = tensor.dim()
             for i, size in enumerate(tensor.shape[:MAX_NDIM]):
                 desc[_F_SHAPE + i] = size
-        return torch.tensor(desc, dtype=torch.int64)
+        return desc
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -173,18 +182,20 @@ def _first_problem(descs: list[list[int]], valid_schemes: Sequence[str]) -> str 
     )
     for name, index in checks:
         values = [d[index] for d in descs]
-        if any(v != values[0] for v in values):
+        if differing_from_rank0(values):
             if name == "dtype":
                 return _describe_mismatch(name, [_dtype_name(v) for v in values])
             return _describe_mismatch(name, values)
     shapes = [tuple(d[_F_SHAPE : _F_SHAPE + d[_F_NDIM]]) for d in descs]
-    if any(s != shapes[0] for s in shapes):
+    if differing_from_rank0(shapes):
         return _describe_mismatch("shape", shapes)
     return None
 
 
 def exchange_and_check(transport: Transport, request: LocalRequest, local_nnz: int) -> Agreement:
     """All-gather every rank's descriptor and raise the same ``ValueError`` on every rank on any problem.
+
+    Blocking: ``exchange_and_check_async`` run to completion on this thread.
 
     Args:
         transport: The group.
@@ -194,11 +205,16 @@ def exchange_and_check(transport: Transport, request: LocalRequest, local_nnz: i
     Returns:
         The agreed hash seed and, when every rank measured it, the per-rank non-zero counts.
     """
+    return transport.run(exchange_and_check_async(transport, request, local_nnz))
+
+
+async def exchange_and_check_async(transport: Transport, request: LocalRequest, local_nnz: int) -> Agreement:
+    """``exchange_and_check`` as a coroutine of non-blocking collectives (same arguments, result, errors)."""
     tensor = request.tensor
     device = tensor.device if isinstance(tensor, torch.Tensor) and request.error == _ERR_OK else torch.device("cpu")
-    desc = request.descriptor(local_nnz).to(device)
-    with transport.phase("validate"):
-        descs = [d.tolist() for d in transport.all_gather(desc)]
+    # Step 2: the descriptor exchange (the first collective of the call).
+    descs = await gather_descriptors_async(transport, request.descriptor(local_nnz), phase="validate", device=device)
+    # Step 3: the same checks, hence the same outcome, on every rank.
     if any(d[_F_MAGIC] != _MAGIC for d in descs):
         raise ValueError(
             "zensync descriptor exchange failed: another rank is running a different zensync version or "
@@ -208,8 +224,7 @@ def exchange_and_check(transport: Transport, request: LocalRequest, local_nnz: i
     if problem is not None:
         own = f" (this rank, {transport.rank}: {request.message})" if request.error != _ERR_OK else ""
         raise ValueError(f"zensync.sparse_allreduce: invalid call: {problem}{own}")
-    if transport.h0_seed is None:
-        transport.h0_seed = descs[0][_F_PROPOSAL]
-    seed = descs[0][_F_SEED] if descs[0][_F_SEED] >= 0 else transport.h0_seed
+    group_seed = agree_group_seed(transport, descs[0][_F_PROPOSAL])  # kept from the group's first call
+    seed = descs[0][_F_SEED] if descs[0][_F_SEED] >= 0 else group_seed
     nnz = [d[_F_NNZ] for d in descs]
     return Agreement(h0_seed=seed, nnz_per_rank=nnz if min(nnz) >= 0 else None)

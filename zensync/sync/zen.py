@@ -26,6 +26,7 @@ import dataclasses
 import torch
 
 from zensync import kernels
+from zensync.kernels.hashing import Partition
 from zensync.sync.base import (
     SyncContext,
     SyncScheme,
@@ -35,9 +36,8 @@ from zensync.sync.base import (
 )
 from zensync.sync.coo import decode_records, encode_records
 from zensync.sync.observe import imbalance, local_skew, record_densities, record_overlap
-from zensync.sync.packing import ByteReader, pack
 from zensync.sync.partition import make_partition
-from zensync.types import Partition
+from zensync.transport.packing import ByteReader, pack
 
 __all__ = ["PULL_ENCODINGS", "SparsePSScheme", "ZenScheme", "pull_payload_bytes"]
 
@@ -75,15 +75,15 @@ class ZenScheme(SyncScheme):
     name = "zen"
     hashed = True
 
-    def run(self, ctx: SyncContext) -> torch.Tensor:
+    async def run(self, ctx: SyncContext) -> torch.Tensor:
         part = make_partition(ctx.view.num_items, ctx.transport.world_size, seed=ctx.h0_seed, hashed=self.hashed)
         with ctx.phase("push"):
-            pushed = self._push_and_aggregate(ctx, part)
+            pushed = await self._push_and_aggregate(ctx, part)
         with ctx.phase("pull"):
-            return self._pull(ctx, part, pushed)
+            return await self._pull(ctx, part, pushed)
 
     # -- Steps 1 and 2 ---------------------------------------------------------------------------
-    def _push_and_aggregate(self, ctx: SyncContext, part: Partition) -> _Pushed:
+    async def _push_and_aggregate(self, ctx: SyncContext, part: Partition) -> _Pushed:
         view, transport, stats = ctx.view, ctx.transport, ctx.stats
         idx_dtype = index_dtype(part.range_len)
         # Step 1.1: non-zero detection + h0 + bucketing by owner, one fused kernel.
@@ -93,7 +93,8 @@ class ZenScheme(SyncScheme):
         # Step 1.2: one all-to-all of records, cut by owner.
         block = encode_records(positions, view.x2d.index_select(0, items), idx_dtype)
         record_bytes = block.shape[1]
-        received, recv_counts = transport.all_to_all_v(block.view(-1), (counts * record_bytes).tolist())
+        send_counts = (counts * record_bytes).tolist()  # host-device sync
+        received, recv_counts = await transport.all_to_all_v_async(block.view(-1), send_counts)
         push_bytes_recv = sum(c for j, c in enumerate(recv_counts) if j != transport.rank)
         # Step 2: owner-side aggregation (sum by position), in source-rank order.
         recv_positions, recv_values = decode_records(received, idx_dtype, view.x2d.dtype, view.item_numel)
@@ -103,7 +104,7 @@ class ZenScheme(SyncScheme):
         return _Pushed(
             positions=unique,
             sums=sums.to(view.x2d.dtype),
-            shared_pairs=int((multiplicity * (multiplicity - 1) // 2).sum()),
+            shared_pairs=int((multiplicity * (multiplicity - 1) // 2).sum()),  # host-device sync
             push_bytes_recv=push_bytes_recv,
             local_nnz=items.numel(),
         )
@@ -130,9 +131,9 @@ class ZenScheme(SyncScheme):
         dense[pushed.positions] = pushed.sums
         return pack(header, dense)
 
-    def _pull(self, ctx: SyncContext, part: Partition, pushed: _Pushed) -> torch.Tensor:
+    async def _pull(self, ctx: SyncContext, part: Partition, pushed: _Pushed) -> torch.Tensor:
         view, transport = ctx.view, ctx.transport
-        payloads = transport.all_gather_v(self._encode_partition(ctx, part, pushed))
+        payloads = await transport.all_gather_v_async(self._encode_partition(ctx, part, pushed))
         idx_dtype = index_dtype(part.range_len)
         device = view.x2d.device
         out = torch.zeros_like(view.x2d)
