@@ -2,7 +2,7 @@
 
 1. decompress(compress(x)) has x's shape and dtype, and ``payload_bytes`` is the payloads' size.
 2. The payload layout (shapes, dtypes) depends only on x's shape and dtype, not its values, so a rank
-   can unpack another rank's payloads with its own layout (``zensync.sync.compressed``).
+   can unpack another rank's payloads with its own layout (``zensync.compress.collectives``).
 3. Compression is deterministic given (x, name, step, seed).
 4. random-k with ``scale=True``, QSGD and TernGrad are unbiased: the mean of ``NUM_DRAWS``
    decompressions (one per step, so each has fresh shared-seed draws) is within Bernstein's bound of

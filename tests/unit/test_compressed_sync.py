@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zensync.compress import build
-from zensync.sync.compressed import COMPRESSED_SCHEMES, CompressedSync, hierarchy
+from zensync.compress import COMPRESSED_SCHEMES, CompressedSync, build, hierarchy
 from zensync.transport import SimulatedWorld
 
 SHAPE = (37, 5)

@@ -19,6 +19,7 @@ import torch
 from zensync import kernels
 from zensync.compress import Compressed, ErrorFeedback, build, compressor_names
 from zensync.compress.base import shared_generator
+from zensync.transport.handle import run_sync
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SIZES = (0, 1, 7, 128, 1000, 4097)
@@ -330,13 +331,15 @@ def test_onebit_with_one_empty_group():
 def run_ranks(comps, inputs, name=NAME):
     """allreduce_sync on len(comps) threads sharing a fake all_reduce: sum over ranks in rank order.
 
-    A failing rank leaves the others at the barrier until its timeout, then every error surfaces.
+    Each thread drives its rank's coroutine to completion (``run_sync``); the fake ``all_reduce`` is
+    a coroutine that meets the other ranks at a barrier. A failing rank leaves the others at the
+    barrier until its timeout, then every error surfaces.
     """
     n = len(comps)
     barrier, slots = threading.Barrier(n, timeout=10), [None] * n
 
     def all_reduce_of(rank):
-        def all_reduce(t):
+        async def all_reduce(t):
             slots[rank] = t.clone()
             barrier.wait()
             total = sum(slots[1:], slots[0].clone())
@@ -345,10 +348,11 @@ def run_ranks(comps, inputs, name=NAME):
 
         return all_reduce
 
+    def rank_body(r):
+        return run_sync(comps[r].allreduce_sync(inputs[r], all_reduce_of(r), name=name, step=STEP))
+
     with ThreadPoolExecutor(max_workers=n) as pool:
-        futures = [
-            pool.submit(comps[r].allreduce_sync, inputs[r], all_reduce_of(r), name=name, step=STEP) for r in range(n)
-        ]
+        futures = [pool.submit(rank_body, r) for r in range(n)]
         return [f.result() for f in futures]
 
 

@@ -131,5 +131,5 @@ class DGCCompressor(SelectedValues):
         threshold = torch.topk(sample, selected_count(self.config.ratio, num_samples), sorted=False).values.min()
         # Steps 3-4: relax the threshold until k pass, then the k largest of the candidates (a kernel;
         # equal to the exact top-k whatever the threshold, so only the cost depends on the sample).
-        threshold_value = float(threshold)  # host sync
+        threshold_value = float(threshold)  # host-device sync
         return kernels.sampled_topk(magnitudes, k, threshold_value, relax_factor=RELAX_FACTOR, max_tries=MAX_TRIES)

@@ -102,7 +102,7 @@ class ErrorFeedback:
         """Store ``compensated - transmitted`` (what compression dropped) under ``name``.
 
         Within a step, at ``end_step(keep=True)``. Outside one, now, unless it holds a NaN or
-        infinity (then the previous residual stays; a host sync).
+        infinity (then the previous residual stays; a host-device sync).
         """
         if compensated.shape != transmitted.shape:
             raise ValueError(
@@ -112,7 +112,7 @@ class ErrorFeedback:
         residual = (compensated - transmitted).detach()
         if self._pending is not None:
             self._pending[name] = residual
-        elif bool(all_finite(residual)):  # host sync
+        elif bool(all_finite(residual)):  # host-device sync
             self._residuals[name] = residual
         else:
             logger.debug("error feedback for %s: non-finite residual not stored", name)

@@ -28,18 +28,19 @@ non-finite Q is not stored, so a warm start never holds a NaN or infinity.
 Example::
 
     comp = build("powersgd:4")
-    approx_sum = comp.allreduce_sync(grad, transport_all_reduce, name="fc.weight", step=3)
+    approx_sum = await comp.allreduce_sync(grad, transport_all_reduce, name="fc.weight", step=3)  # in a coroutine
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from zensync.compress.base import (
+    AllReduce,
     Compressed,
     Compressor,
     all_finite,
@@ -138,7 +139,7 @@ class PowerSGDCompressor(Compressor):
         """Store ``q`` as ``name``'s warm start: within a step, undoably; outside one, only if finite."""
         if self._q_undo is not None:
             self._q_undo.setdefault(name, self._q_memory.get(name))
-        elif not bool(all_finite(q)):  # host sync, on the small (m, r) Q
+        elif not bool(all_finite(q)):  # host-device sync, on the small (m, r) Q
             return
         self._q_memory[name] = (shape, q)
 
@@ -181,15 +182,19 @@ class PowerSGDCompressor(Compressor):
         compute = compute_dtype(p.dtype)
         return (p.to(compute) @ q.to(compute).T).to(p.dtype).view(compressed.ctx)
 
-    def allreduce_sync(
-        self, x: torch.Tensor, all_reduce: Callable[[torch.Tensor], torch.Tensor], *, name: str = "", step: int = 0
+    async def allreduce_sync(
+        self, x: torch.Tensor, all_reduce: AllReduce, *, name: str = "", step: int = 0
     ) -> torch.Tensor:
         """Rank-r approximation of the sum over ranks of ``x`` (steps 1-4 of the module docstring).
 
+        One coroutine for both rounds: the Q allreduce is issued only after the P allreduce and the
+        orthogonalization, so every rank issues them in the same order (torch's ``powerSGD_hook``,
+        which chains them by callbacks per bucket, does not on gloo with several buckets).
+
         Args:
             x: This rank's tensor.
-            all_reduce: Sum over ranks of a tensor (called twice, on (n, r) then (m, r) tensors of x's dtype,
-                or once on ``x`` when it is sent as is).
+            all_reduce: Awaitable sum over ranks of a tensor (awaited twice, on (n, r) then (m, r)
+                tensors of x's dtype, or once on ``x`` when it is sent as is).
             name: Key of the warm-start Q (and seed of the initial one).
             step: Unused (the warm start carries the state between steps).
 
@@ -198,15 +203,15 @@ class PowerSGDCompressor(Compressor):
         """
         dims = self.matrix_shape(x.shape)
         if dims is None:
-            return all_reduce(x.contiguous())
+            return await all_reduce(x.contiguous())
         matrix = x.reshape(dims).to(compute_dtype(x.dtype)).contiguous()
         q = self._warm_q(name, x, dims[1], matrix.dtype)
         # Step 1: P = sum over ranks of M Q, sent in the input dtype.
-        p = all_reduce((matrix @ q).to(x.dtype)).to(matrix.dtype)
+        p = (await all_reduce((matrix @ q).to(x.dtype))).to(matrix.dtype)
         # Step 2: orthonormal columns.
         p = _orthogonalize(p)
         # Step 3: Q = sum over ranks of M^T P; the warm start of the next step.
-        q = all_reduce((matrix.T @ p).to(x.dtype)).to(matrix.dtype)
+        q = (await all_reduce((matrix.T @ p).to(x.dtype))).to(matrix.dtype)
         self._keep_q(name, x.shape, q)
         # Step 4: the rank-r approximation of the summed matrix.
         return (p @ q.T).to(x.dtype).view(x.shape)

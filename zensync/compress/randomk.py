@@ -9,7 +9,7 @@ either way it is meant to run with error feedback.
 
 A NaN or infinity among the elements not drawn would be neither sent nor seen: it would sit in the
 error-feedback residual. So when the input holds one, every value sent is NaN (one ``aminmax`` pass
-over the input, no host sync): the sum is non-finite, as under dense allreduce.
+over the input, no host-device sync): the sum is non-finite, as under dense allreduce.
 
 Example::
 
@@ -111,8 +111,8 @@ class RandomKCompressor(Compressor):
         generator = shared_generator(self.config.seed, name, step, purpose="randomk", device=device)
         keys = torch.rand(numel, generator=generator, dtype=torch.float64, device=device)
         cutoff = (k + 8 * math.sqrt(k) + 8) / max(numel, 1)
-        candidates = (keys < cutoff).nonzero().squeeze(1)
-        if candidates.numel() < k:  # host sync; fewer than k below the cut-off has probability < 1e-14
+        candidates = (keys < cutoff).nonzero().squeeze(1)  # host-device sync (a data-dependent size)
+        if candidates.numel() < k:  # fewer than k below the cut-off has probability < 1e-14
             candidates = torch.arange(numel, device=device)
         # Ascending candidates and sorted topk positions: the result is sorted (sequential gather/scatter).
         return candidates[topk_indices(keys[candidates].neg_(), k)]

@@ -33,13 +33,9 @@ from zensync.compress.base import (
     selected_count,
     to_float,
 )
+from zensync.types import index_dtype
 
-__all__ = ["SelectedValues", "TopKCompressor", "index_dtype", "scatter_values", "topk_indices"]
-
-
-def index_dtype(numel: int) -> torch.dtype:
-    """int32 positions when they fit (numel < 2**31), else int64."""
-    return torch.int32 if numel < 2**31 else torch.int64
+__all__ = ["SelectedValues", "TopKCompressor", "scatter_values", "topk_indices"]
 
 
 def topk_indices(magnitudes: torch.Tensor, k: int) -> torch.Tensor:

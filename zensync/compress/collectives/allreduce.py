@@ -1,0 +1,46 @@
+"""``allreduce``: the payloads are summed by allreduce and decompressed once (Espresso Table 2).
+
+For allreduce-compatible compressors (fp16, bf16, shared-seed random-k, PowerSGD): the compressor
+runs its own rounds through ``Compressor.allreduce_sync``, which awaits one allreduce per payload
+(PowerSGD: two, with a matrix product between, in one coroutine, so every rank issues them in the
+same order). The sum is linear, so this rank's own share of it cannot be told apart (``own`` None).
+
+Example::
+
+    out, _ = await build_collective("allreduce").reduce(x, transport, codec, name="w", step=3, want_own=False)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zensync.compress.base import Compressor
+from zensync.compress.collectives.base import Codec, CompressedCollective, register_collective
+from zensync.transport import Transport
+
+__all__ = ["AllReduceCollective"]
+
+
+@register_collective
+class AllReduceCollective(CompressedCollective):
+    """Compress, allreduce the payloads, decompress the sum (``Compressor.allreduce_sync``)."""
+
+    name = "allreduce"
+    roundtrip_on_one_rank = False
+    """One rank still runs ``allreduce_sync``: PowerSGD's rounds differ from compress/decompress."""
+
+    def check(self, compressor: Compressor) -> None:
+        """Raise unless the payloads of ``compressor`` can be summed."""
+        if not compressor.allreduce_compatible:
+            raise ValueError(
+                f"scheme='allreduce' needs an allreduce-compatible compressor; {compressor.spec()!r} is not "
+                f"(its payloads cannot be summed): use allgather, alltoall_allgather or gather_broadcast"
+            )
+
+    async def _reduce(
+        self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        async def all_reduce(t: torch.Tensor) -> torch.Tensor:
+            return (await transport.all_reduce_async(t.reshape(-1))).view(t.shape)
+
+        return await codec.compressor.allreduce_sync(x, all_reduce, name=name, step=step), None

@@ -1,0 +1,172 @@
+"""``CompressedSync``: one compressor, one compressed collective, and the error feedback they need.
+
+Every collective returns, on every rank, the sum over ranks of the gradients as the compressor lets
+them through (the DDP hook divides by the world size first, so that sum is the average); the
+collectives are the registered ``CompressedCollective``s of this package (``COMPRESSED_SCHEMES``),
+flat or two-level (``hierarchy``).
+
+``sync_async`` is a coroutine of the transport's non-blocking collectives: the DDP hook drives it by
+completion callbacks (``Task`` on a ``Lane``, which keeps the collectives of successive calls in
+the same order on every rank); ``sync`` drives it to completion on the calling thread. One
+``CompressedSync`` runs one call at a time (a step brackets its state, below).
+
+Non-finite values (``zensync.compress.error_feedback`` states the rule): a NaN or infinity in any
+rank's compensated input, or in a chunk owner's aggregated input, reaches the output of every rank
+as it would under dense allreduce (GradScaler then skips the step), and that step's updates of the
+worker residual, the server residuals and the compressor's own state (PowerSGD's Q) are dropped on
+every rank. The output is the same on every rank, so one ``aminmax`` pass over it per call decides
+for all of them, with no extra collective.
+
+Example::
+
+    sync = CompressedSync("topk:0.01", scheme="allgather")
+    out = sync.sync(grad, transport, name="fc.weight", step=3)  # approx. sum over ranks
+    out = await sync.sync_async(grad, transport, name="fc.weight", step=4)  # inside a coroutine
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zensync.compress.base import Compressor, all_finite, build
+from zensync.compress.collectives.base import COMPRESSED_SCHEMES, Codec, build_collective
+from zensync.compress.collectives.two_level import Hierarchy, two_level
+from zensync.compress.error_feedback import ErrorFeedback
+from zensync.transport import Transport
+
+__all__ = ["CompressedSync"]
+
+
+class CompressedSync:
+    """One compressor, one scheme, and the error-feedback memories they need.
+
+    Args:
+        compressor: A ``Compressor`` or a spec string (``"topk:0.01"``).
+        scheme: One of ``COMPRESSED_SCHEMES``, or "auto": allreduce when the compressor allows it,
+            else allgather.
+        error_feedback: Keep worker-side (and, for divisible schemes, server-side) residuals;
+            None follows ``compressor.needs_error_feedback``.
+
+    Raises:
+        ValueError: If the scheme is unknown or does not suit the compressor, or error feedback is
+            asked of a compressor that cannot carry a non-finite value to its output (``signsgd``).
+    """
+
+    __slots__ = ("collective", "compressor", "error_feedback", "scheme", "server_memory", "worker_memory")
+
+    def __init__(
+        self, compressor: Compressor | str, scheme: str = "auto", *, error_feedback: bool | None = None
+    ) -> None:
+        self.compressor = build(compressor) if isinstance(compressor, str) else compressor
+        self.scheme: str = _resolve_scheme(self.compressor, scheme)
+        self.collective = build_collective(self.scheme)
+        self.collective.check(self.compressor)
+        self.error_feedback = self.compressor.needs_error_feedback if error_feedback is None else error_feedback
+        if self.error_feedback and not self.compressor.carries_nonfinite:
+            raise ValueError(
+                f"error_feedback=True needs a compressor that carries a NaN or infinity to its output; "
+                f"{self.compressor.spec()!r} does not (it would stay in the residual at every later step): "
+                f"use efsignsgd or onebit, which send a scale, or error_feedback=False"
+            )
+        self.worker_memory = ErrorFeedback()
+        self.server_memory = ErrorFeedback()
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the error-feedback residuals (worker and server side)."""
+        return self.worker_memory.nbytes + self.server_memory.nbytes
+
+    def sync(
+        self,
+        x: torch.Tensor,
+        transport: Transport,
+        *,
+        name: str,
+        step: int,
+        hierarchy: Hierarchy | None = None,
+    ) -> torch.Tensor:
+        """``sync_async`` driven to completion on this thread (the blocking form)."""
+        return transport.run(self.sync_async(x, transport, name=name, step=step, hierarchy=hierarchy))
+
+    async def sync_async(
+        self,
+        x: torch.Tensor,
+        transport: Transport,
+        *,
+        name: str,
+        step: int,
+        hierarchy: Hierarchy | None = None,
+    ) -> torch.Tensor:
+        """Sum over ranks of the compressed ``x`` (a new tensor of x's shape and dtype).
+
+        Step 1: add this rank's residual (error feedback). Step 2: run the scheme, flat or two-level.
+        Step 3: keep what compression dropped as the new residual. Step 4: commit the step's new
+        residuals and compressor state only if the output is finite (module docstring).
+
+        Args:
+            x: This rank's tensor.
+            transport: The group to sum over (``hierarchy``'s groups must split it).
+            name: Key of the residuals and compressor state (the parameter name).
+            step: Step index; seeds shared randomness (random-k's indices, DGC's sample).
+            hierarchy: Run two-level over these groups; None: flat over ``transport``.
+
+        Returns:
+            The sum, the same on every rank.
+        """
+        if not (self.error_feedback or self.compressor.keeps_state):
+            return await self._run(x, transport, name=name, step=step, hierarchy=hierarchy)
+        keep = False
+        self._begin_step()
+        try:
+            out = await self._run(x, transport, name=name, step=step, hierarchy=hierarchy)
+            # Step 4. host-device sync; the same output, so the same decision, on every rank.
+            keep = bool(all_finite(out))
+        finally:
+            self._end_step(keep=keep)
+        return out
+
+    async def _run(
+        self, x: torch.Tensor, transport: Transport, *, name: str, step: int, hierarchy: Hierarchy | None
+    ) -> torch.Tensor:
+        """Steps 1-3 of ``sync_async``."""
+        # Step 1: add the residual.
+        compensated = self.worker_memory.compensate(name, x) if self.error_feedback else x
+        # Step 2: the registered collective, flat or two-level.
+        codec = Codec(self.compressor, self.server_memory if self.error_feedback else None)
+        if hierarchy is None:
+            out, own = await self.collective.reduce(
+                compensated, transport, codec, name=name, step=step, want_own=self.error_feedback
+            )
+        else:
+            out, own = await two_level(self.collective, codec, compensated, hierarchy, name=name, step=step), None
+        # Step 3: the new residual.
+        if self.error_feedback:
+            # Linear (allreduce) schemes cannot separate this rank's share of the result: the residual
+            # is then the rank's part of the total loss, compensated - out / n, which sums to it exactly.
+            transmitted = own if own is not None else out / transport.world_size
+            self.worker_memory.update(name, compensated, transmitted)
+        return out
+
+    def _begin_step(self) -> None:
+        """Hold back the residual updates and compressor state changes of this call (Step 4)."""
+        self.worker_memory.begin_step()
+        self.server_memory.begin_step()
+        self.compressor.begin_step()
+
+    def _end_step(self, *, keep: bool) -> None:
+        self.worker_memory.end_step(keep=keep)
+        self.server_memory.end_step(keep=keep)
+        self.compressor.end_step(keep=keep)
+
+
+def _resolve_scheme(compressor: Compressor, scheme: str) -> str:
+    """``scheme``, with "auto" resolved: allreduce when ``compressor`` allows it, else allgather.
+
+    Raises:
+        ValueError: If ``scheme`` is neither a compressed collective nor "auto".
+    """
+    if scheme == "auto":
+        return "allreduce" if compressor.allreduce_compatible else "allgather"
+    if scheme not in COMPRESSED_SCHEMES:
+        raise ValueError(f"scheme={scheme!r} is not one of {', '.join(COMPRESSED_SCHEMES)} or 'auto'")
+    return scheme
