@@ -120,7 +120,7 @@ def test_survivors_raise_within_user_timeout_all(strategy: str, fault: str, tmp_
 # --------------------------------------------------------------------------------------------------
 # Groups created by zensync take the user's timeout.
 def _group_timeouts(rank: int, world_size: int, explicit: list[float | None]) -> list[list[float]]:
-    from zensync.sync.compressed import hierarchy
+    from zensync.compress import hierarchy
 
     per_option = []
     for seconds in explicit:
@@ -151,8 +151,8 @@ class _Boom(KeyError):
 
 
 def _raising_hook_probe(rank: int, world_size: int, strategy: str, on_rank: int | None) -> list[str]:
-    import zensync.hooks.ddp as ddp_hooks
-    from zensync.sync import compressed
+    import zensync.hooks.executor as executor
+    from zensync.compress import CompressedSync
 
     ddp = torch.nn.parallel.DistributedDataParallel(_model())
     zensync.register(ddp, strategy=_spec(strategy))
@@ -162,7 +162,7 @@ def _raising_hook_probe(rank: int, world_size: int, strategy: str, on_rank: int 
         def boom(*args: object, **kwargs: object) -> None:
             raise _Boom(f"original words from rank {rank}")
 
-        original = (ddp_hooks, "run_agreed") if target == "sparse" else (compressed.CompressedSync, "sync")
+        original = (executor, "run_agreed_async") if target == "sparse" else (CompressedSync, "sync_async")
         saved = getattr(*original)
         if on_rank is None or on_rank == rank:
             setattr(*original, boom)

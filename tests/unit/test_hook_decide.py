@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from zensync.hooks.decide import REFRESH_FACTOR, ParamRecord, blend_prior, choose_scheme, measured_union
-from zensync.sync.cost import CostModel, TensorShape, independent_union
+from zensync.cost import CostModel, TensorShape, independent_union, measured_union
+from zensync.hooks.decider import REFRESH_FACTOR, choose_scheme
+from zensync.hooks.memory import ParamRecord, blend_prior
 
 GBIT = CostModel(latency_s=50e-6, bandwidth_bytes_per_s=1.25e8)
 CANDIDATES = ("dense", "zen", "sparcml", "agsparse")

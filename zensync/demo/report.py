@@ -34,7 +34,7 @@ import zensync
 from zensync.demo.config import DEMO_FLAGS, TORCH_STRATEGIES, DemoConfig
 from zensync.demo.model import parameter_counts
 from zensync.demo.runner import DemoResult, StrategyRun, default_out_dir
-from zensync.hooks.compressed import COMPRESSED_PREFIX
+from zensync.hooks.decision import COMPRESSED_PREFIX
 
 __all__ = [
     "format_schemes",

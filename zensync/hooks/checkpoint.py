@@ -20,8 +20,8 @@ import zlib
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from zensync.hooks.decide import ParamRecord
-from zensync.sync.cost import CostModel
+from zensync.cost import CostModel
+from zensync.hooks.memory import ParamRecord
 
 __all__ = ["STATE_DICT_VERSION", "LoadedState", "fingerprint", "parse_state_dict"]
 

@@ -7,9 +7,9 @@ import datetime
 import math
 from typing import Any
 
+from zensync.compress import COMPRESSED_SCHEMES
 from zensync.hooks.strategy import resolve_strategy
 from zensync.sync import SyncOptions
-from zensync.sync.compressed import COMPRESSED_SCHEMES
 
 __all__ = ["HookConfig"]
 

@@ -1,28 +1,42 @@
-"""The comm hook's configuration and state: per-parameter records keyed by name, step history, checkpoints."""
+"""The comm hook's state: configuration, per-parameter memory, runtime and step log, and the step's control.
+
+``ZenSyncState`` holds four parts, each a small class of its own:
+
+    config    HookConfig + the resolved Strategy                (hooks.config, hooks.strategy)
+    memory    ParamMemory: records, corrections, error feedback  (hooks.memory)
+    runtime   Runtime: groups, lane, hierarchy, cost model       (hooks.runtime)
+    log       StepLog: step counter, open and finished records   (hooks.steplog)
+
+plus the decider and the executor built on them, and what one step needs to end cleanly (its first
+failure, its async dense buckets). Checkpoints (``state_dict``) cover the step counter, the memory's
+records and the cost model; the ranks compare them at the start of every step (``check_agreement``).
+"""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 import torch
 
-from zensync.hooks.agree import agree, checked_parameters, differing_from_rank0
-from zensync.hooks.calibrate import calibrate
+from zensync.compress import CompressedSync, Hierarchy, hierarchy
+from zensync.cost import CostModel
 from zensync.hooks.checkpoint import STATE_DICT_VERSION, fingerprint, parse_state_dict
 from zensync.hooks.config import HookConfig
-from zensync.hooks.decide import ParamRecord
+from zensync.hooks.decider import Decider
+from zensync.hooks.executor import BucketExecutor
+from zensync.hooks.memory import ParamMemory, ParamRecord
+from zensync.hooks.runtime import Runtime
+from zensync.hooks.steplog import StepLog
 from zensync.hooks.strategy import Strategy, resolve_strategy
-from zensync.hooks.worker import CommWorker
 from zensync.sync import SCHEMES
-from zensync.sync.compressed import CompressedSync, Hierarchy
-from zensync.sync.cost import CostModel
-from zensync.transport import TorchTransport, Transport, resolve
+from zensync.sync.agreement import compare_with_rank0_async
+from zensync.sync.registration import agree, checked_parameters
+from zensync.transport import Handle, Task, Transport, resolve
 
 __all__ = ["STRATEGIES", "HookConfig", "ZenSyncState"]
 
@@ -33,12 +47,8 @@ STRATEGIES = SCHEMES
 specs and plan files are accepted too (``zensync.hooks.strategy``)."""
 
 
-def _ignore_outcome(_: torch.futures.Future[torch.Tensor]) -> None:
-    """A Future callback that only marks completion (never calls ``value()``, so never raises)."""
-
-
 class ZenSyncState:
-    """State of ``zensync_hook`` for one DDP model.
+    """State of ``zensync_hook`` for one DDP model (see the module docstring for its parts).
 
     Records are keyed by parameter name, so they survive DDP's bucket rebuild after the first
     iteration. Construct it on every rank: construction is a collective (``agree``: every rank's
@@ -56,31 +66,19 @@ class ZenSyncState:
         # Configuration.
         "config",
         "strategy",
-        # Communication: the group, its transport, the fitted alpha-beta model, the comm thread.
-        "transport",
-        "dense_transport",
-        "cost_model",
-        "worker",
-        "h0_seed",
-        # Compression: one CompressedSync (compressor + error feedback) per (spec, scheme), the hierarchy.
-        "compressed",
-        "hierarchy",
-        "_plan_warned",
-        "_hier2_warned",
-        # Parameters: name of each parameter, and what the hook remembers about it.
         "param_names",
-        "records",
-        "scheme_correction",
-        # Progress and statistics.
-        "step",
-        "history",
-        "current",
+        # The parts, and the decider and executor built on them.
+        "memory",
+        "runtime",
+        "log",
+        "decider",
+        "executor",
+        # The open step: its first failure, whether it began, its async dense buckets.
         "lock",
         "step_error",
         "step_open",
-        "_load_mark",
         "_pending",
-        "_jsonl",
+        "_load_mark",
     )
 
     def __init__(
@@ -105,44 +103,25 @@ class ZenSyncState:
                 described = self._describe()
             except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by agree()
                 failure = exc
-        self.h0_seed: int = agree(base, described, failure, config.sync_options.h0_seed)
-        """Zen's hash seed, agreed at construction (rank 0's proposal, or the user's)."""
-        self.compressed: dict[tuple[str, str], CompressedSync] = {}
-        self.hierarchy: Hierarchy | None = None
-        self._plan_warned = False
-        self._hier2_warned = False
-        # A group of its own: the comm thread's collectives must not interleave with DDP's.
-        # It inherits the DDP group's timeout (or ``config.timeout``), not torch's 30-minute default.
-        self.transport: Transport = base
-        if isinstance(base, TorchTransport):
-            self.transport = base.duplicate(timeout=config.timeout_delta)
-        self.dense_transport: Transport = base
-        """DDP's own group: buckets that need no detection are allreduced on it straight from the
-        hook, asynchronously, as torch's allreduce hook does (when it is not ``transport`` itself)."""
-        self.cost_model: CostModel | None = None
-        if config.latency_s is not None and config.bandwidth_bytes_per_s is not None:
-            self.cost_model = CostModel(latency_s=config.latency_s, bandwidth_bytes_per_s=config.bandwidth_bytes_per_s)
-        self.worker = CommWorker()
-        self.records: dict[str, ParamRecord] = {}
-        self.scheme_correction: dict[str, float] = {}
-        """Per scheme: measured / predicted time over all parameters (prior for unmeasured ones)."""
-        self.step = 0
-        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history_size)
-        self.current: dict[str, Any] = self._new_step_record()
+        h0_seed = agree(base, described, failure, config.sync_options.h0_seed)
+        device = next(iter(self.param_names)).device
+        self.runtime = Runtime(base, config, h0_seed, device)
+        self.memory = ParamMemory()
+        self.log = StepLog(config.history_size, self._jsonl_target(config.jsonl_path, self.runtime.transport.rank))
+        self.decider = Decider(config, self.strategy, self.memory, two_level=False)
         self.lock = threading.Lock()
-        """Guards ``current`` and ``records``: async dense buckets complete on the backend's thread."""
-        self._pending: list[torch.futures.Future[torch.Tensor]] = []
+        """Guards the memory's records and the log: async dense buckets complete on a backend thread."""
+        self.executor = BucketExecutor(self.runtime, self.memory, self.log, config.sync_options, self.lock)
+        self._pending: list[Handle[torch.Tensor]] = []
         self.step_error: BaseException | None = None
         """The first exception of the current step on this rank (``note_failure``); cleared by ``finish_step``."""
         self.step_open = False
         """Whether the current step's first bucket has been seen (``check_agreement`` is queued)."""
         self._load_mark = 0
         """Digest of the last loaded checkpoint (0: none); part of what ranks must agree on."""
-        self._jsonl = self._jsonl_target()
-        if self.transport.rank == 0:
-            logger.info("zensync hook: %s on %d ranks", config, self.transport.world_size)
+        if self.runtime.transport.rank == 0:
+            logger.info("zensync hook: %s on %d ranks", config, self.runtime.transport.world_size)
 
-    # -- agreement ----------------------------------------------------------------------------------
     def _describe(self) -> str:
         """This rank's options and model as text; ``agree`` checks that every rank's is the same."""
         return json.dumps(
@@ -154,41 +133,90 @@ class ZenSyncState:
             sort_keys=True,
         )
 
-    # -- compression ---------------------------------------------------------------------------------
-    def compressed_sync(self, spec: str, scheme: str) -> CompressedSync:
-        """The CompressedSync of (compressor spec, scheme), created on first use (it owns the EF memory)."""
-        key = (spec, scheme)
-        sync = self.compressed.get(key)
-        if sync is None:
-            sync = self.compressed[key] = CompressedSync(spec, scheme)
-        return sync
+    @staticmethod
+    def _jsonl_target(path: str | None, rank: int) -> str | None:
+        if path is None:
+            return None
+        if "{rank}" in path:
+            return path.format(rank=rank)
+        return path if rank == 0 else None
+
+    # -- setup (collectives of every rank, before training) -----------------------------------------
+    def setup(self) -> None:
+        """Calibrate the cost model where the strategy needs one, and build the two-level hierarchy."""
+        transport = self.runtime.transport
+        if self.strategy.kind != "dense":
+            transport.run(self.runtime.ensure_cost_model(self.config))
+        ranks_per_node = self.two_level_ranks_per_node()
+        if ranks_per_node:
+            self.runtime.hierarchy = hierarchy(transport, ranks_per_node)
+            self.decider.two_level = True
 
     def two_level_ranks_per_node(self) -> int:
         """Ranks per node of the two-level compressed schemes (0: flat), from the options or the plan."""
         plan = self.strategy.plan
         if plan is not None:
-            return plan.two_level_ranks_per_node(self.transport.world_size)
+            return int(plan.two_level_ranks_per_node(self.runtime.transport.world_size))
         return self.config.ranks_per_node if self.strategy.kind == "compress" else 0
+
+    # -- views on the parts (what users and tests read) ----------------------------------------------
+    @property
+    def transport(self) -> Transport:
+        """The hook's own group."""
+        return self.runtime.transport
+
+    @property
+    def hierarchy(self) -> Hierarchy | None:
+        return self.runtime.hierarchy
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        return self.runtime.cost_model
+
+    @property
+    def records(self) -> dict[str, ParamRecord]:
+        return self.memory.records
+
+    @property
+    def scheme_correction(self) -> dict[str, float]:
+        return self.memory.scheme_correction
+
+    @scheme_correction.setter
+    def scheme_correction(self, value: dict[str, float]) -> None:
+        self.memory.scheme_correction = value
+
+    @property
+    def compressed(self) -> dict[tuple[str, str], CompressedSync]:
+        return self.memory.compressed
 
     @property
     def compression_memory_bytes(self) -> int:
         """Bytes of error-feedback memory held by all compressed syncs."""
-        return sum(sync.memory_bytes for sync in self.compressed.values())
+        return self.memory.compression_memory_bytes
 
-    # -- calibration -------------------------------------------------------------------------------
-    def ensure_cost_model(self, device: torch.device) -> CostModel:
-        """The alpha-beta model: user-given parts, the rest measured (a collective, done once)."""
-        if self.cost_model is None:
-            measured = calibrate(self.transport, device)
-            self.cost_model = CostModel(
-                latency_s=self.config.latency_s or measured.latency_s,
-                bandwidth_bytes_per_s=self.config.bandwidth_bytes_per_s or measured.bandwidth_bytes_per_s,
-            )
-            if self.transport.rank == 0:
-                logger.info("zensync hook: calibrated %s", self.cost_model)
-        return self.cost_model
+    def record(self, name: str) -> ParamRecord:
+        """The record of parameter ``name``, created on first use."""
+        return self.memory.record(name)
 
-    # -- names and records --------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Steps finished (the open step's number)."""
+        return self.log.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.log.restart(value)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The finished step records kept (``history_size``), oldest first, as dicts."""
+        return [record.as_dict() for record in self.log.history]
+
+    def last_step(self) -> dict[str, Any] | None:
+        """The most recent finished step record, or None before the first step."""
+        history = self.log.history
+        return history[-1].as_dict() if history else None
+
     def name_of(self, param: torch.Tensor) -> str:
         """The name of a bucket parameter (a stable key across bucket rebuilds)."""
         name = self.param_names.get(param)  # type: ignore[call-overload]  # Parameters hash by identity
@@ -199,25 +227,15 @@ class ZenSyncState:
             )
         return name
 
-    def record(self, name: str) -> ParamRecord:
-        """The record of parameter ``name``, created on first use."""
-        record = self.records.get(name)
-        if record is None:
-            record = self.records[name] = ParamRecord()
-        return record
+    # -- the step ------------------------------------------------------------------------------------
+    def submit(self, job: Coroutine[Any, Any, torch.Tensor]) -> Task[torch.Tensor]:
+        """Run a step job on the lane, on the caller's CUDA stream (captured now, on the hook's thread)."""
+        return self.runtime.lane.submit(job, self.runtime.segment_context())
 
-    @property
-    def in_warmup(self) -> bool:
-        return self.step < self.config.warmup_steps
-
-    # -- steps ---------------------------------------------------------------------------------------
-    def _new_step_record(self) -> dict[str, Any]:
-        return {"step": self.step, "comm_time_s": 0.0, "bytes_sent": 0, "bytes_recv": 0, "params": {}}
-
-    def add_pending(self, future: torch.futures.Future[torch.Tensor]) -> None:
-        """Remember an async bucket of this step; ``finish_step`` waits for it."""
+    def add_pending(self, handle: Handle[torch.Tensor]) -> None:
+        """Remember an async dense bucket of this step; ``finish_step`` waits for it."""
         with self.lock:
-            self._pending.append(future)
+            self._pending.append(handle)
 
     def note_failure(self, exc: BaseException) -> None:
         """Remember the first exception of this step (its original type; thread-safe)."""
@@ -228,7 +246,9 @@ class ZenSyncState:
     def finish_step(self) -> BaseException | None:
         """Close the current step's record (called after the last bucket of a backward pass).
 
-        Waits for the step's async buckets first (their statistics belong to this step).
+        Waits for the step's async buckets first (their statistics belong to this step). A failed
+        step does not wait for them: after a failed agreement check one may have no partner on the
+        other ranks and would only end in the group's timeout.
 
         Returns:
             The step's first failure with its original type (``note_failure``), or None.
@@ -236,46 +256,48 @@ class ZenSyncState:
         with self.lock:
             pending, self._pending = self._pending, []
         if self.step_error is None:
-            for future in pending:
-                # Completion only: a failed bucket's own exception was recorded by note_failure.
-                future.then(_ignore_outcome).wait()
-        # A failed step does not wait for its async buckets: after a failed agreement check one may
-        # have no partner on the other ranks and would only end in the group's timeout.
+            for handle in pending:
+                handle.wait_done()  # completion only: a failed bucket's exception was noted
         with self.lock:
             failure, self.step_error = self.step_error, None
-        record = self.current
-        if failure is not None:
-            record["failed"] = f"{type(failure).__name__}: {failure}"
-        self.history.append(record)
-        if self._jsonl is not None:
-            with open(self._jsonl, "a") as f:
-                f.write(json.dumps(record) + "\n")
-        self.step += 1
-        self.current = self._new_step_record()
+            self.log.finish(failure)
         self.step_open = False
         return failure
 
-    def last_step(self) -> dict[str, Any] | None:
-        """The most recent finished step record, or None before the first step."""
-        return self.history[-1] if self.history else None
+    async def check_agreement(self) -> None:
+        """Compare the ranks' engine state in one small all-gather (the first job of every step).
 
-    def _jsonl_target(self) -> str | None:
-        path = self.config.jsonl_path
-        if path is None:
-            return None
-        if "{rank}" in path:
-            return path.format(rank=self.transport.rank)
-        return path if self.transport.rank == 0 else None
+        Raises:
+            ValueError: On every rank, when some rank's step counter, schemes, scheme corrections,
+                cost model or loaded checkpoint differ from rank 0's (a checkpoint loaded on some
+                ranks only, or different checkpoints).
+        """
+        with self.lock:  # async buckets' callbacks write records
+            schemes = {name: record.scheme for name, record in self.memory.records.items()}
+            digest = fingerprint(self.log.step, schemes, self.memory.scheme_correction, self.runtime.cost_model)
+            step = self.log.step
+        comparison = await compare_with_rank0_async(
+            self.runtime.transport,
+            [digest, self._load_mark, step],
+            compared=2,
+            device=self.runtime.control_device(),
+        )
+        if comparison.differing:
+            steps = [row[2] for row in comparison.rows]
+            raise ValueError(
+                f"zensync hook: ranks {comparison.differing} hold another engine state than rank 0 (step counters by "
+                f"rank: {steps}); every rank must call load_state_dict with the same checkpoint"
+            )
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Step counter, per-parameter records and the cost model (no process group)."""
-        model = self.cost_model
+        model = self.runtime.cost_model
         return {
             "version": STATE_DICT_VERSION,
-            "step": self.step,
-            "records": {name: r.as_dict() for name, r in self.records.items()},
-            "scheme_correction": dict(self.scheme_correction),
+            "step": self.log.step,
+            "records": {name: r.as_dict() for name, r in self.memory.records.items()},
+            "scheme_correction": dict(self.memory.scheme_correction),
             "cost_model": None if model is None else dataclasses.asdict(model),
         }
 
@@ -289,11 +311,9 @@ class ZenSyncState:
         """
         loaded = parse_state_dict(state, set(self.param_names.values()))
         with self.lock:
-            self.step = loaded.step
-            self.records = loaded.records
-            self.scheme_correction = loaded.scheme_correction
-            self.cost_model = loaded.cost_model
-            self.current = self._new_step_record()
+            self.log.restart(loaded.step)
+            self.memory.restore(loaded.records, loaded.scheme_correction)
+            self.runtime.cost_model = loaded.cost_model
             self._load_mark = fingerprint(
                 loaded.step,
                 {n: r.scheme for n, r in loaded.records.items()},
@@ -301,41 +321,8 @@ class ZenSyncState:
                 loaded.cost_model,
             )
 
-    def _control_device(self) -> torch.device:
-        """The transport's control device, as the model's own GPU when it is CUDA (NCCL).
-
-        This runs on the comm thread, whose current CUDA device is not the one the user selected on
-        the main thread: a bare "cuda" would name GPU 0 on every rank.
-        """
-        device = self.transport.control_device
-        if device.type == "cuda":
-            return next(iter(self.param_names)).device
-        return device
-
-    def check_agreement(self) -> None:
-        """Compare the ranks' engine state in one small all-gather (a collective; the hook runs it first in each step).
-
-        Raises:
-            ValueError: On every rank, when some rank's step counter, schemes, scheme corrections,
-                cost model or loaded checkpoint differ from rank 0's (a checkpoint loaded on some
-                ranks only, or different checkpoints).
-        """
-        with self.lock:  # async buckets' callbacks write records
-            schemes = {name: record.scheme for name, record in self.records.items()}
-            digest = fingerprint(self.step, schemes, self.scheme_correction, self.cost_model)
-        local = torch.tensor([digest, self._load_mark, self.step], dtype=torch.int64, device=self._control_device())
-        with self.transport.phase("setup"):
-            gathered = [t.tolist() for t in self.transport.all_gather(local)]  # host-device sync
-        differing = differing_from_rank0([g[:2] for g in gathered])
-        if differing:
-            steps = [g[2] for g in gathered]
-            raise ValueError(
-                f"zensync hook: ranks {differing} hold another engine state than rank 0 (step counters by "
-                f"rank: {steps}); every rank must call load_state_dict with the same checkpoint"
-            )
-
     def __getstate__(self) -> dict[str, Any]:
-        """Pickling keeps the configuration and the records; the process group and thread are dropped."""
+        """Pickling keeps the configuration and the records; the process group is dropped."""
         logger.warning("zensync hook state pickled: the process group is not included; re-register after loading")
         return {"config": self.config, "state_dict": self.state_dict()}
 
@@ -346,5 +333,5 @@ class ZenSyncState:
         )
 
     def close(self) -> None:
-        """Stop the communication thread."""
-        self.worker.close()
+        """Wait for the lane's queued jobs (there is no thread of the hook's own to stop)."""
+        self.runtime.lane.drain(timeout=60)

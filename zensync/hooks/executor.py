@@ -1,0 +1,209 @@
+"""Running one bucket's decisions: the fused dense allreduce, the sparse schemes, the compressed groups.
+
+Every path is a coroutine of non-blocking collectives on the hook's own group, awaited in the same
+order on every rank (dense, then sparse parameters in bucket order, then compressed groups in order
+of first appearance). Results go into ``out_views``; what each parameter's sync did goes to the
+step log (``ParamStep``) and to its record (``ParamRecord``), under the state's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import torch
+
+from zensync.hooks.decision import Decision, DecisionKind
+from zensync.hooks.memory import ParamMemory
+from zensync.hooks.runtime import Runtime
+from zensync.hooks.steplog import ParamStep, StepLog
+from zensync.sync import SyncOptions
+from zensync.sync.base import ItemView, default_granularity, item_view
+from zensync.sync.run import run_agreed_async
+from zensync.transport import TrafficLog
+from zensync.types import SyncStats
+
+__all__ = ["BucketExecutor", "param_item_view"]
+
+
+def param_item_view(view: torch.Tensor) -> ItemView:
+    """A parameter as the sparse schemes see it: rows of a 2-D parameter, elements otherwise."""
+    return item_view(view, default_granularity(view))
+
+
+class BucketExecutor:
+    """Runs decisions on the runtime's transport and writes what they did to memory and the log."""
+
+    __slots__ = ("lock", "log", "memory", "runtime", "sync_options")
+
+    def __init__(
+        self, runtime: Runtime, memory: ParamMemory, log: StepLog, sync_options: SyncOptions, lock: threading.Lock
+    ) -> None:
+        self.runtime = runtime
+        self.memory = memory
+        self.log = log
+        self.sync_options = sync_options
+        self.lock = lock
+
+    async def run(
+        self,
+        buffer: torch.Tensor,
+        views: Sequence[torch.Tensor],
+        out_views: Sequence[torch.Tensor],
+        decisions: Sequence[Decision],
+        names: Sequence[str],
+        step: int,
+    ) -> None:
+        """Sync every parameter of a bucket by its decision into ``out_views``.
+
+        When every decision is dense, ``out_views`` are ``views`` and the allreduce runs in place
+        on ``buffer``.
+        """
+        await self._dense(buffer, views, out_views, decisions, names)
+        await self._sparse(views, out_views, decisions, names)
+        await self._compressed(views, out_views, decisions, names, step)
+
+    # -- Step 4a: one fused allreduce ------------------------------------------------------------------
+    async def _dense(
+        self,
+        buffer: torch.Tensor,
+        views: Sequence[torch.Tensor],
+        out_views: Sequence[torch.Tensor],
+        decisions: Sequence[Decision],
+        names: Sequence[str],
+    ) -> None:
+        transport = self.runtime.transport
+        dense = [i for i, d in enumerate(decisions) if d.kind is DecisionKind.DENSE]
+        start = time.perf_counter()
+        with transport.phase("dense"):
+            if len(dense) == len(views):
+                await transport.all_reduce_async(buffer, inplace=True)
+            elif dense:
+                fused = torch.cat([views[i].reshape(-1) for i in dense])
+                summed = await transport.all_reduce_async(fused, inplace=True)
+                for i, part in zip(dense, summed.split([views[i].numel() for i in dense]), strict=True):
+                    out_views[i].view(-1).copy_(part)
+        elapsed = time.perf_counter() - start
+        with self.lock:
+            self.note_dense([names[i] for i in dense], [views[i].numel() for i in dense], elapsed)
+
+    def note_dense(self, names: Sequence[str], numels: Sequence[int], elapsed: float) -> None:
+        """Records of parameters synced by one fused dense allreduce taking ``elapsed`` (caller holds the lock)."""
+        total = sum(numels) or 1
+        for name, numel in zip(names, numels, strict=True):
+            record = self.memory.record(name)
+            record.scheme = "dense"
+            record.measured_s = elapsed * numel / total
+            record.steps += 1
+            self.log.note(name, ParamStep(scheme="dense", density=record.mean_density))
+
+    # -- Step 4b: each sparse parameter through its scheme ---------------------------------------------
+    async def _sparse(
+        self,
+        views: Sequence[torch.Tensor],
+        out_views: Sequence[torch.Tensor],
+        decisions: Sequence[Decision],
+        names: Sequence[str],
+    ) -> None:
+        for i, decision in enumerate(decisions):
+            if decision.kind is not DecisionKind.SPARSE:
+                continue
+            stats = SyncStats()
+            # Agreement is established (register's check + this step's density exchange): no validation.
+            result = await run_agreed_async(
+                param_item_view(views[i]),
+                self.runtime.transport,
+                scheme=decision.scheme,
+                options=self.sync_options,
+                h0_seed=self.runtime.h0_seed,
+                stats=stats,
+            )
+            out_views[i].copy_(result.view(views[i].shape))
+            with self.lock:
+                self._note_sparse(names[i], decision.scheme, stats)
+
+    def _note_sparse(self, name: str, scheme: str, stats: SyncStats) -> None:
+        record = self.memory.record(name)
+        if stats.densification is not None:
+            record.gamma = stats.densification
+        record.measured_s = stats.total_time_s
+        record.bytes_sent, record.bytes_recv = stats.bytes_sent, stats.bytes_recv
+        record.steps += 1
+        self.log.note(
+            name,
+            ParamStep(
+                scheme=scheme,
+                density=record.mean_density,
+                gamma=record.gamma,
+                bytes_sent=stats.bytes_sent,
+                bytes_recv=stats.bytes_recv,
+                predicted_s=record.predicted_s.get(scheme),
+                measured_s=stats.total_time_s,
+            ),
+        )
+
+    # -- Step 4c: compressed fusion groups -----------------------------------------------------------
+    async def _compressed(
+        self,
+        views: Sequence[torch.Tensor],
+        out_views: Sequence[torch.Tensor],
+        decisions: Sequence[Decision],
+        names: Sequence[str],
+        step: int,
+    ) -> None:
+        """One compressed collective per (decision, fusion group), in order of first appearance.
+
+        A fused group's error-feedback memory is keyed by its alphabetically first parameter's
+        name, independent of the order DDP lists a bucket's parameters in (it changes at the rebuild).
+        """
+        groups: dict[tuple[str, str | None], list[int]] = {}
+        for i, decision in enumerate(decisions):
+            if decision.kind is DecisionKind.COMPRESSED:
+                groups.setdefault(decision.group_key, []).append(i)
+        for members in groups.values():
+            ef_name = names[members[0]] if len(members) == 1 else "fused:" + min(names[i] for i in members)
+            await self._compressed_group(
+                decisions[members[0]],
+                [names[i] for i in members],
+                [views[i] for i in members],
+                [out_views[i] for i in members],
+                ef_name,
+                step,
+            )
+
+    async def _compressed_group(
+        self,
+        decision: Decision,
+        names: list[str],
+        views: list[torch.Tensor],
+        outs: list[torch.Tensor],
+        ef_name: str,
+        step: int,
+    ) -> None:
+        assert decision.compressor is not None
+        sync = self.memory.compressed_sync(decision.compressor, decision.scheme)
+        transport = self.runtime.transport
+        levels = self.runtime.hierarchy if decision.level == "hier" else None
+        log = TrafficLog()
+        start = time.perf_counter()
+        flat = views[0] if len(views) == 1 else torch.cat([v.reshape(-1) for v in views])
+        with transport.recording(log):
+            summed = await sync.sync_async(flat, transport, name=ef_name, step=step, hierarchy=levels)
+        for out, part in zip(outs, summed.reshape(-1).split([v.numel() for v in views]), strict=True):
+            out.copy_(part.view(out.shape))
+        elapsed = time.perf_counter() - start
+        sent = log.total_sent
+        total = sum(v.numel() for v in views) or 1
+        with self.lock:
+            for name, view in zip(names, views, strict=True):
+                share = view.numel() / total
+                self.log.note(
+                    name,
+                    ParamStep(
+                        scheme=decision.label,
+                        density=self.memory.record(name).mean_density,
+                        bytes_sent=round(sent * share),
+                        measured_s=elapsed * share,
+                    ),
+                )

@@ -1,0 +1,151 @@
+"""One bucket's path from DDP's buffer to the wire: the step jobs the hook puts on its lane.
+
+For each bucket (``bucket_job``):
+
+1. split the buffer into its parameters' views (DDP lays them out contiguously, in the order of
+   ``bucket.parameters()``) and divide by the world size first, as DDP does without a hook;
+2. detect: count each parameter's non-zero items (rows of 2-D parameters, elements otherwise) and
+   all-gather the counts with last step's measured times (one small collective per bucket), so
+   every rank decides on the same numbers; buckets the decider finds clearly dense skip this;
+3. decide: one ``Decision`` per parameter (``hooks.decider``);
+4. execute: the fused dense allreduce, the sparse schemes, the compressed groups (``hooks.executor``).
+
+Every job is a coroutine on the state's lane: it starts when the job before it has finished and
+its segments run on the backend threads that complete its collectives, so the work overlaps the
+rest of backward, and collectives leave every rank in the same order. Buckets that need neither
+detection nor compression go straight to an async allreduce on DDP's own group (``async_dense``),
+as torch's allreduce hook does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import torch
+
+from zensync import kernels
+from zensync.hooks.decision import DecisionKind
+from zensync.hooks.executor import param_item_view
+from zensync.hooks.state import ZenSyncState
+from zensync.transport import Handle, TrafficLog
+
+__all__ = ["async_dense", "bucket_job", "check_step_job", "param_views"]
+
+
+def param_views(buffer: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
+    """The parameters' views of a bucket buffer (Step 1)."""
+    numels = [math.prod(shape) for shape in shapes]
+    if sum(numels) != buffer.numel():
+        raise RuntimeError(
+            f"DDP bucket layout unexpected: parameters hold {sum(numels)} elements, the buffer {buffer.numel()}"
+        )
+    return [part.view(shape) for part, shape in zip(buffer.split(numels), shapes, strict=True)]
+
+
+async def check_step_job(state: ZenSyncState) -> torch.Tensor:
+    """A step's first job: ``check_agreement``; its failure is noted for the step's other jobs."""
+    try:
+        await state.check_agreement()
+    except BaseException as exc:
+        state.note_failure(exc)
+        raise
+    return torch.empty(0)
+
+
+async def bucket_job(
+    state: ZenSyncState, buffer: torch.Tensor, shapes: Sequence[torch.Size], names: Sequence[str], dense_only: bool
+) -> torch.Tensor:
+    """One bucket's sync (the module docstring's steps); the averaged bucket.
+
+    After a job of this step failed on this rank, the step's later buckets skip their collectives
+    and fail with the same exception (their peers fail in the group's timeout).
+    """
+    if state.step_error is not None:
+        raise state.step_error
+    try:
+        return await _sync_bucket(state, buffer, shapes, names, dense_only)
+    except BaseException as exc:
+        state.note_failure(exc)
+        raise
+
+
+async def _sync_bucket(
+    state: ZenSyncState, buffer: torch.Tensor, shapes: Sequence[torch.Size], names: Sequence[str], dense_only: bool
+) -> torch.Tensor:
+    start = time.perf_counter()
+    runtime, step = state.runtime, state.step
+    transport = runtime.transport
+    views = param_views(buffer, shapes)
+    buffer.div_(transport.world_size)  # Step 1: average first, as DDP does (no fp16 overflow)
+    log = TrafficLog()
+    with transport.recording(log):
+        if dense_only:
+            with state.lock:
+                decisions = state.decider.decide(step, names, None, [], [], transport.world_size, None)
+        else:
+            decisions = await _detect_and_decide(state, names, views)
+        # All dense: the allreduce runs in place on the bucket. Otherwise results go to a new buffer.
+        all_dense = all(d.kind is DecisionKind.DENSE for d in decisions)
+        out = buffer if all_dense else torch.empty_like(buffer)
+        out_views = views if out is buffer else param_views(out, shapes)
+        await state.executor.run(buffer, views, out_views, decisions, names, step)
+    with state.lock:
+        state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)
+    return out
+
+
+async def _detect_and_decide(state: ZenSyncState, names: Sequence[str], views: Sequence[torch.Tensor]) -> list:
+    """Steps 2 and 3: gathered non-zero counts -> one decision per parameter, identical on all ranks."""
+    runtime = state.runtime
+    transport = runtime.transport
+    # One small all-gather carries this step's non-zero counts and the last step's measured sync
+    # times (microseconds), so every rank decides on the same numbers.
+    item_views = [param_item_view(v) for v in views]
+    counts = [kernels.nonzero_items(v.x2d).numel() for v in item_views]
+    measured_us = [round(state.record(name).measured_s * 1e6) for name in names]
+    local = torch.tensor(counts + measured_us, dtype=torch.int64, device=views[0].device)
+    with transport.phase("detect"):
+        gathered = await transport.all_gather_async(local)
+    summed = torch.stack(gathered).sum(0).tolist()  # host-device sync
+    model = await runtime.ensure_cost_model(state.config)
+    with state.lock:
+        return state.decider.decide(
+            state.step,
+            names,
+            item_views,
+            summed[: len(views)],
+            summed[len(views) :],
+            transport.world_size,
+            model,
+        )
+
+
+def async_dense(
+    state: ZenSyncState, buffer: torch.Tensor, numels: Sequence[int], names: Sequence[str]
+) -> Handle[torch.Tensor]:
+    """A bucket that needs no detection: one async allreduce on DDP's group, as torch's allreduce hook.
+
+    No lane and no split: the cheapest path, taken by every bucket of a dense model between
+    re-checks. The last bucket of a step always goes through the lane, and the step's close waits
+    for these.
+    """
+    transport = state.runtime.dense_transport
+    buffer.div_(transport.world_size)
+    log = TrafficLog()
+    start = time.perf_counter()
+    with transport.recording(log), transport.phase("dense"):
+        handle = transport.all_reduce_async(buffer, inplace=True)
+
+    def done(out: torch.Tensor) -> torch.Tensor:
+        elapsed = time.perf_counter() - start
+        with state.lock:
+            state.executor.note_dense(names, numels, elapsed)
+            state.log.note_traffic(elapsed, log.total_sent, log.total_recv)
+        return out
+
+    chained = handle.then(done)
+    chained.add_done_callback(lambda h: state.note_failure(h.error) if h.error is not None else None)
+    state.add_pending(chained)
+    return chained

@@ -1,0 +1,120 @@
+"""The hook's step log: one ``StepRecord`` per training step, one ``ParamStep`` per synchronized parameter.
+
+``StepLog`` is the only writer: the executor hands it a ``ParamStep`` per parameter and the traffic
+of each bucket; ``finish`` closes the step, keeps it in the history and appends it to the JSON-lines
+file. ``ZenSyncState.history`` and ``last_step()`` read the records as dicts (``as_dict``), the
+same dicts the JSON lines hold. Writers hold the state's lock (async dense buckets complete on a
+backend thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from typing import Any
+
+__all__ = ["ParamStep", "StepLog", "StepRecord"]
+
+
+@dataclasses.dataclass(slots=True)
+class ParamStep:
+    """What one parameter's synchronization did in one step (fields a path cannot observe are None)."""
+
+    scheme: str
+    """The decision's label (``Decision.label``)."""
+    density: float
+    """Mean item density over ranks (as last measured)."""
+    gamma: float | None = None
+    """Sparse schemes: the measured densification gamma_n."""
+    bytes_sent: int | None = None
+    """Sparse and compressed: payload bytes this rank sent for it (its share of a fused collective)."""
+    bytes_recv: int | None = None
+    """Sparse: payload bytes received."""
+    predicted_s: float | None = None
+    """Sparse: the cost model's time for the scheme at the decision."""
+    measured_s: float | None = None
+    """Sparse and compressed: the measured sync time (its share of a fused collective)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as a dict without the fields this path did not observe."""
+        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+@dataclasses.dataclass(slots=True)
+class StepRecord:
+    """One training step of the hook on this rank."""
+
+    step: int
+    comm_time_s: float = 0.0
+    """Wall time of the step's bucket syncs (each bucket from its start to its end)."""
+    bytes_sent: int = 0
+    """Payload plus control bytes sent over all buckets."""
+    bytes_recv: int = 0
+    params: dict[str, ParamStep] = dataclasses.field(default_factory=dict)
+    failed: str | None = None
+    """``"<Type>: <message>"`` of the step's first failure on this rank."""
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "step": self.step,
+            "comm_time_s": self.comm_time_s,
+            "bytes_sent": self.bytes_sent,
+            "bytes_recv": self.bytes_recv,
+            "params": {name: p.as_dict() for name, p in self.params.items()},
+        }
+        if self.failed is not None:
+            out["failed"] = self.failed
+        return out
+
+
+class StepLog:
+    """The step counter, the open step's record and the finished ones (``history_size`` kept).
+
+    Args:
+        history_size: Finished records kept in memory (oldest dropped).
+        jsonl_path: Append each finished record as one JSON line here (None: no file).
+    """
+
+    __slots__ = ("_history", "current", "jsonl_path", "step")
+
+    def __init__(self, history_size: int, jsonl_path: str | None) -> None:
+        self.step = 0
+        """Steps finished (the open step's number)."""
+        self.current = StepRecord(step=0)
+        self._history: collections.deque[StepRecord] = collections.deque(maxlen=history_size)
+        self.jsonl_path = jsonl_path
+
+    def note(self, name: str, param: ParamStep) -> None:
+        """Record parameter ``name``'s sync in the open step."""
+        self.current.params[name] = param
+
+    def note_traffic(self, elapsed_s: float, bytes_sent: int, bytes_recv: int) -> None:
+        """Add one bucket's sync time and bytes to the open step."""
+        record = self.current
+        record.comm_time_s += elapsed_s
+        record.bytes_sent += bytes_sent
+        record.bytes_recv += bytes_recv
+
+    def finish(self, failure: BaseException | None) -> StepRecord:
+        """Close the open step (with its failure, if any), keep it, write its JSON line, open the next."""
+        record = self.current
+        if failure is not None:
+            record.failed = f"{type(failure).__name__}: {failure}"
+        self._history.append(record)
+        if self.jsonl_path is not None:
+            with open(self.jsonl_path, "a") as f:
+                f.write(json.dumps(record.as_dict()) + "\n")
+        self.step += 1
+        self.current = StepRecord(step=self.step)
+        return record
+
+    def restart(self, step: int) -> None:
+        """Continue at ``step`` with an empty open record (a loaded checkpoint)."""
+        self.step = step
+        self.current = StepRecord(step=step)
+
+    @property
+    def history(self) -> list[StepRecord]:
+        """The finished records kept, oldest first."""
+        return list(self._history)
