@@ -36,7 +36,8 @@ print('zensync_cuda_ext loaded from', c._LOADER.module.__file__)
 "
 
 step "2/4 GPU tests (tests/gpu, slow ones included) and the loader tests"
-python -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_cuda_loader.py
+# -m names `slow`, so tests/conftest.py keeps the slow tier's GPU test (test_sizes_beyond_int32) in.
+python -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/gpu tests/unit/kernels/test_cuda_loader.py
 
 step "3/4 benchmark (benchmarks/kernels_gpu.py)"
 python benchmarks/kernels_gpu.py

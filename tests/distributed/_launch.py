@@ -1,11 +1,17 @@
 """Launch an SPMD test function on real processes over gloo, and fail instead of hanging.
 
-``launch(fn, world_size, args, tmp_dir)`` spawns ``world_size`` processes. Each one joins a fresh gloo
+``launch(fn, world_size, args, tmp_dir)`` starts ``world_size`` processes. Each one joins a fresh gloo
 group on a free localhost TCP port, calls ``fn(rank, world_size, *args)``, and writes what it returned
 (or its traceback) to ``tmp_dir/rank<r>.pt``. The parent waits under one deadline for the whole
 launch; a child that fails gets its peers a short grace period, then every child still alive is
 killed and the launch fails with every rank's traceback. Worker functions must be importable
-module-level functions (spawn pickles them by reference), and return plain data or CPU tensors.
+module-level functions (they are pickled by reference), and return plain data or CPU tensors.
+
+Children come from a fork server (``_START_METHOD``): one single-threaded process, started at the first
+launch, that has imported torch and zensync once and forks a fresh child per rank. A spawned child would
+import them again, about 5 s of CPU per rank on 2 cores, which was most of a launch's time. A child starts
+from the server's state, a fresh interpreter's after those imports, and has nothing of the test process:
+no process group, no threads, no CUDA context.
 
 Example::
 
@@ -34,18 +40,23 @@ __all__ = [
     "free_port",
     "launch",
     "pytest_generate_tests",
+    "slow_world",
     "world_size_fixture",
 ]
 
 GLOO_TIMEOUT_S = 60
 """Collective timeout of every process group: a collective stuck this long raises in the worker."""
 LAUNCH_TIMEOUT_S = 150.0
-"""Wall-clock budget of one launch (spawn + init + body). Above GLOO_TIMEOUT_S, so a hung collective
+"""Wall-clock budget of one launch (start + init + body). Above GLOO_TIMEOUT_S, so a hung collective
 surfaces as the worker's own timeout error (with a traceback) before the parent kills it."""
 _PEER_GRACE_S = 10.0
 """After one rank fails, how long its peers get to finish (or fail) before they are killed."""
 _THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 """world_size processes share the CI machine's few cores: one thread each avoids oversubscription."""
+_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+"""How children start: forked from a fork server that preloads ``_PRELOAD`` (spawn where there is none)."""
+_PRELOAD = ["torch", "zensync", __name__]
+"""Imported once, in the fork server (which imports nothing else of the parent's)."""
 
 
 class LaunchError(AssertionError):
@@ -125,11 +136,13 @@ def launch(
     Raises:
         LaunchError: When any rank raised, crashed or was killed, or the launch ran past ``timeout_s``.
     """
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(_START_METHOD)
+    if _START_METHOD == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the first launch starts the server
     port = free_port()
     paths = [str(Path(tmp_dir) / f"rank{rank}.pt") for rank in range(world_size)]
     saved_env = {key: os.environ.get(key) for key in _THREAD_ENV}
-    os.environ.update(_THREAD_ENV)  # spawn children inherit the parent's environment at start()
+    os.environ.update(_THREAD_ENV)  # the fork server (started by the first start()) and spawned children inherit it
     procs = []
     try:
         for rank in range(world_size):
@@ -174,11 +187,21 @@ def _collect(procs: list[multiprocessing.Process], paths: list[str], stopped: st
 
 # --------------------------------------------------------------------------------------------------
 # Class data world_size = [2, 4], as DeepSpeed's DistributedTest: test modules import both names.
+def slow_world(world_size: int) -> Any:
+    """A class-data world size that runs in the slow tier: ``world_size = [2, slow_world(4)]``.
+
+    For the larger sizes of a class whose smallest size already runs every check in the default tier
+    (the tests are marked ``slow``; tests/conftest.py deselects them unless ``-m`` names ``slow``).
+    """
+    return pytest.param(world_size, marks=pytest.mark.slow, id=f"world{world_size}")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Class data ``world_size = [2, 4]`` (as DeepSpeed's DistributedTest) -> one class run per size."""
     sizes = getattr(metafunc.cls, "world_size", None)
     if "world_size" in metafunc.fixturenames and sizes is not None:
-        metafunc.parametrize("world_size", sizes, indirect=True, scope="class", ids=[f"world{n}" for n in sizes])
+        params = [pytest.param(n, id=f"world{n}") if isinstance(n, int) else n for n in sizes]
+        metafunc.parametrize("world_size", params, indirect=True, scope="class")
 
 
 @pytest.fixture(scope="class", name="world_size")

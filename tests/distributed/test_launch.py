@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from _launch import LaunchError, launch
 
-pytestmark = pytest.mark.distributed
+from tests.distributed._launch import LaunchError, launch
 
 
 def _hang_worker(rank: int, world_size: int) -> None:

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _launch import free_port
 
-pytestmark = pytest.mark.distributed
+from tests.distributed._launch import free_port
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 TORCHRUN_TIMEOUT_S = 240
@@ -39,6 +38,9 @@ def test_simulated_world_snippet_runs(capsys: pytest.CaptureFixture[str]) -> Non
     assert "rank 0 sent" in capsys.readouterr().out
 
 
+# Slow tier: the default tier runs the hook under torchrun (hooks/test_torchrun.py) and every register line's
+# strategy on gloo (hooks/test_ddp_compress.py); this checks the README's program text itself.
+@pytest.mark.slow
 def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
     program = _block("init_process_group(")
     register_lines = [line for line in _block('strategy="plan.json"').splitlines() if line.startswith("state = ")]

@@ -39,8 +39,6 @@ from cuda_ext import emulation
 from tests.gpu import test_cuda_kernels as gpu_tests
 from zensync.kernels import cuda
 
-pytestmark = pytest.mark.emulated
-
 EMULATED_VARIANTS = tuple(os.environ.get("ZENSYNC_EMULATED_VARIANTS", "small,prod").split(","))
 """The variants the tests run on: "small" and "prod" (each about 25 s of build, then 25-45 s of tests on 2
 cores), or those ZENSYNC_EMULATED_VARIANTS names ("tsan" and "asan" only in the subprocesses of

@@ -38,8 +38,6 @@ import pytest
 
 from cuda_ext import emulation
 
-pytestmark = pytest.mark.emulated
-
 _REPO = Path(__file__).resolve().parents[2]
 _VARIANT = {"thread": "tsan", "address": "asan"}
 """Sanitizer -> the emulation variant built with it."""

@@ -5,7 +5,7 @@
     zensync plan --profile profile.json ...     # a profile measured by ``zensync profile``
     zensync explain plan.json [--width 100] [--png timeline.png]
 
-``PLAN_FLAGS`` maps each ``plan`` flag to what it sets (pinned by tests/unit/test_cli.py).
+``PLAN_FLAGS`` maps each ``plan`` flag to what it sets (pinned by tests/unit/cli/test_cli.py).
 """
 
 from __future__ import annotations

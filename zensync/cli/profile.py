@@ -51,7 +51,7 @@ PROFILE_FLAGS = (
     "--seed",
     "--output",
 )
-"""The pinned flag set of ``zensync profile`` (tests/unit/test_cli.py)."""
+"""The pinned flag set of ``zensync profile`` (tests/unit/cli/test_cli.py)."""
 
 _Workload = tuple[nn.Module, Callable[[], tuple[torch.Tensor, torch.Tensor]], Callable[..., torch.Tensor]]
 

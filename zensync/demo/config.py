@@ -42,7 +42,7 @@ DEMO_FLAGS = {
     "--out": "out",
     "--timeout": "timeout_s",
 }
-"""Flag -> DemoConfig field of ``zensync demo`` (tests/unit/test_cli.py pins both sides)."""
+"""Flag -> DemoConfig field of ``zensync demo`` (tests/unit/cli/test_cli.py pins both sides)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -4,7 +4,7 @@ torch's hooks (``ddp``, ``fp16``) run inside ``TorchHookMeter``, a comm hook tha
 when the hook is called and when each bucket's future completes, and reports per step the length of
 the union of those intervals (the wall time during which some bucket was in flight; buckets queue
 behind each other, so a plain sum would count the wait twice). zensync's hook runs its buckets one
-after another on its comm thread, so its summed per-bucket time is the same kind of number. Their bytes are
+after another on its lane (one job at a time), so its summed per-bucket time is the same kind of number. Their bytes are
 *modelled*, not counted: a ring allreduce sends 2(n-1)/n of the bucket per worker, half of that for
 fp16. zensync's hook *counts* its own bytes and time; ``ZenSyncMeter`` reads them from
 ``state.history``.

@@ -17,7 +17,7 @@ import torch
 from zensync.hooks.config import HookConfig
 from zensync.hooks.pipeline import async_dense, bucket_job, check_step_job
 from zensync.hooks.state import ZenSyncState
-from zensync.transport import GradBucket
+from zensync.transport import GradBucket, Handle
 
 __all__ = ["register", "zensync_hook"]
 
@@ -104,14 +104,17 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     decider, runtime = state.decider, state.runtime
     dense_only = decider.skips_detection(state.step, names)
     plain = not decider.compresses(state.step)
-    if dense_only and plain and not is_last and runtime.dense_transport is not runtime.transport:
-        return async_dense(state, buffer, [p.numel() for p in params], names).to_torch_future()
-    job = state.submit(bucket_job(state, buffer, [p.shape for p in params], names, dense_only))
+    job: Handle[torch.Tensor]
+    if dense_only and plain and runtime.dense_transport is not runtime.transport:
+        job = async_dense(state, buffer, [p.numel() for p in params], names)
+    else:
+        job = state.submit(bucket_job(state, buffer, [p.shape for p in params], names, dense_only))
     if not is_last:
         return job.to_torch_future()
     # The last bucket: DDP has queued every other bucket of the step before it, and backward has no
     # gradient left to compute, so waiting here costs no overlap. Waiting on this thread lets a
     # failure reach the user with its own type and message (a Future's error cannot carry them).
+    runtime.lane.drain()  # the step's jobs: its check, and every bucket sent through the lane
     job.wait_done()
     failure = state.finish_step()
     if failure is not None:

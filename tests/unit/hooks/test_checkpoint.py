@@ -1,0 +1,121 @@
+"""Hook checkpoints: a malformed state dict is rejected whole (ValueError) and leaves the state unchanged."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import zensync
+from zensync.hooks import HookConfig, ZenSyncState
+from zensync.hooks.checkpoint import parse_state_dict
+
+_FIXED = {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9}
+
+
+@contextlib.contextmanager
+def _state() -> Iterator[ZenSyncState]:
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 2), torch.nn.Linear(2, 2))
+    world = zensync.SimulatedWorld(num_ranks=1)
+    config = HookConfig(strategy="zen", **_FIXED)
+    (state,) = world.run(lambda t: ZenSyncState(t, list(model.named_parameters()), config))
+    try:
+        yield state
+    finally:
+        state.close()  # waits for its lane's queued jobs
+
+
+@functools.cache
+def _saved_once() -> dict[str, Any]:
+    with _state() as state:
+        record = state.record("0.weight")
+        record.scheme, record.gamma, record.predicted_s = "zen", 1.5, {"dense": 1e-3, "zen": math.inf}
+        record.correction = {"zen": 1.2}
+        state.scheme_correction = {"zen": 1.1}
+        state.step = 7
+        return state.state_dict()
+
+
+def _saved() -> dict[str, Any]:
+    return copy.deepcopy(_saved_once())
+
+
+def test_round_trip() -> None:
+    saved = _saved()
+    with _state() as state:
+        state.load_state_dict(copy.deepcopy(saved))
+        assert state.state_dict() == saved
+
+
+BAD = {
+    "negative step": lambda d: d.update(step=-1),
+    "float step": lambda d: d.update(step=1.5),
+    "bool step": lambda d: d.update(step=True),
+    "nan latency": lambda d: d["cost_model"].update(latency_s=float("nan")),
+    "zero bandwidth": lambda d: d["cost_model"].update(bandwidth_bytes_per_s=0),
+    "another model": lambda d: d["records"].update({"decoder.weight": d["records"]["0.weight"]}),
+    "missing key": lambda d: d.pop("records"),
+    "extra key": lambda d: d.update(extra=1),
+    "record field missing": lambda d: d["records"]["0.weight"].pop("gamma"),
+    "record not a dict": lambda d: d["records"].update({"0.weight": 3}),
+    "negative density": lambda d: d["records"]["0.weight"].update(mean_density=-0.5),
+    "inf correction": lambda d: d["scheme_correction"].update(zen=math.inf),
+    "string bytes": lambda d: d["records"]["0.weight"].update(bytes_sent="9"),
+    "version": lambda d: d.update(version=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_malformed_is_rejected_and_nothing_changes(case: str) -> None:
+    bad = _saved()
+    BAD[case](bad)
+    with _state() as state:
+        before = state.state_dict()
+        with pytest.raises(ValueError, match="state_dict"):
+            state.load_state_dict(bad)
+        assert state.state_dict() == before
+
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    path=st.lists(st.sampled_from(["records", "0.weight", "cost_model", "step", "scheme_correction"]), max_size=3),
+    value=_JSONISH,
+)
+def test_any_mutation_raises_only_value_error(path: list[str], value: object) -> None:
+    saved = _saved()
+    target: Any = saved
+    for key in path[:-1]:
+        if not isinstance(target, dict) or key not in target:
+            break
+        target = target[key]
+    if isinstance(target, dict):
+        target[path[-1] if path else "step"] = value
+    try:
+        loaded = parse_state_dict(saved, {"0.weight", "1.weight", "1.bias"})
+    except ValueError:
+        return
+    assert loaded.step >= 0  # accepted: then every value is of the checked kind
+    assert all(math.isfinite(v) and v > 0 for v in loaded.scheme_correction.values())
+
+
+def test_every_hook_option_is_documented_in_help() -> None:
+    import dataclasses
+
+    doc = zensync.HookConfig.__doc__ or ""
+    for field in dataclasses.fields(zensync.HookConfig):
+        assert f"\n        {field.name}: " in doc, f"HookConfig field {field.name} has no line in the class docstring"
