@@ -121,6 +121,10 @@ class TorchTransport(Transport):
         group = dist.new_group(
             ranks=ranks, timeout=timeout, backend=dist.get_backend(self.group), use_local_synchronization=True
         )
+        # Kept alive here: handles completed on the group's own gloo thread may hold the last reference
+        # to its transport, and a ProcessGroup destroyed on its own worker thread joins itself
+        # ("terminate called ... Resource deadlock avoided" at exit). Held until the interpreter exits.
+        _CREATED_GROUPS.append(group)
         return TorchTransport(group, timeout)
 
     @property
@@ -278,6 +282,9 @@ class TorchTransport(Transport):
         assert work is not None
         return Handle.from_torch(work.get_future(), lambda _: None)
 
+
+_CREATED_GROUPS: list[dist.ProcessGroup] = []
+"""Every group zensync created (``_new_group``), so none is destroyed on its own backend thread."""
 
 _TRANSPORTS: dict[object, TorchTransport] = {}
 
