@@ -313,6 +313,8 @@ class Lane:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted coroutine has finished; False on timeout."""
         with self._lock:
+            if not self._busy:  # nothing submitted is unfinished (the hook's dense steps, every step)
+                return True
             last = self._queue[-1] if self._queue else None
         if last is None:
             marker = self.submit(_nothing())
