@@ -43,7 +43,8 @@ _VARIANT = {"thread": "tsan", "address": "asan"}
 """Sanitizer -> the emulation variant built with it."""
 _EXAMPLES = 20
 """Hypothesis examples per property in the sanitized runs (50 elsewhere): each is several times slower."""
-_TIMEOUT_S = 1200
+_TIMEOUT_S = 1800
+"""The whole sanitized run, a cold build of its variant included (asan: 320 s on 2 idle cores)."""
 _REPORT = re.compile(r"^SUMMARY: \w+Sanitizer|runtime error:", re.MULTILINE)
 """A report line: the summary of ThreadSanitizer / AddressSanitizer, or UndefinedBehaviorSanitizer's error."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -24,7 +25,23 @@ from zensync.sync.run import run_agreed_async
 from zensync.transport import TrafficLog
 from zensync.types import SyncStats
 
-__all__ = ["BucketExecutor", "param_item_view"]
+__all__ = ["BucketExecutor", "BucketWork", "param_item_view"]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketWork:
+    """One bucket's parameters, their decisions and where their sums go (index i: one parameter).
+
+    When every decision is dense, ``out_views`` are ``views`` and the allreduce runs in place on
+    ``buffer``.
+    """
+
+    buffer: torch.Tensor
+    views: Sequence[torch.Tensor]
+    out_views: Sequence[torch.Tensor]
+    decisions: Sequence[Decision]
+    names: Sequence[str]
+    step: int
 
 
 def param_item_view(view: torch.Tensor) -> ItemView:
@@ -46,39 +63,21 @@ class BucketExecutor:
         self.sync_options = sync_options
         self.lock = lock
 
-    async def run(
-        self,
-        buffer: torch.Tensor,
-        views: Sequence[torch.Tensor],
-        out_views: Sequence[torch.Tensor],
-        decisions: Sequence[Decision],
-        names: Sequence[str],
-        step: int,
-    ) -> None:
-        """Sync every parameter of a bucket by its decision into ``out_views``.
-
-        When every decision is dense, ``out_views`` are ``views`` and the allreduce runs in place
-        on ``buffer``.
-        """
-        await self._dense(buffer, views, out_views, decisions, names)
-        await self._sparse(views, out_views, decisions, names)
-        await self._compressed(views, out_views, decisions, names, step)
+    async def run(self, work: BucketWork) -> None:
+        """Sync every parameter of a bucket by its decision into ``work.out_views``."""
+        await self._dense(work)
+        await self._sparse(work)
+        await self._compressed(work)
 
     # -- Step 4a: one fused allreduce ------------------------------------------------------------------
-    async def _dense(
-        self,
-        buffer: torch.Tensor,
-        views: Sequence[torch.Tensor],
-        out_views: Sequence[torch.Tensor],
-        decisions: Sequence[Decision],
-        names: Sequence[str],
-    ) -> None:
+    async def _dense(self, work: BucketWork) -> None:
         transport = self.runtime.transport
-        dense = [i for i, d in enumerate(decisions) if d.kind is DecisionKind.DENSE]
+        views, out_views, names = work.views, work.out_views, work.names
+        dense = [i for i, d in enumerate(work.decisions) if d.kind is DecisionKind.DENSE]
         start = time.perf_counter()
         with transport.phase("dense"):
             if len(dense) == len(views):
-                await transport.all_reduce_async(buffer, inplace=True)
+                await transport.all_reduce_async(work.buffer, inplace=True)
             elif dense:
                 fused = torch.cat([views[i].reshape(-1) for i in dense])
                 summed = await transport.all_reduce_async(fused, inplace=True)
@@ -99,14 +98,9 @@ class BucketExecutor:
             self.log.note(name, ParamStep(scheme="dense", density=record.mean_density))
 
     # -- Step 4b: each sparse parameter through its scheme ---------------------------------------------
-    async def _sparse(
-        self,
-        views: Sequence[torch.Tensor],
-        out_views: Sequence[torch.Tensor],
-        decisions: Sequence[Decision],
-        names: Sequence[str],
-    ) -> None:
-        for i, decision in enumerate(decisions):
+    async def _sparse(self, work: BucketWork) -> None:
+        views = work.views
+        for i, decision in enumerate(work.decisions):
             if decision.kind is not DecisionKind.SPARSE:
                 continue
             stats = SyncStats()
@@ -119,9 +113,9 @@ class BucketExecutor:
                 h0_seed=self.runtime.h0_seed,
                 stats=stats,
             )
-            out_views[i].copy_(result.view(views[i].shape))
+            work.out_views[i].copy_(result.view(views[i].shape))
             with self.lock:
-                self._note_sparse(names[i], decision.scheme, stats)
+                self._note_sparse(work.names[i], decision.scheme, stats)
 
     def _note_sparse(self, name: str, scheme: str, stats: SyncStats) -> None:
         record = self.memory.record(name)
@@ -144,19 +138,13 @@ class BucketExecutor:
         )
 
     # -- Step 4c: compressed fusion groups -----------------------------------------------------------
-    async def _compressed(
-        self,
-        views: Sequence[torch.Tensor],
-        out_views: Sequence[torch.Tensor],
-        decisions: Sequence[Decision],
-        names: Sequence[str],
-        step: int,
-    ) -> None:
+    async def _compressed(self, work: BucketWork) -> None:
         """One compressed collective per (decision, fusion group), in order of first appearance.
 
         A fused group's error-feedback memory is keyed by its alphabetically first parameter's
         name, independent of the order DDP lists a bucket's parameters in (it changes at the rebuild).
         """
+        views, out_views, decisions, names = work.views, work.out_views, work.decisions, work.names
         groups: dict[tuple[str, str | None], list[int]] = {}
         for i, decision in enumerate(decisions):
             if decision.kind is DecisionKind.COMPRESSED:
@@ -169,7 +157,7 @@ class BucketExecutor:
                 [views[i] for i in members],
                 [out_views[i] for i in members],
                 ef_name,
-                step,
+                work.step,
             )
 
     async def _compressed_group(

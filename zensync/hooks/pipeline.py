@@ -27,7 +27,7 @@ import torch
 
 from zensync import kernels
 from zensync.hooks.decision import DecisionKind
-from zensync.hooks.executor import param_item_view
+from zensync.hooks.executor import BucketWork, param_item_view
 from zensync.hooks.state import ZenSyncState
 from zensync.transport import Handle, TrafficLog
 
@@ -90,7 +90,7 @@ async def _sync_bucket(
         all_dense = all(d.kind is DecisionKind.DENSE for d in decisions)
         out = buffer if all_dense else torch.empty_like(buffer)
         out_views = views if out is buffer else param_views(out, shapes)
-        await state.executor.run(buffer, views, out_views, decisions, names, step)
+        await state.executor.run(BucketWork(buffer, views, out_views, decisions, names, step))
     with state.lock:
         state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)
     return out
