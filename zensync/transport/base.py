@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from zensync.transport.handle import Handle, run_sync
+from zensync.transport.handle import Handle, Task, run_sync
 from zensync.types import PhaseTraffic
 
 __all__ = ["CONTROL_BYTES_PER_COUNT", "TrafficLog", "Transport"]
@@ -71,6 +71,10 @@ T = TypeVar("T")
 _Traffic = tuple[int, int, int, int, "int | None"]
 """(bytes sent, bytes received, control bytes sent, messages sent, control bytes received or None:
 as sent) of one collective on this rank."""
+_CallContext = tuple["list[TrafficLog]", str, bool]
+"""What a collective takes from the moment it is called: the installed logs, the phase, fenced or not."""
+_ACCOUNTING_LOCK = threading.Lock()
+"""Completions are accounted on backend threads, several at once (gloo's workers, the p2p thread)."""
 
 
 class TrafficLog:
@@ -83,10 +87,11 @@ class TrafficLog:
 
     def get(self, phase: str) -> PhaseTraffic:
         """The record for ``phase``, created empty on first use."""
-        record = self.phases.get(phase)
-        if record is None:
-            record = self.phases[phase] = PhaseTraffic()
-        return record
+        with _ACCOUNTING_LOCK:
+            record = self.phases.get(phase)
+            if record is None:
+                record = self.phases[phase] = PhaseTraffic()
+            return record
 
     @property
     def total_sent(self) -> int:
@@ -106,6 +111,29 @@ def _nbytes(tensor: torch.Tensor) -> int:
 def _ring_chunk(numel: int, world_size: int, rank: int) -> int:
     """Size of chunk ``rank`` when ``numel`` elements are split as torch.tensor_split does."""
     return numel // world_size + (1 if rank < numel % world_size else 0)
+
+
+def _account_one(
+    log: TrafficLog,
+    phase: str,
+    sent: int,
+    recv: int,
+    control: int,
+    messages: int,
+    seconds: float,
+    control_recv: int | None,
+) -> None:
+    """Add one collective to ``log`` (the caller holds ``_ACCOUNTING_LOCK``)."""
+    record = log.phases.get(phase)
+    if record is None:
+        record = log.phases[phase] = PhaseTraffic()
+    record.bytes_sent += sent
+    record.bytes_recv += recv
+    record.control_bytes_sent += control
+    record.control_bytes_recv += control if control_recv is None else control_recv
+    record.messages_sent += messages
+    record.num_calls += 1
+    record.comm_time_s += seconds
 
 
 class Transport(abc.ABC):
@@ -170,10 +198,12 @@ class Transport(abc.ABC):
             self._fenced = previous
 
     def _start(self) -> float:
-        """Start time of a collective (after the fence barrier when ``fenced()`` is active)."""
-        if self._fenced:
-            self._barrier().wait()
+        """Start time of a collective (under ``fenced()``, ``_issue`` restarts it after the barrier)."""
         return time.perf_counter()
+
+    def _capture(self) -> _CallContext:
+        """The call's logs, phase and fencing, taken when the collective is called (see ``_issue``)."""
+        return list(self._logs), self._phase, self._fenced
 
     @staticmethod
     def _account_to(
@@ -186,15 +216,9 @@ class Transport(abc.ABC):
         seconds: float,
         control_recv: int | None = None,
     ) -> None:
-        for log in logs:
-            record = log.get(phase)
-            record.bytes_sent += sent
-            record.bytes_recv += recv
-            record.control_bytes_sent += control
-            record.control_bytes_recv += control if control_recv is None else control_recv
-            record.messages_sent += messages
-            record.num_calls += 1
-            record.comm_time_s += seconds
+        with _ACCOUNTING_LOCK:
+            for log in logs:
+                _account_one(log, phase, sent, recv, control, messages, seconds, control_recv)
 
     # ----------------------------------------------------------------------------------------------
     # Public collectives: each has a blocking form and a non-blocking ``*_async`` form returning a
@@ -404,21 +428,34 @@ class Transport(abc.ABC):
         *,
         blocking: bool,
         multi_stage: bool = False,
+        captured: _CallContext | None = None,
     ) -> Handle[R]:
         """Issue one collective (``start_op`` calls the backend) in order; account it when done.
 
         The returned handle completes after the accounting, so whoever awaits it sees the bytes.
+        Logs, phase and fencing are those of the call (``captured``, taken by ``_capture`` on the
+        calling thread when a backend issues later, on another thread). Under ``fenced()`` the
+        barrier is part of the issued collective (it holds the issue slot, as a multi-call one
+        does), so it takes its place in the issue order, and the clock restarts after it.
         """
         del blocking  # the default issue is the same for both forms; SimulatedTransport's is not
         handle: Handle[R] = Handle()
-        logs, phase = list(self._logs), self._phase
+        logs, phase, fenced = captured if captured is not None else self._capture()
+        clock = [start]
+        if fenced:
+            start_op, multi_stage = self._fenced_op(start_op, clock), True
 
         def finish(done: Handle[R]) -> None:
             if traffic is not None and done.error is None:
-                assert start is not None
-                sent, recv, control, messages, control_recv = traffic(done.outcome())
-                seconds = time.perf_counter() - start
-                self._account_to(logs, phase, sent, recv, control, messages, seconds, control_recv)
+                try:
+                    sent, recv, control, messages, control_recv = traffic(done.outcome())
+                except BaseException as exc:  # noqa: BLE001 - a bug in the accounting fails the call, not the thread
+                    done = Handle()
+                    done.set_exception(exc)
+                else:
+                    assert clock[0] is not None
+                    seconds = time.perf_counter() - clock[0]
+                    self._account_to(logs, phase, sent, recv, control, messages, seconds, control_recv)
             done.forward_to(handle)
 
         with self._issue_lock:
@@ -430,6 +467,16 @@ class Transport(abc.ABC):
         if not queued:
             self._launch(start_op, multi_stage, finish)
         return handle
+
+    def _fenced_op(self, start_op: Callable[[], Handle[R]], clock: list[float | None]) -> Callable[[], Handle[R]]:
+        """``start_op`` after a barrier, restarting ``clock`` when the barrier is done."""
+
+        async def after_barrier() -> R:
+            await self._barrier()
+            clock[0] = time.perf_counter()
+            return await start_op()
+
+        return lambda: Task(after_barrier()).start()
 
     def _launch(
         self, start_op: Callable[[], Handle[Any]], multi_stage: bool, finish: Callable[[Handle[Any]], None]

@@ -26,7 +26,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import queue
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
@@ -75,12 +77,8 @@ class Handle(Generic[T]):
     def from_call(cls, fn: Callable[[], T]) -> Handle[T]:
         """A done handle holding ``fn()``, or its exception (a blocking backend's collective)."""
         handle: Handle[T] = cls()
-        try:
-            value = fn()
-        except BaseException as exc:  # noqa: BLE001 - kept in the handle, re-raised by wait()
-            handle.set_exception(exc)
-        else:
-            handle.set_result(value)
+        value, error = _call(fn)
+        handle._complete(value, error)
         return handle
 
     @classmethod
@@ -93,12 +91,9 @@ class Handle(Generic[T]):
         handle: Handle[T] = cls()
 
         def complete(done: torch.futures.Future[Any]) -> None:
-            try:
-                value = convert(done.value())  # re-raises a failed collective with its own type
-            except BaseException as exc:  # noqa: BLE001 - kept in the handle, re-raised by wait()
-                handle.set_exception(exc)
-            else:
-                handle.set_result(value)
+            # done.value() re-raises a failed collective with its own type.
+            value, error = _call(lambda: convert(done.value()))
+            handle._complete(value, error)
 
         future.then(complete)
         return handle
@@ -172,12 +167,8 @@ class Handle(Generic[T]):
             if done._error is not None:
                 chained.set_exception(done._error)
                 return
-            try:
-                value = fn(done._value)
-            except BaseException as exc:  # noqa: BLE001 - kept in the chained handle
-                chained.set_exception(exc)
-            else:
-                chained.set_result(value)
+            value, error = _call(lambda: fn(done._value))
+            chained._complete(value, error)
 
         self.add_done_callback(step)
         return chained
@@ -205,15 +196,29 @@ class Handle(Generic[T]):
         return self.outcome()
 
 
+def _call(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    """``(fn(), None)``, or ``(None, its exception)``.
+
+    The caller completes a handle with it after the ``except`` clause has ended, so the callbacks
+    that completion runs (the next bucket's coroutine, say) do not run "during handling of" this
+    exception: their own exceptions would otherwise carry it as their ``__context__``.
+    """
+    try:
+        return fn(), None
+    except BaseException as exc:  # noqa: BLE001 - kept in a handle, re-raised by wait()
+        return None, exc
+
+
 def _run_callback(callback: Callable[[Handle[T]], None], handle: Handle[T]) -> None:
     # A callback runs on the thread that completed the handle (a backend's completion thread): an
-    # exception escaping it would be lost there, so it is logged with its traceback. zensync's own
-    # callbacks (Task steps, accounting, forwarding) catch their errors into handles themselves.
+    # exception escaping it would be lost there, and would stop the handle's later callbacks (a
+    # DDP future's completion, the next task of a lane), so it is logged with its traceback and
+    # the other callbacks still run. zensync's own callbacks (Task steps, accounting, forwarding)
+    # catch their errors into handles themselves; this is the net under a bug.
     try:
         callback(handle)
-    except BaseException:
+    except BaseException:  # logged; see above
         logger.exception("zensync: a Handle callback raised")
-        raise
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -252,14 +257,16 @@ class Task(Handle[T]):
 
     def _step(self, _: object = None) -> None:
         while True:  # loop over handles that are already done: no recursion, no callback per step
+            finished, value, error = False, None, None
             try:
                 with self._context():
                     awaited = self._coro.send(None)
             except StopIteration as stop:
-                self.set_result(stop.value)
-                return
+                finished, value = True, stop.value
             except BaseException as exc:  # noqa: BLE001 - the task's outcome, re-raised by wait()
-                self.set_exception(exc)
+                finished, error = True, exc
+            if finished:  # completed after the except clause: see _call
+                self._complete(value, error)
                 return
             if not isinstance(awaited, Handle):
                 self._coro.close()
@@ -278,49 +285,95 @@ class Lane:
     same order on every rank (DDP calls its comm hook bucket by bucket, in the same order on every
     rank) therefore issues the group's collectives in the same order on every rank, whatever order
     the backend completes them in.
+
+    With ``thread_name``, the coroutines start on a thread of the lane's own instead (one per lane,
+    started on first use, ended with the lane): for backends whose futures complete as soon as the
+    work is queued (NCCL), a coroutine would otherwise run to its end inline on the submitting
+    thread, host synchronizations (``.tolist()`` of gathered counts) included, and stall it (DDP's
+    autograd thread), as a comm thread avoids.
+
+    Starting is a loop, not a recursion: coroutines that finish as soon as they start (every
+    bucket of a step that already failed) cost no stack depth, however many are queued.
     """
 
-    __slots__ = ("_busy", "_lock", "_queue")
+    __slots__ = ("__weakref__", "_busy", "_last", "_lock", "_looping", "_more", "_queue", "_thread_name", "_wake")
 
-    def __init__(self) -> None:
+    def __init__(self, *, thread_name: str | None = None) -> None:
         self._lock = threading.Lock()
         self._queue: collections.deque[Task[Any]] = collections.deque()
         self._busy = False
+        """A submitted coroutine has not finished (running, or queued behind one that runs)."""
+        self._looping = False
+        """A thread is in ``_loop`` (starting the next coroutine)."""
+        self._more = False
+        """The coroutine ``_loop`` started finished while it was starting: start the next one."""
+        self._last: Task[Any] | None = None
+        self._thread_name = thread_name
+        self._wake: queue.SimpleQueue[bool] | None = None
 
     def submit(self, coro: Coroutine[Any, Any, T], context: SegmentContext | None = None) -> Task[T]:
         """Queue ``coro``; the returned Task completes with its outcome."""
         task = Task(coro, context)
+        task.add_done_callback(self._on_done)
         with self._lock:
-            if self._busy:
-                self._queue.append(task)
+            self._queue.append(task)
+            self._last = task
+            if self._busy:  # the running coroutine's end starts the next
                 return task
-            self._busy = True
-        self._run(task)
+            self._busy = self._looping = True
+        self._kick()
         return task
 
-    def _run(self, task: Task[Any]) -> None:
-        task.add_done_callback(self._next)
-        task.start()
-
-    def _next(self, _: Handle[Any]) -> None:
+    def _on_done(self, _: Handle[Any]) -> None:
         with self._lock:
-            if not self._queue:
-                self._busy = False
+            if self._looping:  # finished inside _loop's start(): the loop goes on
+                self._more = True
                 return
-            task = self._queue.popleft()
-        self._run(task)
+            self._looping = True
+        self._kick()
+
+    def _kick(self) -> None:
+        """Run ``_loop`` (the caller set ``_looping``): here, or on the lane's thread."""
+        if self._thread_name is None:
+            self._loop()
+            return
+        if self._wake is None:
+            self._wake = queue.SimpleQueue()
+            threading.Thread(
+                target=_lane_thread, args=(weakref.ref(self), self._wake), name=self._thread_name, daemon=True
+            ).start()
+            weakref.finalize(self, self._wake.put, False)  # ends the thread with the lane
+        self._wake.put(True)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._busy = self._looping = False
+                    return
+                task = self._queue.popleft()
+                self._more = False
+            task.start()
+            with self._lock:
+                if not self._more:  # still running: its _on_done goes on from there
+                    self._looping = False
+                    return
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted coroutine has finished; False on timeout."""
         with self._lock:
             if not self._busy:  # nothing submitted is unfinished (the hook's dense steps, every step)
                 return True
-            last = self._queue[-1] if self._queue else None
-        if last is None:
-            marker = self.submit(_nothing())
-            return marker.wait_done(timeout)
+            last = self._last
+        assert last is not None
         return last.wait_done(timeout)
 
 
-async def _nothing() -> None:
-    return None
+def _lane_thread(lane_ref: weakref.ref[Lane], wake: queue.SimpleQueue[bool]) -> None:
+    """The thread of a Lane made with ``thread_name``: runs its loop when kicked, ends with it."""
+    while wake.get():
+        lane = lane_ref()
+        if lane is None:
+            return
+        lane._loop()
+        del lane

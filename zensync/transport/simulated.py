@@ -133,19 +133,33 @@ class SimulatedTransport(Transport):
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     # -- issue: inline when blocking, else on the progress thread ----------------------------------
-    def _issue(self, start_op: Any, traffic: Any, start: Any, *, blocking: bool, multi_stage: bool = False) -> Any:
+    def _issue(
+        self,
+        start_op: Any,
+        traffic: Any,
+        start: Any,
+        *,
+        blocking: bool,
+        multi_stage: bool = False,
+        captured: Any = None,
+    ) -> Any:
         on_progress = threading.current_thread() is self._progress
         blocking = blocking or self._driven_here()  # a coroutine driven by ``run`` on this thread
+        captured = captured if captured is not None else self._capture()  # the call's, not the job's
         if on_progress or (blocking and self._progress is None):
-            return super()._issue(start_op, traffic, start, blocking=True, multi_stage=multi_stage)
+            return super()._issue(start_op, traffic, start, blocking=True, multi_stage=multi_stage, captured=captured)
         self._ensure_progress()
         handle: Handle[Any] = Handle()
         delay = self._shared.delay_s if not blocking else None
 
         def job() -> None:
-            inner = super(SimulatedTransport, self)._issue(
-                start_op, traffic, start, blocking=True, multi_stage=multi_stage
-            )
+            try:
+                inner = super(SimulatedTransport, self)._issue(
+                    start_op, traffic, start, blocking=True, multi_stage=multi_stage, captured=captured
+                )
+            except BaseException as exc:  # noqa: BLE001 - the call fails; the progress thread lives on
+                handle.set_exception(exc)
+                return
             if delay is None:
                 inner.forward_to(handle)
                 return

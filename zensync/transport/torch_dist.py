@@ -94,7 +94,10 @@ class TorchTransport(Transport):
         self.group = group
         self.timeout = timeout if timeout is not None else group_timeout(group)
         """Timeout of the groups this transport creates (and of ``group`` unless given otherwise)."""
-        self._small_gather_bytes = SMALL_GATHER_BYTES if dist.get_backend(group) == "gloo" else 0
+        backend = dist.get_backend(group)
+        self._small_gather_bytes = SMALL_GATHER_BYTES if backend == "gloo" else 0
+        self._stream_ordered = backend == "nccl"
+        """NCCL: a work's future completes when the work is queued; ``work.wait()`` orders the stream."""
         self._p2p_thread: threading.Thread | None = None
         self._p2p_jobs: queue.SimpleQueue[tuple[Callable[[], Any], Handle[Any]]] = queue.SimpleQueue()
 
@@ -142,8 +145,27 @@ class TorchTransport(Transport):
         return dist.get_global_rank(self.group, group_rank)
 
     # -- non-blocking building blocks ---------------------------------------------------------------
+    def _from_work(self, work: Any, convert: Callable[[Any], T]) -> Handle[T]:
+        """The handle of an ``async_op=True`` work.
+
+        NCCL: ``work.wait()`` first makes the issuing thread's current stream (the caller's: see
+        ``kernels.caller_stream``) wait for the collective, without blocking the host, as the
+        blocking form's ``wait`` does; the future alone would not, since NCCL completes it when the
+        work is queued and code after it runs on the caller's stream. Unmeasured on a GPU here.
+        """
+        assert work is not None
+        if self._stream_ordered:
+            work.wait()
+        return Handle.from_torch(work.get_future(), convert)
+
     def _p2p(self, fn: Callable[[], T]) -> Handle[T]:
-        """Run blocking point-to-point work on the point-to-point thread (gloo's p2p work has no future)."""
+        """Run blocking point-to-point work on the point-to-point thread (gloo's p2p work has no future).
+
+        NCCL: inline on the calling thread instead, on the caller's stream (its works' ``wait``
+        only orders the stream); a thread of its own would issue on its default stream.
+        """
+        if self._stream_ordered:
+            return Handle.from_call(fn)
         if self._p2p_thread is None:
             self._p2p_thread = threading.Thread(target=self._p2p_loop, name="zensync-p2p", daemon=True)
             self._p2p_thread.start()
@@ -171,15 +193,13 @@ class TorchTransport(Transport):
             group=self.group,
             async_op=True,
         )
-        assert work is not None
-        return Handle.from_torch(work.get_future(), lambda _: out)
+        return self._from_work(work, lambda _: out)
 
     # -- backend hooks ---------------------------------------------------------------------------------
     def _all_reduce(self, tensor: torch.Tensor) -> Handle[torch.Tensor]:
         # The work's own future: its error keeps the backend's exception type.
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
-        assert work is not None
-        return Handle.from_torch(work.get_future(), lambda _: tensor)
+        return self._from_work(work, lambda _: tensor)
 
     def _all_gather(self, tensor: torch.Tensor) -> Handle[list[torch.Tensor]]:
         n = self.world_size
@@ -188,8 +208,7 @@ class TorchTransport(Transport):
             done = self._a2a(out, tensor.repeat(n))
         else:
             work = _all_gather_single(out, tensor, group=self.group, async_op=True)
-            assert work is not None
-            done = Handle.from_torch(work.get_future(), lambda _: out)
+            done = self._from_work(work, lambda _: out)
         return done.then(lambda o: list(o.chunk(n)) if tensor.numel() else [o[:0]] * n)
 
     def _all_gather_v(self, tensor: torch.Tensor) -> Handle[tuple[list[torch.Tensor], int | None]]:
@@ -243,8 +262,7 @@ class TorchTransport(Transport):
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]:
         out = tensor.clone()
         work = dist.broadcast(out, src=self._global(src), group=self.group, async_op=True)
-        assert work is not None
-        return Handle.from_torch(work.get_future(), lambda _: out)
+        return self._from_work(work, lambda _: out)
 
     def _send_recv(
         self, tensor: torch.Tensor | None, dst: int | None, src: int | None, device: torch.device
@@ -279,8 +297,7 @@ class TorchTransport(Transport):
 
     def _barrier(self) -> Handle[None]:
         work = dist.barrier(group=self.group, async_op=True)
-        assert work is not None
-        return Handle.from_torch(work.get_future(), lambda _: None)
+        return self._from_work(work, lambda _: None)
 
 
 _CREATED_GROUPS: list[dist.ProcessGroup] = []

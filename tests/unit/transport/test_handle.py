@@ -175,3 +175,93 @@ def test_transport_issue_order_is_call_order_whatever_the_completion_order() -> 
             assert [g.numel() for g in gathered] == [r + i for r in range(4)]
             assert torch.equal(received, torch.tensor([rank + 10.0 * r for r in range(4)]))
             assert counts == [1, 1, 1, 1]
+
+
+def test_a_raising_callback_does_not_stop_the_others() -> None:
+    handle: Handle[int] = Handle()
+    seen: list[int] = []
+
+    def bad(_: Handle[int]) -> None:
+        raise _Boom("callback bug")
+
+    handle.add_done_callback(bad)
+    handle.add_done_callback(lambda done: seen.append(done.outcome()))
+    handle.set_result(5)  # logs the bug, raises nothing here
+    assert seen == [5]
+    assert handle.wait(timeout=1) == 5
+
+
+def test_a_task_failing_after_another_keeps_no_foreign_exception_context() -> None:
+    # The second task starts from the first one's completion: its exception must not be chained to
+    # the first one's ("During handling of the above exception, another exception occurred").
+    lane = Lane()
+
+    async def fails_later() -> None:
+        await _later(None, 0.005)
+        raise _Boom("first")
+
+    async def fails_at_once() -> None:
+        raise _Boom("second")
+
+    first, second = lane.submit(fails_later()), lane.submit(fails_at_once())
+    assert lane.drain(timeout=5)
+    assert isinstance(first.error, _Boom) and isinstance(second.error, _Boom)
+    assert second.error.__context__ is None
+
+
+def test_lane_starts_many_finished_coroutines_without_recursion() -> None:
+    """Coroutines that finish as soon as they start (a failed step's buckets) cost no stack depth."""
+    lane = Lane()
+    gate: Handle[None] = Handle()
+    order: list[int] = []
+
+    async def blocked() -> None:
+        await gate
+
+    async def instant(i: int) -> int:
+        order.append(i)
+        return i
+
+    first = lane.submit(blocked())
+    n = 5000  # about 7 frames each if started recursively: far past the recursion limit
+    tasks = [lane.submit(instant(i)) for i in range(n)]
+    gate.set_result(None)
+    assert first.wait(timeout=5) is None
+    assert [t.wait(timeout=5) for t in tasks] == list(range(n))
+    assert order == list(range(n))
+    assert lane.drain(timeout=5)
+
+
+def test_lane_with_a_thread_starts_coroutines_there_in_order() -> None:
+    lane = Lane(thread_name="test-lane")
+    threads: list[str] = []
+
+    async def job(i: int) -> int:
+        threads.append(threading.current_thread().name)
+        await Handle.completed(None)  # a backend whose futures complete at once (NCCL's)
+        await _later(None, 0.001 * (i % 3))
+        return i
+
+    tasks = [lane.submit(job(i)) for i in range(20)]
+    assert [t.wait(timeout=5) for t in tasks] == list(range(20))
+    assert lane.drain(timeout=5)
+    assert threads[0] == "test-lane"  # the first start: on the lane's thread, not the submitter's
+    assert "MainThread" not in threads
+
+
+def test_lane_thread_ends_with_the_lane() -> None:
+    import gc
+
+    lane = Lane(thread_name="test-lane-ends")
+    assert lane.submit(_instant()).wait(timeout=5) == 1
+    assert any(t.name == "test-lane-ends" for t in threading.enumerate())
+    del lane
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while any(t.name == "test-lane-ends" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == "test-lane-ends" for t in threading.enumerate())
+
+
+async def _instant() -> int:
+    return 1

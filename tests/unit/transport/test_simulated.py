@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 
 import pytest
 import torch
@@ -109,3 +111,77 @@ def test_many_ranks() -> None:
     outs = SimulatedWorld(256, timeout_s=60).run(lambda t: t.all_reduce(torch.ones(3)))
     assert all(torch.equal(o, torch.full((3,), 256.0)) for o in outs)
     assert threading.active_count() < 50  # threads were joined
+
+
+def test_non_blocking_traffic_goes_to_the_logs_and_phase_of_the_call() -> None:
+    """Issued under a phase and a log, accounted to them, though the collective runs after both ended."""
+
+    def body(t: Transport) -> tuple[dict, dict]:
+        if t.rank == 1:
+            time.sleep(0.2)  # rank 0's progress thread waits in the first rendezvous meanwhile
+        first = t.all_reduce_async(torch.ones(4))
+        log, blocking_log = TrafficLog(), TrafficLog()
+        with t.recording(log), t.phase("push"):
+            second = t.all_gather_async(torch.ones(3))
+        first.wait(10), second.wait(10)
+        with t.recording(blocking_log), t.phase("push"):
+            t.all_gather(torch.ones(3))
+        return log.phases, blocking_log.phases
+
+    for phases, blocking in SimulatedWorld(2, timeout_s=30).run(body):
+        assert set(phases) == {"push"}
+        assert phases["push"].bytes_sent == blocking["push"].bytes_sent == 3 * 4
+        assert phases["push"].num_calls == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fenced_non_blocking_collectives_keep_their_order_and_sums(seed: int) -> None:
+    generators = [random.Random(seed * 10 + r) for r in range(4)]
+    world = SimulatedWorld(4, timeout_s=30, delay_s=lambda r: generators[r].random() * 0.003)
+
+    def issue(t: Transport) -> list:
+        handles = []
+        for i in range(4):
+            handles.append(t.all_to_all_v_async(torch.arange(4.0) + 10 * t.rank, [1, 1, 1, 1]))
+            handles.append(t.all_reduce_async(torch.full((i + 1,), float(t.rank + 1))))
+        return [h.wait(10) for h in handles]
+
+    def body(t: Transport):
+        log, plain = TrafficLog(), TrafficLog()
+        with t.recording(log), t.fenced():
+            results = issue(t)
+        with t.recording(plain):
+            assert [str(r) for r in issue(t)] == [str(r) for r in results]
+        return results, log.get("other"), plain.get("other")
+
+    for rank, (results, fenced, plain) in enumerate(world.run(body)):
+        for i in range(4):
+            (received, counts), summed = results[2 * i], results[2 * i + 1]
+            assert counts == [1, 1, 1, 1]
+            assert torch.equal(received, torch.tensor([10.0 * r + rank for r in range(4)]))
+            assert torch.equal(summed, torch.full((i + 1,), 10.0))
+        # The barriers are neither counted nor sent as traffic.
+        fenced.comm_time_s = plain.comm_time_s = 0.0
+        assert fenced == plain
+
+
+def test_a_failing_byte_count_fails_the_call_not_the_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"n": 0}
+    original = Transport._gather_traffic
+
+    def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ArithmeticError("accounting bug")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Transport, "_gather_traffic", flaky)
+    world = SimulatedWorld(1, timeout_s=30)
+
+    def body(t: Transport):
+        with pytest.raises(ArithmeticError, match="accounting bug"):
+            t.all_gather_async(torch.ones(2)).wait(5)
+        return t.all_gather_async(torch.ones(2)).wait(5)
+
+    (out,) = world.run(body)
+    assert torch.equal(out[0], torch.ones(2))
