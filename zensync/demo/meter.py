@@ -123,7 +123,8 @@ class ZenSyncMeter:
         self._seen = self.state.step
         if finished != 1:
             raise RuntimeError(f"zensync hook finished {finished} steps during one training step (expected 1)")
-        record = self.state.history[-1]
+        record = self.state.last_step()  # one record; ``history`` rebuilds them all
+        assert record is not None  # a step finished
         sparse = sum(float(info.get("bytes_sent", 0)) for info in record["params"].values())
         schemes = {name: str(info["scheme"]) for name, info in record["params"].items()}
         return {

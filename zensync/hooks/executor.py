@@ -134,6 +134,7 @@ class BucketExecutor:
                 bytes_recv=stats.bytes_recv,
                 predicted_s=record.predicted_s.get(scheme),
                 measured_s=stats.total_time_s,
+                observes_all=True,
             ),
         )
 

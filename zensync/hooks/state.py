@@ -103,7 +103,8 @@ class ZenSyncState:
                 described = self._describe()
             except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by agree()
                 failure = exc
-        h0_seed = agree(base, described, failure, config.sync_options.h0_seed)
+        model_device = next(iter(self.param_names)).device if self.param_names else None
+        h0_seed = agree(base, described, failure, config.sync_options.h0_seed, model_device)
         device = next(iter(self.param_names)).device
         self.runtime = Runtime(base, config, h0_seed, device)
         self.memory = ParamMemory()

@@ -35,10 +35,18 @@ class ParamStep:
     """Sparse: the cost model's time for the scheme at the decision."""
     measured_s: float | None = None
     """Sparse and compressed: the measured sync time (its share of a fused collective)."""
+    observes_all: bool = dataclasses.field(default=False, repr=False)
+    """The sparse path observes every field: its dicts keep them all, None included (``gamma``
+    before any densification was measured, ``predicted_s`` without a prediction)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The record as a dict without the fields this path did not observe."""
-        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
+        """The record as a dict: the fields this path observes (dense: scheme and density;
+        compressed: also bytes_sent and measured_s; sparse: every field)."""
+        return {
+            f.name: v
+            for f in dataclasses.fields(self)
+            if f.name != "observes_all" and ((v := getattr(self, f.name)) is not None or self.observes_all)
+        }
 
 
 @dataclasses.dataclass(slots=True)

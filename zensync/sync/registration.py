@@ -39,7 +39,13 @@ _F_FINGERPRINT, _F_PROPOSAL, _F_MESSAGE_BYTES = range(3)
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
-def agree(transport: Transport, description: str, failure: BaseException | None, seed: int | None) -> int:
+def agree(
+    transport: Transport,
+    description: str,
+    failure: BaseException | None,
+    seed: int | None,
+    device: torch.device | None = None,
+) -> int:
     """Check that every rank set up without error and identically; return the agreed hash seed.
 
     A collective of every rank of ``transport`` (blocking: ``agree_async`` run to completion here).
@@ -49,6 +55,10 @@ def agree(transport: Transport, description: str, failure: BaseException | None,
         description: This rank's options and model, as text (compared by CRC across ranks).
         failure: This rank's local setup error, or None.
         seed: The user's hash seed, or None to propose a random one.
+        device: Where the exchange's tensors live: the model's device (an NCCL rank that never
+            called ``torch.cuda.set_device`` would otherwise use GPU 0); None, or another device
+            type than the transport's control device: the control device (every rank must use
+            the same type, a failing rank included).
 
     Returns:
         Rank 0's seed proposal.
@@ -56,12 +66,19 @@ def agree(transport: Transport, description: str, failure: BaseException | None,
     Raises:
         ValueError: On every rank, when any rank failed its local checks or differs from rank 0.
     """
-    return transport.run(agree_async(transport, description, failure, seed))
+    return transport.run(agree_async(transport, description, failure, seed, device))
 
 
-async def agree_async(transport: Transport, description: str, failure: BaseException | None, seed: int | None) -> int:
+async def agree_async(
+    transport: Transport,
+    description: str,
+    failure: BaseException | None,
+    seed: int | None,
+    device: torch.device | None = None,
+) -> int:
     """``agree`` as a coroutine of non-blocking collectives (same arguments, result and errors)."""
-    device = transport.control_device
+    control = transport.control_device
+    device = device if device is not None and device.type == control.type else control
     message = describe_failure(failure)
     proposal = seed if seed is not None else propose_seed()
     descriptor = [zlib.crc32(description.encode()), proposal, len(message)]

@@ -211,7 +211,12 @@ def exchange_and_check(transport: Transport, request: LocalRequest, local_nnz: i
 async def exchange_and_check_async(transport: Transport, request: LocalRequest, local_nnz: int) -> Agreement:
     """``exchange_and_check`` as a coroutine of non-blocking collectives (same arguments, result, errors)."""
     tensor = request.tensor
-    device = tensor.device if isinstance(tensor, torch.Tensor) and request.error == _ERR_OK else torch.device("cpu")
+    # Every rank's exchange on the same device type, a rank with a local error included (on NCCL a
+    # CPU descriptor would fail on that rank alone and leave the others waiting for it).
+    control = transport.control_device
+    device = control
+    if isinstance(tensor, torch.Tensor) and (request.error == _ERR_OK or tensor.device.type == control.type):
+        device = tensor.device
     # Step 2: the descriptor exchange (the first collective of the call).
     descs = await gather_descriptors_async(transport, request.descriptor(local_nnz), phase="validate", device=device)
     # Step 3: the same checks, hence the same outcome, on every rank.

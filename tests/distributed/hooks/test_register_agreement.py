@@ -142,6 +142,43 @@ def test_checkpoint_loaded_on_one_rank_fails_every_rank(tmp_path: Path) -> None:
     assert [r["outcome"] for r in results] == ["step 2", "step 2"]
 
 
+def _load_dense_worker(rank: int, world_size: int) -> dict[str, object]:
+    # A dense model under auto: a clearly dense bucket goes straight to DDP's group on the steps
+    # between re-checks (odd steps here) and through zensync's lane on the others. Rank 1 loads a
+    # step-1 checkpoint when rank 0 is at step 2: its (last) bucket goes to DDP's group and rank
+    # 0's to the lane. The check fails both; rank 1 must not wait for its unmatched allreduce.
+    side = torch.distributed.new_group(backend="gloo")  # keeps rank 0 alive until rank 1 is done
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+    state = zensync.register(ddp, strategy="auto", recheck_every=2, latency_s=1e-5, bandwidth_bytes_per_s=1e9)
+
+    def step() -> None:
+        ddp(torch.randn(3, 8)).sum().backward()
+
+    step()  # step 0: detection (lane)
+    saved = state.state_dict()
+    step()  # step 1: clearly dense (DDP's group)
+    if rank == 1:
+        state.load_state_dict(saved)
+    start = time.monotonic()
+    try:
+        step()
+        outcome = f"step {state.step}"
+    except ValueError as exc:
+        outcome = f"ValueError: {exc}"
+    elapsed = time.monotonic() - start
+    torch.distributed.barrier(group=side)
+    return {"outcome": outcome, "elapsed_s": elapsed}
+
+
+def test_checkpoint_loaded_on_one_rank_fails_every_rank_when_buckets_go_different_ways(tmp_path: Path) -> None:
+    for result in launch(_load_dense_worker, 2, (), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S):
+        assert "ranks [1] hold another engine state than rank 0 (step counters by rank: [2, 1])" in str(
+            result["outcome"]
+        ), result
+        assert result["elapsed_s"] < PROMPT_S, result
+
+
 def _calibrated(rank: int, world_size: int) -> list[str]:
     models = []
     for _ in range(3):

@@ -181,3 +181,22 @@ def test_runtime_keeps_given_model_calibrates_otherwise_and_runs_on_cpu_without_
         assert again is model
         assert measured.segment_context() is contextlib.nullcontext
     assert results[0][1] == results[1][1]  # rank 0's fit on every rank
+
+
+def test_param_step_dicts_hold_the_fields_each_path_observes() -> None:
+    from zensync.hooks.steplog import ParamStep
+
+    assert ParamStep(scheme="dense", density=1.0).as_dict() == {"scheme": "dense", "density": 1.0}
+    compressed = ParamStep(scheme="compress:fp16|allreduce|flat", density=1.0, bytes_sent=8, measured_s=0.5)
+    assert set(compressed.as_dict()) == {"scheme", "density", "bytes_sent", "measured_s"}
+    # Sparse: every key, None included (no densification measured yet, no prediction).
+    sparse = ParamStep(scheme="zen", density=0.0, bytes_sent=0, bytes_recv=0, measured_s=0.1, observes_all=True)
+    assert sparse.as_dict() == {
+        "scheme": "zen",
+        "density": 0.0,
+        "gamma": None,
+        "bytes_sent": 0,
+        "bytes_recv": 0,
+        "predicted_s": None,
+        "measured_s": 0.1,
+    }
