@@ -423,7 +423,8 @@ def test_meters_count_parameters_per_scheme():
         "fc.weight": {"scheme": "dense"},
         "fc.bias": {"scheme": "dense"},
     }
-    state = SimpleNamespace(step=1, history=[{"comm_time_s": 0.1, "bytes_sent": 50, "params": params}])
+    last = {"comm_time_s": 0.1, "bytes_sent": 50, "params": params}
+    state = SimpleNamespace(step=1, last_step=lambda: last)
     record = ZenSyncMeter(state).pop_step()
     assert record["scheme_counts"] == {"zen": 1, "dense": 2} and record["schemes"]["emb"] == "zen"
 
