@@ -113,29 +113,6 @@ def _ring_chunk(numel: int, world_size: int, rank: int) -> int:
     return numel // world_size + (1 if rank < numel % world_size else 0)
 
 
-def _account_one(
-    log: TrafficLog,
-    phase: str,
-    sent: int,
-    recv: int,
-    control: int,
-    messages: int,
-    seconds: float,
-    control_recv: int | None,
-) -> None:
-    """Add one collective to ``log`` (the caller holds ``_ACCOUNTING_LOCK``)."""
-    record = log.phases.get(phase)
-    if record is None:
-        record = log.phases[phase] = PhaseTraffic()
-    record.bytes_sent += sent
-    record.bytes_recv += recv
-    record.control_bytes_sent += control
-    record.control_bytes_recv += control if control_recv is None else control_recv
-    record.messages_sent += messages
-    record.num_calls += 1
-    record.comm_time_s += seconds
-
-
 class Transport(abc.ABC):
     """One rank's view of a group; see the module docstring for the contract and byte model."""
 
@@ -218,7 +195,16 @@ class Transport(abc.ABC):
     ) -> None:
         with _ACCOUNTING_LOCK:
             for log in logs:
-                _account_one(log, phase, sent, recv, control, messages, seconds, control_recv)
+                record = log.phases.get(phase)  # not log.get: it takes the lock held here
+                if record is None:
+                    record = log.phases[phase] = PhaseTraffic()
+                record.bytes_sent += sent
+                record.bytes_recv += recv
+                record.control_bytes_sent += control
+                record.control_bytes_recv += control if control_recv is None else control_recv
+                record.messages_sent += messages
+                record.num_calls += 1
+                record.comm_time_s += seconds
 
     # ----------------------------------------------------------------------------------------------
     # Public collectives: each has a blocking form and a non-blocking ``*_async`` form returning a
