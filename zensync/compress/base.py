@@ -35,6 +35,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import inspect
 import math
 import re
 from collections.abc import Awaitable, Callable
@@ -189,9 +190,19 @@ _SPEC = re.compile(r"^([a-z][a-z0-9_]*)(?::(.+))?$")
 
 
 def register_compressor(cls: type[Compressor]) -> type[Compressor]:
-    """Class decorator: make ``cls`` buildable by its ``name``."""
+    """Class decorator: make ``cls`` buildable by its ``name``.
+
+    Raises:
+        ValueError: The name is taken.
+        TypeError: ``allreduce_sync`` is overridden by a plain function (it is a coroutine).
+    """
     if cls.name in _REGISTRY:
         raise ValueError(f"compressor name {cls.name!r} registered twice")
+    if not inspect.iscoroutinefunction(cls.allreduce_sync):
+        raise TypeError(
+            f"compressor {cls.name!r}: allreduce_sync must be a coroutine ('async def allreduce_sync(...)') "
+            f"that awaits all_reduce once per round"
+        )
     _REGISTRY[cls.name] = cls
     return cls
 

@@ -143,7 +143,8 @@ class BucketExecutor:
         """One compressed collective per (decision, fusion group), in order of first appearance.
 
         A fused group's error-feedback memory is keyed by its alphabetically first parameter's
-        name, independent of the order DDP lists a bucket's parameters in (it changes at the rebuild).
+        name and laid out in name order, both independent of the order DDP lists a bucket's
+        parameters in (it changes at the rebuild), so each residual stays on its own elements.
         """
         views, out_views, decisions, names = work.views, work.out_views, work.decisions, work.names
         groups: dict[tuple[str, str | None], list[int]] = {}
@@ -151,7 +152,8 @@ class BucketExecutor:
             if decision.kind is DecisionKind.COMPRESSED:
                 groups.setdefault(decision.group_key, []).append(i)
         for members in groups.values():
-            ef_name = names[members[0]] if len(members) == 1 else "fused:" + min(names[i] for i in members)
+            members.sort(key=lambda i: names[i])
+            ef_name = names[members[0]] if len(members) == 1 else "fused:" + names[members[0]]
             await self._compressed_group(
                 decisions[members[0]],
                 [names[i] for i in members],

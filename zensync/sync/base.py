@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import inspect
 import math
 import time
 from collections.abc import Iterator
@@ -151,9 +152,19 @@ _INSTANCES: dict[str, SyncScheme] = {}
 
 
 def register_scheme(cls: type[SyncScheme]) -> type[SyncScheme]:
-    """Class decorator adding a scheme to the registry under ``cls.name``."""
+    """Class decorator adding a scheme to the registry under ``cls.name``.
+
+    Raises:
+        ValueError: The name is taken.
+        TypeError: ``run`` is a plain function (schemes are coroutines of non-blocking collectives).
+    """
     if cls.name in _REGISTRY:
         raise ValueError(f"sync scheme {cls.name!r} is registered twice")
+    if not inspect.iscoroutinefunction(cls.run):
+        raise TypeError(
+            f"sync scheme {cls.name!r}: run must be a coroutine ('async def run(self, ctx)') that awaits "
+            f"the transport's *_async collectives, e.g. 'await ctx.transport.all_reduce_async(x)'"
+        )
     _REGISTRY[cls.name] = cls
     _INSTANCES[cls.name] = cls()
     return cls

@@ -211,3 +211,28 @@ def test_each_scheme_is_built_once() -> None:
         assert get_scheme(name).name == name
     with pytest.raises(ValueError, match=r"sync scheme 'zenn' is unknown \(valid: .*zen"):
         get_scheme("zenn")
+
+
+def test_a_scheme_or_compressor_with_a_plain_function_is_refused_at_registration() -> None:
+    from zensync.compress.base import Compressor, compressor_names, register_compressor
+    from zensync.sync.base import SyncScheme, register_scheme, scheme_registry
+
+    class Blocking(SyncScheme):
+        name = "blocking-test-scheme"
+
+        def run(self, ctx):  # type: ignore[override]  # not a coroutine: the mistake under test
+            return ctx.view.x2d.clone()
+
+    with pytest.raises(TypeError, match="run must be a coroutine"):
+        register_scheme(Blocking)
+    assert "blocking-test-scheme" not in scheme_registry()
+
+    class BlockingCompressor(Compressor):  # registration only: never built
+        name = "blocking-test-compressor"
+
+        def allreduce_sync(self, x, all_reduce, *, name="", step=0):  # type: ignore[override]
+            return x
+
+    with pytest.raises(TypeError, match="allreduce_sync must be a coroutine"):
+        register_compressor(BlockingCompressor)
+    assert "blocking-test-compressor" not in compressor_names()
