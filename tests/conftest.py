@@ -21,10 +21,11 @@ tests of ``zensync.<package>``. Marks that say something about one test (``slow`
 Slow tier: the tests marked ``slow`` (the large variants of tests whose small form runs in the default
 tier, e.g. the world-size-4 run of a distributed class), ``emulated`` (``tests/emulated``: the CUDA
 kernels compiled for CPU threads, and again under ThreadSanitizer and AddressSanitizer: 20 minutes on
-2 cores when every build is cold, a sanitized build alone 5-7) or ``exhaustive`` (full matrices, e.g. every strategy x fault in
-``tests/distributed/hooks/test_faults.py``, about 4 minutes) are deselected unless the ``-m`` expression
-names one of their markers, so that ``python -m pytest`` stays fast. ``.ci/run`` runs them after the
-README's command (``-m emulated tests/emulated``, ``-m exhaustive tests``, ``-m slow tests``).
+2 cores when every build is cold, a sanitized build alone 5-7) or ``exhaustive`` (full matrices, e.g.
+every strategy x fault in ``tests/distributed/hooks/test_faults.py``, about 4 minutes) are deselected
+unless the ``-m`` expression names one of their markers, so that ``python -m pytest`` stays fast.
+``.ci/run`` runs them after the README's command (``-m emulated tests/emulated``, ``-m exhaustive
+tests``, ``-m slow tests``).
 """
 
 from __future__ import annotations
