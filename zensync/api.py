@@ -26,12 +26,13 @@ def sparse_allreduce(
     granularity: Literal["auto", "element", "row"] = "auto",
     stats: SyncStats | None = None,
     options: SyncOptions | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sum (or average) ``tensor`` over all ranks of ``group``, moving only its non-zeros.
 
     Lossless for every scheme: the result equals ``torch.distributed.all_reduce`` of the dense tensor
     up to floating-point summation order, is identical on every rank, and NaN/Inf propagate as in
-    all_reduce (NaN counts as non-zero, -0.0 as zero). The input is not modified.
+    all_reduce (NaN counts as non-zero, -0.0 as zero). The input is not modified, unless it is ``out``.
 
     Args:
         tensor: A dense float16/bfloat16/float32/float64 tensor, same shape and dtype on every rank.
@@ -45,14 +46,20 @@ def sparse_allreduce(
             elements; "auto" picks rows for 2-D tensors.
         stats: A ``SyncStats`` to fill with what the call observed and moved.
         options: Scheme tunables (``SyncOptions``); identical on every rank.
+        out: Where to write the result (same shape, dtype and device as ``tensor``), or None for a
+            new tensor. It may be ``tensor`` itself: a contiguous input is then summed in place,
+            and "zen" and "agsparse" write only the items some rank has non-zero (the others are
+            zero already), with no pass over the whole tensor; the other schemes copy their sum in.
+            A separate ``out`` is zero-filled first. Memory shared with the input in any other way
+            is refused.
 
     Returns:
-        A new tensor with the shape, dtype and device of ``tensor``.
+        ``out`` when given, else a new tensor with the shape, dtype and device of ``tensor``.
 
     Raises:
         ValueError: On every rank, when any rank passes an unsupported or mismatched argument
-            (dtype, shape, layout, scheme, granularity, average, seed); raised locally when this
-            process is not a member of ``group``.
+            (dtype, shape, layout, scheme, granularity, average, seed, an ``out`` that does not
+            fit); raised locally when this process is not a member of ``group``.
 
     Example::
 
@@ -72,6 +79,7 @@ def sparse_allreduce(
             average=average,
             h0_seed=options.h0_seed,
             valid_schemes=SCHEMES,
+            out=out,
         )
         view = item_view(tensor.detach(), request.resolved_granularity) if request.error == 0 else None
         local_nnz = -1
@@ -79,15 +87,23 @@ def sparse_allreduce(
             local_nnz = kernels.nonzero_items(view.x2d).numel()
         agreement = exchange_and_check(transport, request, local_nnz)
     assert view is not None  # a local error raised in exchange_and_check on every rank
-    result = run_agreed(
-        view,
-        transport,
-        scheme=scheme,
-        options=options,
-        h0_seed=agreement.h0_seed,
-        stats=stats,
-        nnz_per_rank=agreement.nnz_per_rank,
-    ).view(tensor.shape)
-    if average:
-        result = result / transport.world_size
-    return result
+    # A contiguous out takes the sum directly (in place when it is the input); another is copied into.
+    target = out.detach().view(view.x2d.shape) if out is not None and out.is_contiguous() else None
+    with torch.no_grad():
+        result = run_agreed(
+            view,
+            transport,
+            scheme=scheme,
+            options=options,
+            h0_seed=agreement.h0_seed,
+            stats=stats,
+            nnz_per_rank=agreement.nnz_per_rank,
+            out=target,
+        ).view(tensor.shape)
+        if out is None:
+            return result / transport.world_size if average else result
+        if target is None:
+            out.copy_(result)
+        if average:
+            out.div_(transport.world_size)
+    return out

@@ -104,7 +104,7 @@ timed_torch_hook.__annotations__ = {
 
 
 class ZenSyncMeter:
-    """Reads zensync's own per-step record (counted bytes, comm-thread time) from ``state.history``."""
+    """Reads zensync's own per-step record (counted bytes, comm time) from ``state.last_step()``."""
 
     __slots__ = ("_seen", "state")
 

@@ -113,6 +113,24 @@ class SyncContext:
     """The agreed seed (see ``zensync.sync.agreement``)."""
     nnz_per_rank: list[int] | None = None
     """Non-zero items of every rank, where the caller measured them before the scheme ran."""
+    out: torch.Tensor | None = None
+    """Where the sum goes: a contiguous tensor of ``view.x2d``'s shape and dtype, or None (a new one)."""
+    out_is_input: bool = False
+    """``out`` is ``view.x2d`` itself: the items no rank has non-zero are zero there already."""
+
+    def output(self) -> torch.Tensor:
+        """The tensor a scheme writes the sum into, zero wherever it will not write.
+
+        ``out`` as it is when it is the input (no pass over it: only the union is written, and the
+        input is read before), ``out`` zero-filled otherwise, or a new zero tensor without ``out``.
+        A scheme that writes its sum here returns this tensor; ``run_agreed_async`` copies any
+        other returned tensor into ``out``.
+        """
+        if self.out is None:
+            return torch.zeros_like(self.view.x2d)
+        if not self.out_is_input:
+            self.out.zero_()
+        return self.out
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -134,8 +152,10 @@ class SyncScheme(abc.ABC):
     """A lossless way to sum a tensor over ranks.
 
     ``run`` is a coroutine: it awaits the transport's ``*_async`` collectives and returns the (not
-    averaged) sum as a new (num_items, item_numel) tensor in the input dtype, identical on every
-    rank, and fills what it observes into ``ctx.stats``. Schemes hold no state between calls: one
+    averaged) sum as a (num_items, item_numel) tensor in the input dtype, identical on every rank:
+    ``ctx.output()`` filled in (schemes that write the sum item by item), or a new tensor. It
+    fills what it observes into ``ctx.stats``. A scheme reads ``ctx.view`` before it writes
+    ``ctx.output()``: they may be the same memory. Schemes hold no state between calls: one
     instance per name serves every call (``get_scheme``).
     """
 

@@ -18,5 +18,10 @@ class DenseScheme(SyncScheme):
     async def run(self, ctx: SyncContext) -> torch.Tensor:
         x2d = ctx.view.x2d
         with ctx.phase("allreduce"):
-            summed = await ctx.transport.all_reduce_async(x2d.reshape(-1))
-        return summed.view(x2d.shape)
+            if ctx.out is None:
+                summed = await ctx.transport.all_reduce_async(x2d.reshape(-1))
+                return summed.view(x2d.shape)
+            if not ctx.out_is_input:
+                ctx.out.copy_(x2d)
+            await ctx.transport.all_reduce_async(ctx.out.view(-1), inplace=True)  # no copy of its own
+            return ctx.out

@@ -26,13 +26,21 @@ def run_agreed(
     h0_seed: int,
     stats: SyncStats,
     nnz_per_rank: list[int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor (blocking).
 
     ``run_agreed_async`` driven to completion on this thread; see it for the contract.
     """
     coro = run_agreed_async(
-        view, transport, scheme=scheme, options=options, h0_seed=h0_seed, stats=stats, nnz_per_rank=nnz_per_rank
+        view,
+        transport,
+        scheme=scheme,
+        options=options,
+        h0_seed=h0_seed,
+        stats=stats,
+        nnz_per_rank=nnz_per_rank,
+        out=out,
     )
     with torch.no_grad():
         return transport.run(coro)
@@ -47,6 +55,7 @@ async def run_agreed_async(
     h0_seed: int,
     stats: SyncStats,
     nnz_per_rank: list[int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor.
 
@@ -66,10 +75,18 @@ async def run_agreed_async(
         h0_seed: Zen's agreed hash seed (``zensync.sync.agreement``).
         stats: Filled with what the call observed and moved.
         nnz_per_rank: Every rank's non-zero item count, when measured before (``auto`` needs it).
+        out: Where the sum goes: a contiguous tensor of ``view.x2d``'s shape, dtype and device,
+            either ``view.x2d``'s own memory (in place: Zen and AGsparse then write only the
+            union's items, no pass over the whole tensor) or memory that does not overlap it.
 
     Returns:
-        The (not averaged) sum, a new tensor in the input dtype, identical on every rank.
+        The (not averaged) sum in the input dtype, identical on every rank: ``out`` when given,
+        else a new tensor.
+
+    Raises:
+        ValueError: ``out`` does not fit ``view`` (shape, dtype, device, contiguity, overlap).
     """
+    out_is_input = _check_out(out, view.x2d)
     _record_call(stats, view, transport, scheme)
     if view.x2d.requires_grad:
         view = ItemView(x2d=view.x2d.detach(), granularity=view.granularity)
@@ -77,7 +94,7 @@ async def run_agreed_async(
     log.phases = stats.phases
     with transport.recording(log):
         if view.x2d.numel() == 0:
-            result = view.x2d.clone()
+            result = view.x2d.clone() if out is None else out
         else:
             ctx = SyncContext(
                 transport=transport,
@@ -86,10 +103,39 @@ async def run_agreed_async(
                 options=options,
                 h0_seed=h0_seed,
                 nnz_per_rank=nnz_per_rank,
+                out=out,
+                out_is_input=out_is_input,
             )
             result = await get_scheme(scheme).run(ctx)
+            if out is not None and result is not out:  # a scheme that builds its sum apart
+                out.copy_(result)
+                result = out
     stats.density = stats.local_nnz / stats.num_items if stats.num_items else 0.0
     return result
+
+
+def _check_out(out: torch.Tensor | None, x2d: torch.Tensor) -> bool:
+    """Whether ``out`` is ``x2d``'s own memory; ValueError when it does not fit (see ``run_agreed_async``)."""
+    if out is None:
+        return False
+    if out.shape != x2d.shape or out.dtype != x2d.dtype or out.device != x2d.device or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous tensor of shape {tuple(x2d.shape)}, dtype {x2d.dtype} and device "
+            f"{x2d.device}; got shape {tuple(out.shape)}, dtype {out.dtype}, device {out.device}"
+            f"{'' if out.is_contiguous() else ', not contiguous'}"
+        )
+    if out.data_ptr() == x2d.data_ptr():
+        return True
+    if _shares_memory(out, x2d):
+        raise ValueError("out overlaps the input without being it: pass the input itself or separate memory")
+    return False
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges of two contiguous tensors intersect."""
+    a_start, b_start = a.data_ptr(), b.data_ptr()
+    a_end, b_end = a_start + a.numel() * a.element_size(), b_start + b.numel() * b.element_size()
+    return a_start < b_end and b_start < a_end and a.numel() > 0 and b.numel() > 0
 
 
 def _record_call(stats: SyncStats, view: ItemView, transport: Transport, scheme: str) -> None:

@@ -68,6 +68,9 @@ _ERRORS = {
     5: "granularity {granularity!r} is unknown (valid: 'auto', 'element', 'row')",
     6: "granularity 'row' needs a tensor with at least 2 dimensions, got shape {shape}",
     7: "argument is a {type_name}, not a torch.Tensor",
+    8: "out must be a dense (strided) tensor of the input's shape {shape}, dtype {dtype} and device {device}; "
+    "got {got}",
+    9: "out shares memory with the input without being it; pass the input itself (in place) or separate memory",
 }
 
 
@@ -81,6 +84,7 @@ class LocalRequest:
     average: bool
     h0_seed: int | None
     valid_schemes: tuple[str, ...]
+    out: torch.Tensor | None = None
     error: int = _ERR_OK
     message: str = ""
 
@@ -103,6 +107,27 @@ class LocalRequest:
             return 5, _ERRORS[5].format(granularity=self.granularity)
         if self.granularity == "row" and tensor.dim() < 2:
             return 6, _ERRORS[6].format(shape=tuple(tensor.shape))
+        return self._check_out(tensor)
+
+    def _check_out(self, tensor: torch.Tensor) -> tuple[int, str]:
+        out = self.out
+        if out is None:
+            return _ERR_OK, ""
+        fits = (
+            isinstance(out, torch.Tensor)
+            and out.layout == torch.strided
+            and (out.shape, out.dtype, out.device) == (tensor.shape, tensor.dtype, tensor.device)
+        )
+        if not fits:
+            got = (
+                f"shape {tuple(out.shape)}, dtype {out.dtype}, device {out.device}, layout {out.layout}"
+                if isinstance(out, torch.Tensor)
+                else f"a {type(out).__name__}"
+            )
+            return 8, _ERRORS[8].format(shape=tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device, got=got)
+        same = out.data_ptr() == tensor.data_ptr() and out.stride() == tensor.stride()
+        if not same and out.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            return 9, _ERRORS[9]
         return _ERR_OK, ""
 
     @property
@@ -164,6 +189,8 @@ def _remote_error(code: int, desc: list[int], valid_schemes: Sequence[str]) -> s
         5: "unknown granularity (valid: 'auto', 'element', 'row')",
         6: f"granularity 'row' needs at least 2 dimensions, got shape {shape}",
         7: "argument is not a torch.Tensor",
+        8: "out does not match the input (shape, dtype, device or layout)",
+        9: "out overlaps the input without being it",
     }
     return summaries.get(code, f"error code {code}")
 

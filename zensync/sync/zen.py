@@ -136,7 +136,7 @@ class ZenScheme(SyncScheme):
         payloads = await transport.all_gather_v_async(self._encode_partition(ctx, part, pushed))
         idx_dtype = index_dtype(part.range_len)
         device = view.x2d.device
-        out = torch.zeros_like(view.x2d)
+        out = ctx.output()  # the input itself with out=: only the union's items are written
         headers: list[list[int]] = []
         encodings = dict.fromkeys(PULL_ENCODINGS, 0)
         bitmap_words = 0

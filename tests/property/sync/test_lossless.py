@@ -172,3 +172,62 @@ def test_every_world_size_and_scheme(n: int, scheme: str) -> None:
             )
             for result in results:
                 assert torch.equal(result, expected), (dtype, shape)
+
+
+@given(sync_cases(), st.sampled_from(("input", "separate")))
+@PROPERTY_SETTINGS
+def test_out_equals_the_dense_sum_in_place_or_apart(case: dict, where: str) -> None:
+    xs = _inputs(case)
+    originals = [x.clone() for x in xs]
+    expected = torch.stack([x.to(torch.float64) for x in xs]).sum(0).to(case["dtype"])
+    if case["average"]:
+        expected = expected / case["n"]
+    # A separate out starts as garbage (NaN): whatever the scheme does not write must still be zero.
+    outs = [x if where == "input" else torch.full_like(x, float("nan")) for x in xs]
+
+    def body(t: zensync.Transport) -> torch.Tensor:
+        return zensync.sparse_allreduce(
+            xs[t.rank],
+            group=t,
+            scheme=case["scheme"],
+            average=case["average"],
+            granularity=case["granularity"],
+            options=OPTIONS,
+            out=outs[t.rank],
+        )
+
+    results = zensync.SimulatedWorld(case["n"], timeout_s=60).run(body)
+    for rank, result in enumerate(results):
+        assert result is outs[rank]
+        diff = (result.double() - expected.double()).abs().max()
+        assert _same_bits(result, expected), f"rank {rank}: max diff {diff}"
+        if where == "separate":
+            assert torch.equal(xs[rank].view(torch.uint8), originals[rank].view(torch.uint8)), "input modified"
+
+
+@pytest.mark.parametrize("scheme", ["zen", "agsparse"])
+@pytest.mark.parametrize("shape", [(4000,), (500, 3)])
+def test_in_place_zen_and_agsparse_write_only_the_union(scheme: str, shape: tuple[int, ...]) -> None:
+    """Items no rank has non-zero keep their exact bits (-0.0 here): nothing writes over them."""
+    n = 4
+    gen = torch.Generator().manual_seed(7)
+    xs = []
+    for _ in range(n):
+        x = torch.randint(1, 5, shape, generator=gen).float() * (torch.rand(shape, generator=gen) < 0.02)
+        x[x == 0] = -0.0
+        xs.append(x)
+    expected = torch.stack(xs).sum(0)
+    nonzero = torch.stack([x != 0 for x in xs]).any(0)
+    if len(shape) == 2:  # rows are the items: a row with any non-zero element is in the union, all of it
+        nonzero = nonzero.any(1, keepdim=True).expand(shape)
+    untouched = ~nonzero
+
+    def body(t: zensync.Transport) -> torch.Tensor:
+        stats = zensync.SyncStats()
+        out = zensync.sparse_allreduce(xs[t.rank], group=t, scheme=scheme, options=OPTIONS, out=xs[t.rank], stats=stats)
+        assert scheme != "zen" or stats.pull_encodings["dense"] == 0  # a dense pull writes whole ranges
+        return out
+
+    for result in zensync.SimulatedWorld(n, timeout_s=60).run(body):
+        assert torch.equal(result, expected)
+        assert bool(torch.signbit(result[untouched]).all()), "an item outside the union was written"

@@ -96,3 +96,40 @@ def test_options_validation() -> None:
         zensync.SyncOptions(sparcml_dense_ratio=0.0)
     with pytest.raises(ValueError, match="omnireduce_block"):
         zensync.SyncOptions(omnireduce_block=0)
+
+
+@pytest.mark.parametrize(
+    ("bad_out", "fragment"),
+    [
+        (lambda x: torch.zeros(11), "out does not match the input"),
+        (lambda x: torch.zeros(10, dtype=torch.float64), "out does not match the input"),
+        (lambda x: torch.zeros(10).to_sparse(), "out does not match the input"),
+        (lambda x: [0.0] * 10, "out does not match the input"),
+        (lambda x: torch.cat([x, x])[5:15], None),  # separate memory (a view into another tensor): fine
+    ],
+)
+def test_an_out_that_does_not_fit_on_one_rank_fails_every_rank(bad_out, fragment) -> None:
+    inputs = [torch.zeros(10) for _ in range(WORLD)]
+
+    def body(t: zensync.Transport):
+        out = bad_out(inputs[t.rank]) if t.rank == 1 else None
+        return zensync.sparse_allreduce(inputs[t.rank], group=t, out=out)
+
+    outcomes = zensync.SimulatedWorld(WORLD, timeout_s=20).run(body, return_exceptions=True)
+    if fragment is None:
+        assert all(isinstance(o, torch.Tensor) for o in outcomes), outcomes
+        return
+    _assert_all_raise(outcomes, "rank 1", fragment)
+    assert "got shape" in str(outcomes[1]) or "got a list" in str(outcomes[1])  # the rank's own, detailed
+
+
+def test_an_out_overlapping_the_input_is_refused_on_every_rank() -> None:
+    bases = [torch.zeros(12) for _ in range(WORLD)]
+
+    def body(t: zensync.Transport):
+        x = bases[t.rank][:10]
+        out = bases[t.rank][2:] if t.rank == 0 else None  # shifted by two elements: neither it nor apart
+        return zensync.sparse_allreduce(x, group=t, out=out)
+
+    outcomes = zensync.SimulatedWorld(WORLD, timeout_s=20).run(body, return_exceptions=True)
+    _assert_all_raise(outcomes, "rank 0", "out overlaps the input")
