@@ -101,14 +101,14 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(equal.all())
 
 
-@given(sync_cases())
-@PROPERTY_SETTINGS
-def test_every_scheme_equals_dense_sum(case: dict) -> None:
-    xs = _inputs(case)
-    originals = [x.clone() for x in xs]
+def _expected(case: dict, xs: list[torch.Tensor]) -> torch.Tensor:
+    """The float64 sum (or average) in the case's dtype."""
     expected = torch.stack([x.to(torch.float64) for x in xs]).sum(0).to(case["dtype"])
-    if case["average"]:
-        expected = expected / case["n"]
+    return expected / case["n"] if case["average"] else expected
+
+
+def _run_case(case: dict, xs: list[torch.Tensor], outs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Every rank's ``sparse_allreduce`` of its input with the case's arguments (and its ``out``)."""
 
     def body(t: zensync.Transport) -> torch.Tensor:
         return zensync.sparse_allreduce(
@@ -118,9 +118,19 @@ def test_every_scheme_equals_dense_sum(case: dict) -> None:
             average=case["average"],
             granularity=case["granularity"],
             options=OPTIONS,
+            out=None if outs is None else outs[t.rank],
         )
 
-    results = zensync.SimulatedWorld(case["n"], timeout_s=60).run(body)
+    return zensync.SimulatedWorld(case["n"], timeout_s=60).run(body)
+
+
+@given(sync_cases())
+@PROPERTY_SETTINGS
+def test_every_scheme_equals_dense_sum(case: dict) -> None:
+    xs = _inputs(case)
+    originals = [x.clone() for x in xs]
+    expected = _expected(case, xs)
+    results = _run_case(case, xs)
     for rank, result in enumerate(results):
         assert result.shape == expected.shape and result.dtype == expected.dtype
         assert _same_bits(result, expected), (
@@ -179,24 +189,10 @@ def test_every_world_size_and_scheme(n: int, scheme: str) -> None:
 def test_out_equals_the_dense_sum_in_place_or_apart(case: dict, where: str) -> None:
     xs = _inputs(case)
     originals = [x.clone() for x in xs]
-    expected = torch.stack([x.to(torch.float64) for x in xs]).sum(0).to(case["dtype"])
-    if case["average"]:
-        expected = expected / case["n"]
+    expected = _expected(case, xs)
     # A separate out starts as garbage (NaN): whatever the scheme does not write must still be zero.
     outs = [x if where == "input" else torch.full_like(x, float("nan")) for x in xs]
-
-    def body(t: zensync.Transport) -> torch.Tensor:
-        return zensync.sparse_allreduce(
-            xs[t.rank],
-            group=t,
-            scheme=case["scheme"],
-            average=case["average"],
-            granularity=case["granularity"],
-            options=OPTIONS,
-            out=outs[t.rank],
-        )
-
-    results = zensync.SimulatedWorld(case["n"], timeout_s=60).run(body)
+    results = _run_case(case, xs, outs)
     for rank, result in enumerate(results):
         assert result is outs[rank]
         diff = (result.double() - expected.double()).abs().max()
