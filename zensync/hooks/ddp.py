@@ -105,8 +105,7 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     dense_only = decider.skips_detection(state.step, names)
     plain = not decider.compresses(state.step)
     job: Handle[torch.Tensor]
-    on_ddp_group = dense_only and plain and runtime.dense_transport is not runtime.transport
-    if on_ddp_group:
+    if dense_only and plain and runtime.dense_transport is not runtime.transport:
         job = async_dense(state, buffer, [p.numel() for p in params], names)
     else:
         job = state.submit(bucket_job(state, buffer, [p.shape for p in params], names, dense_only))
@@ -116,10 +115,7 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     # gradient left to compute, so waiting here costs no overlap. Waiting on this thread lets a
     # failure reach the user with its own type and message (a Future's error cannot carry them).
     runtime.lane.drain()  # the step's jobs: its check, and every bucket sent through the lane
-    if state.step_error is None or not on_ddp_group:
-        # A failed step does not wait for a bucket on DDP's group (as finish_step): after a failed
-        # check the ranks may have sent it different ways, and it would only end in the timeout.
-        job.wait_done()
+    # Then the buckets on DDP's group, this one included, unless the step failed (see finish_step).
     failure = state.finish_step()
     if failure is not None:
         raise failure

@@ -128,8 +128,7 @@ def async_dense(
     """A bucket that needs no detection: one async allreduce on DDP's group, as torch's allreduce hook.
 
     No lane and no split: the cheapest path, taken by every bucket of a dense model between
-    re-checks. The last bucket of a step always goes through the lane, and the step's close waits
-    for these.
+    re-checks, the last one included. The step's close (``finish_step``) waits for these.
     """
     transport = state.runtime.dense_transport
     buffer.div_(transport.world_size)
