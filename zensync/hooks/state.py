@@ -103,9 +103,9 @@ class ZenSyncState:
                 described = self._describe()
             except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by agree()
                 failure = exc
-        model_device = next(iter(self.param_names)).device if self.param_names else None
-        h0_seed = agree(base, described, failure, config.sync_options.h0_seed, model_device)
-        device = next(iter(self.param_names)).device
+        device = next(iter(self.param_names)).device if self.param_names else None
+        h0_seed = agree(base, described, failure, config.sync_options.h0_seed, device)
+        assert device is not None  # no parameters only after a local failure, which agree raised
         self.runtime = Runtime(base, config, h0_seed, device)
         self.memory = ParamMemory()
         self.log = StepLog(config.history_size, self._jsonl_target(config.jsonl_path, self.runtime.transport.rank))
