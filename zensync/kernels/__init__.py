@@ -6,7 +6,7 @@ package that owns its algorithm (``zensync.planner._compiled_timeline``, the pla
 
 from __future__ import annotations
 
-from zensync.kernels.device import caller_stream, device_name, synchronize
+from zensync.kernels.device import caller_stream, device_name, synchronize, zeros
 from zensync.kernels.dispatch import (
     aggregate,
     bitmap_decode,
@@ -42,4 +42,5 @@ __all__ = [
     "topk",
     "unpack_bits",
     "unpermute",
+    "zeros",
 ]

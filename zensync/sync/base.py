@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import torch
 
+from zensync import kernels
 from zensync.transport import Transport
 from zensync.types import Granularity, SyncStats, accumulation_dtype, index_dtype
 
@@ -122,12 +123,14 @@ class SyncContext:
         """The tensor a scheme writes the sum into, zero wherever it will not write.
 
         ``out`` as it is when it is the input (no pass over it: only the union is written, and the
-        input is read before), ``out`` zero-filled otherwise, or a new zero tensor without ``out``.
+        input is read before), ``out`` zero-filled otherwise, or a new zero tensor without ``out``
+        (``kernels.zeros``: on CPU only the pages the scheme writes are ever touched).
         A scheme that writes its sum here returns this tensor; ``run_agreed_async`` copies any
         other returned tensor into ``out``.
         """
         if self.out is None:
-            return torch.zeros_like(self.view.x2d)
+            x2d = self.view.x2d
+            return kernels.zeros(x2d.shape, x2d.dtype, x2d.device)  # untouched pages cost nothing
         if not self.out_is_input:
             self.out.zero_()
         return self.out
