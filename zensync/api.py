@@ -2,19 +2,68 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Literal
 
 import torch
 
 from zensync import kernels
 from zensync.sync import SCHEMES, SyncOptions
-from zensync.sync.base import item_view
+from zensync.sync.base import ItemView, item_view
 from zensync.sync.run import run_agreed
 from zensync.sync.validate import LocalRequest, exchange_and_check
 from zensync.transport import TrafficLog, resolve
-from zensync.types import SyncStats
+from zensync.types import Granularity, SyncStats
 
 __all__ = ["sparse_allreduce"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _CooItems:
+    """A sparse COO tensor as items: the entries of its sparse dims, each its dense dims' values."""
+
+    shape: torch.Size
+    sparse_dim: int
+    items: torch.Tensor
+    """Ascending int64 linear indices over the sparse dims (coalesced order)."""
+    values: torch.Tensor
+    """(nnz, item_numel) values."""
+    view: ItemView
+    """A stride-0 zero view of (num_items, item_numel): shape, dtype and device, no data."""
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> _CooItems:
+        coo = tensor.detach().coalesce()
+        sparse_dim = coo.sparse_dim()
+        sparse_shape, dense_shape = coo.shape[:sparse_dim], coo.shape[sparse_dim:]
+        num_items, item_numel = math.prod(sparse_shape), math.prod(dense_shape)
+        indices = coo.indices()
+        items = indices[0] if sparse_dim == 1 else _linear(indices, sparse_shape)
+        values = coo.values().reshape(indices.shape[1], item_numel)
+        x2d = values.new_zeros(()).expand(num_items, item_numel)
+        granularity: Granularity = "row" if sparse_dim == 1 and coo.dim() >= 2 else "element"
+        return cls(coo.shape, sparse_dim, items, values, ItemView(x2d=x2d, granularity=granularity))
+
+    def restore(self, summed: torch.Tensor, divisor: int) -> torch.Tensor:
+        """The (num_items, item_numel) COO sum in the input's shape and sparse dims, coalesced."""
+        items, values = summed.indices()[0], summed.values()
+        if divisor != 1:
+            values = values / divisor
+        if self.sparse_dim == 1:
+            indices = items.unsqueeze(0)
+        else:
+            indices = torch.stack(torch.unravel_index(items, self.shape[: self.sparse_dim]))
+        values = values.reshape((values.shape[0], *self.shape[self.sparse_dim :]))
+        return torch.sparse_coo_tensor(indices, values, self.shape, is_coalesced=True, check_invariants=False)
+
+
+def _linear(indices: torch.Tensor, sparse_shape: torch.Size) -> torch.Tensor:
+    """Row-major linear index of each column of ``indices`` (ascending for coalesced indices)."""
+    strides = torch.tensor(
+        [math.prod(sparse_shape[d + 1 :]) for d in range(len(sparse_shape))], dtype=torch.int64, device=indices.device
+    )
+    return (indices * strides.unsqueeze(1)).sum(0)
 
 
 def sparse_allreduce(
@@ -35,8 +84,11 @@ def sparse_allreduce(
     all_reduce (NaN counts as non-zero, -0.0 as zero). The input is not modified, unless it is ``out``.
 
     Args:
-        tensor: A dense float16/bfloat16/float32/float64 tensor, same shape and dtype on every rank.
-            Non-contiguous tensors are accepted (copied); sparse layouts are rejected.
+        tensor: A float16/bfloat16/float32/float64 tensor, the same shape, dtype and layout on
+            every rank: dense (non-contiguous tensors are copied) or sparse COO (coalesced or not,
+            e.g. the gradient of ``nn.Embedding(sparse=True)``; its items are the entries of its
+            sparse dims, rows when ``sparse_dim()`` is 1, and no scan runs: the indices are its
+            non-zero items). Other sparse layouts are rejected.
         group: A torch.distributed ProcessGroup (None: the default group), or a zensync
             ``Transport`` such as a ``SimulatedWorld`` rank.
         scheme: "zen" (balanced parallelism, hash-bitmap pull), "dense", "agsparse", "sparcml",
@@ -54,7 +106,10 @@ def sparse_allreduce(
             is refused.
 
     Returns:
-        ``out`` when given, else a new tensor with the shape, dtype and device of ``tensor``.
+        ``out`` when given, else a new tensor with the shape, dtype and device of ``tensor``. For
+        a sparse COO input: a new coalesced COO tensor with the input's shape and sparse dims,
+        holding the union of the ranks' non-zero entries (exactly-zero entries of an input are
+        dropped; a sum that cancels to zero is kept), identical on every rank.
 
     Raises:
         ValueError: On every rank, when any rank passes an unsupported or mismatched argument
@@ -81,12 +136,32 @@ def sparse_allreduce(
             valid_schemes=SCHEMES,
             out=out,
         )
-        view = item_view(tensor.detach(), request.resolved_granularity) if request.error == 0 else None
+        coo = _CooItems.of(tensor) if request.error == 0 and tensor.layout == torch.sparse_coo else None
+        view = None
+        if coo is not None:
+            view = coo.view
+        elif request.error == 0:
+            view = item_view(tensor.detach(), request.resolved_granularity)
         local_nnz = -1
         if view is not None and scheme == "auto":
-            local_nnz = kernels.nonzero_items(view.x2d).numel()
+            local_nnz = kernels.nonzero_items(view.x2d if coo is None else coo.values).numel()
         agreement = exchange_and_check(transport, request, local_nnz)
     assert view is not None  # a local error raised in exchange_and_check on every rank
+    if coo is not None:
+        with torch.no_grad():
+            summed = run_agreed(
+                view,
+                transport,
+                scheme=scheme,
+                options=options,
+                h0_seed=agreement.h0_seed,
+                stats=stats,
+                nnz_per_rank=agreement.nnz_per_rank,
+                items=coo.items,
+                values=coo.values,
+                sparse_out=True,
+            )
+            return coo.restore(summed, transport.world_size if average else 1)
     # A contiguous out takes the sum directly (in place when it is the input); another is copied into.
     target = out.detach().view(view.x2d.shape) if out is not None and out.is_contiguous() else None
     with torch.no_grad():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from zensync.cost import CostModel, TensorShape, independent_union, predict_time
-from zensync.sync.base import SyncContext, SyncScheme, get_scheme, index_dtype, register_scheme
+from zensync.sync.base import SyncContext, SyncScheme, for_scheme, get_scheme, index_dtype, register_scheme
 
 __all__ = ["AUTO_CANDIDATES", "AutoScheme"]
 
@@ -24,11 +24,14 @@ class AutoScheme(SyncScheme):
     """Chooses per call among ``AUTO_CANDIDATES``."""
 
     name = "auto"
+    records = True  # it passes the context on, prepared for the scheme it chooses
+    scales = True
 
     async def run(self, ctx: SyncContext) -> torch.Tensor:
         choice = self.choose(ctx)
         ctx.stats.scheme = choice
-        return await get_scheme(choice).run(ctx)
+        scheme = get_scheme(choice)
+        return await scheme.run(for_scheme(ctx, scheme))
 
     def choose(self, ctx: SyncContext) -> str:
         """The candidate with the lowest predicted time (ties: the earlier candidate)."""

@@ -31,6 +31,7 @@ __all__ = [
     "SyncScheme",
     "accumulation_dtype",
     "default_granularity",
+    "for_scheme",
     "get_scheme",
     "index_dtype",
     "item_view",
@@ -118,6 +119,38 @@ class SyncContext:
     """Where the sum goes: a contiguous tensor of ``view.x2d``'s shape and dtype, or None (a new one)."""
     out_is_input: bool = False
     """``out`` is ``view.x2d`` itself: the items no rank has non-zero are zero there already."""
+    items: torch.Tensor | None = None
+    """Ascending unique int64 ids of every item that may be non-zero on this rank (a superset: all
+    others are zero), known without a scan (a COO tensor's indices, the DDP hook's detection or row
+    hints); None: a scheme finds the non-zero items by scanning ``view.x2d``."""
+    values: torch.Tensor | None = None
+    """The (len(items), item_numel) rows of ``items`` where ``view.x2d`` holds no data (a COO input,
+    whose ``view.x2d`` is a stride-0 zero view); None: rows are read from ``view.x2d``."""
+    sparse_out: bool = False
+    """Return the sum as a coalesced sparse COO tensor (sparse_dim 1) instead of a dense one."""
+    scale: float = 1.0
+    """Each rank's values are multiplied by this before they are summed (the DDP hook's 1/n), by
+    schemes whose ``scales`` is True: they touch only the non-zero items to do it."""
+
+    def local_records(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ascending int64 non-zero item ids, their (k, item_numel) rows, times ``scale``) of this rank.
+
+        From ``items`` (rows read once, exactly-zero rows dropped: the result is what a scan finds)
+        or by a scan of ``view.x2d``.
+        """
+        x2d = self.view.x2d
+        if self.items is None:
+            items = kernels.nonzero_items(x2d)
+            values = x2d.index_select(0, items)
+        else:
+            values = self.values if self.values is not None else x2d.index_select(0, self.items)
+            keep = kernels.nonzero_items(values)
+            items, values = (
+                (self.items, values) if keep.numel() == values.shape[0] else (self.items[keep], values[keep])
+            )
+        if self.scale != 1.0:
+            values = values * self.scale
+        return items, values
 
     def output(self) -> torch.Tensor:
         """The tensor a scheme writes the sum into, zero wherever it will not write.
@@ -163,10 +196,41 @@ class SyncScheme(abc.ABC):
     """
 
     name: ClassVar[str]
+    records: ClassVar[bool] = False
+    """Whether ``run`` honours ``ctx.items``/``ctx.values`` and ``ctx.sparse_out`` (it works from
+    the non-zero records alone); other schemes get a materialized dense ``view.x2d``."""
+    scales: ClassVar[bool] = False
+    """Whether ``run`` applies ``ctx.scale``; others get 1.0 (the caller scales the input first)."""
 
     @abc.abstractmethod
     async def run(self, ctx: SyncContext) -> torch.Tensor:
         """Sum ``ctx.view`` over the ranks of ``ctx.transport``."""
+
+
+def for_scheme(ctx: SyncContext, scheme: SyncScheme) -> SyncContext:
+    """``ctx`` as ``scheme`` can run it: as it is for a scheme of ``records`` (and ``scales``);
+    otherwise with a materialized dense ``view.x2d``, already scaled (one pass over the tensor)."""
+    if scheme.records and (scheme.scales or ctx.scale == 1.0):
+        return ctx
+    if ctx.values is None and ctx.scale == 1.0:
+        return dataclasses.replace(ctx, items=None)  # a scanning scheme: items were only a hint
+    x2d = ctx.view.x2d
+    if ctx.values is not None:
+        assert ctx.items is not None
+        dense = kernels.zeros(x2d.shape, x2d.dtype, x2d.device)
+        dense[ctx.items] = ctx.values if ctx.scale == 1.0 else ctx.values * ctx.scale
+    else:
+        dense = x2d * ctx.scale
+    same_out = ctx.out_is_input
+    return dataclasses.replace(
+        ctx,
+        view=ItemView(x2d=dense, granularity=ctx.view.granularity),
+        items=None,
+        values=None,
+        scale=1.0,
+        out=dense if same_out else ctx.out,  # the sum goes to the new tensor, copied back by the caller
+        out_is_input=same_out,
+    )
 
 
 _REGISTRY: dict[str, type[SyncScheme]] = {}

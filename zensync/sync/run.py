@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from zensync.sync.base import ItemView, SyncContext, SyncOptions, get_scheme
+from zensync.sync.base import ItemView, SyncContext, SyncOptions, for_scheme, get_scheme
 from zensync.transport import TrafficLog, Transport
 from zensync.types import SyncStats
 
@@ -27,6 +27,10 @@ def run_agreed(
     stats: SyncStats,
     nnz_per_rank: list[int] | None = None,
     out: torch.Tensor | None = None,
+    items: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    sparse_out: bool = False,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor (blocking).
 
@@ -41,6 +45,10 @@ def run_agreed(
         stats=stats,
         nnz_per_rank=nnz_per_rank,
         out=out,
+        items=items,
+        values=values,
+        sparse_out=sparse_out,
+        scale=scale,
     )
     with torch.no_grad():
         return transport.run(coro)
@@ -56,6 +64,10 @@ async def run_agreed_async(
     stats: SyncStats,
     nnz_per_rank: list[int] | None = None,
     out: torch.Tensor | None = None,
+    items: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    sparse_out: bool = False,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor.
 
@@ -78,10 +90,18 @@ async def run_agreed_async(
         out: Where the sum goes: a contiguous tensor of ``view.x2d``'s shape, dtype and device,
             either ``view.x2d``'s own memory (in place: Zen and AGsparse then write only the
             union's items, no pass over the whole tensor) or memory that does not overlap it.
+        items: Ascending unique int64 ids of a superset of this rank's non-zero items, known
+            without a scan (``SyncContext.items``); schemes that scan ignore it.
+        values: The rows of ``items`` when ``view.x2d`` holds no data (a COO input: ``view.x2d``
+            is then a stride-0 zero view of the right shape, never read).
+        sparse_out: Return a coalesced sparse COO tensor (sparse_dim 1) instead of a dense one
+            (``out`` must be None).
+        scale: Multiply each rank's values by this before summing (the DDP hook's 1/n): Zen
+            scales its records alone; other schemes get a scaled dense copy.
 
     Returns:
-        The (not averaged) sum in the input dtype, identical on every rank: ``out`` when given,
-        else a new tensor.
+        The (not averaged, but scaled) sum in the input dtype, identical on every rank: ``out``
+        when given, a sparse COO tensor with ``sparse_out``, else a new tensor.
 
     Raises:
         ValueError: ``out`` does not fit ``view`` (shape, dtype, device, contiguity, overlap).
@@ -95,6 +115,8 @@ async def run_agreed_async(
     with transport.recording(log):
         if view.x2d.numel() == 0:
             result = view.x2d.clone() if out is None else out
+            if sparse_out:
+                result = result.to_sparse(1).coalesce()
         else:
             ctx = SyncContext(
                 transport=transport,
@@ -105,8 +127,15 @@ async def run_agreed_async(
                 nnz_per_rank=nnz_per_rank,
                 out=out,
                 out_is_input=out_is_input,
+                items=items,
+                values=values,
+                sparse_out=sparse_out,
+                scale=scale,
             )
-            result = await get_scheme(scheme).run(ctx)
+            runner = get_scheme(scheme)
+            result = await runner.run(for_scheme(ctx, runner))
+            if sparse_out and not result.is_sparse:
+                result = result.to_sparse(1).coalesce()
             if out is not None and result is not out:  # a scheme that builds its sum apart
                 out.copy_(result)
                 result = out

@@ -52,17 +52,32 @@ _DTYPE_TABLE = (
     torch.complex128,
 )
 _GRANULARITIES = ("auto", "element", "row")
-_MAGIC = 0x5A454E01  # "ZEN" + descriptor version 1
+_MAGIC = 0x5A454E02  # "ZEN" + descriptor version 2
+_LAYOUTS = (torch.strided, torch.sparse_coo)
 
 # Descriptor slots (int64 each).
-_F_MAGIC, _F_SCHEME, _F_GRAN, _F_AVG, _F_DTYPE, _F_DEVICE, _F_ERROR, _F_NNZ, _F_SEED, _F_PROPOSAL, _F_NDIM = range(11)
-_F_SHAPE = 11
+(
+    _F_MAGIC,
+    _F_SCHEME,
+    _F_GRAN,
+    _F_AVG,
+    _F_DTYPE,
+    _F_DEVICE,
+    _F_ERROR,
+    _F_NNZ,
+    _F_SEED,
+    _F_PROPOSAL,
+    _F_LAYOUT,
+    _F_SPARSE_DIM,
+    _F_NDIM,
+) = range(13)
+_F_SHAPE = 13
 _SIZE = _F_SHAPE + MAX_NDIM
 
 _ERR_OK = 0
 _ERRORS = {
     1: "dtype {dtype} is not supported (supported: float16, bfloat16, float32, float64)",
-    2: "tensor has layout {layout}; pass a dense (strided) tensor, e.g. tensor.to_dense()",
+    2: "tensor has layout {layout}; pass a dense (strided) or sparse COO tensor, e.g. tensor.to_sparse_coo()",
     3: "tensor has {ndim} dimensions; at most {max_ndim} are supported",
     4: "scheme {scheme!r} is unknown (valid: {valid})",
     5: "granularity {granularity!r} is unknown (valid: 'auto', 'element', 'row')",
@@ -71,6 +86,9 @@ _ERRORS = {
     8: "out must be a dense (strided) tensor of the input's shape {shape}, dtype {dtype} and device {device}; "
     "got {got}",
     9: "out shares memory with the input without being it; pass the input itself (in place) or separate memory",
+    10: "granularity {granularity!r} does not fit a sparse COO tensor with sparse_dim={sparse_dim} of {ndim} "
+    "dimensions: its items are the entries of its sparse dimensions (pass granularity='auto')",
+    11: "out= is for dense tensors; a sparse COO input returns a new coalesced COO tensor",
 }
 
 
@@ -95,7 +113,7 @@ class LocalRequest:
         tensor = self.tensor
         if not isinstance(tensor, torch.Tensor):
             return 7, _ERRORS[7].format(type_name=type(tensor).__name__)
-        if tensor.layout != torch.strided:
+        if tensor.layout not in _LAYOUTS:
             return 2, _ERRORS[2].format(layout=tensor.layout)
         if tensor.dtype not in SUPPORTED_DTYPES:
             return 1, _ERRORS[1].format(dtype=tensor.dtype)
@@ -107,7 +125,19 @@ class LocalRequest:
             return 5, _ERRORS[5].format(granularity=self.granularity)
         if self.granularity == "row" and tensor.dim() < 2:
             return 6, _ERRORS[6].format(shape=tuple(tensor.shape))
+        if tensor.layout == torch.sparse_coo:
+            return self._check_sparse(tensor)
         return self._check_out(tensor)
+
+    def _check_sparse(self, tensor: torch.Tensor) -> tuple[int, str]:
+        """A COO tensor's items are the entries of its sparse dims: rows when sparse_dim is 1."""
+        sparse_dim, ndim = tensor.sparse_dim(), tensor.dim()
+        fits = {"auto": True, "row": sparse_dim == 1 and ndim >= 2, "element": sparse_dim == ndim}
+        if not fits[self.granularity]:
+            return 10, _ERRORS[10].format(granularity=self.granularity, sparse_dim=sparse_dim, ndim=ndim)
+        if self.out is not None:
+            return 11, _ERRORS[11]
+        return _ERR_OK, ""
 
     def _check_out(self, tensor: torch.Tensor) -> tuple[int, str]:
         out = self.out
@@ -138,6 +168,8 @@ class LocalRequest:
         if self.granularity == "element":
             return "element"
         assert self.tensor is not None
+        if self.tensor.layout == torch.sparse_coo:
+            return "row" if self.tensor.sparse_dim() == 1 and self.tensor.dim() >= 2 else "element"
         return default_granularity(self.tensor)
 
     def descriptor(self, local_nnz: int) -> list[int]:
@@ -155,6 +187,8 @@ class LocalRequest:
         if isinstance(tensor, torch.Tensor):
             desc[_F_DTYPE] = _DTYPE_TABLE.index(tensor.dtype) if tensor.dtype in _DTYPE_TABLE else -2
             desc[_F_DEVICE] = 0 if tensor.device.type == "cpu" else 1
+            desc[_F_LAYOUT] = _LAYOUTS.index(tensor.layout) if tensor.layout in _LAYOUTS else -2
+            desc[_F_SPARSE_DIM] = tensor.sparse_dim() if tensor.layout == torch.sparse_coo else 0
             desc[_F_NDIM] = tensor.dim()
             for i, size in enumerate(tensor.shape[:MAX_NDIM]):
                 desc[_F_SHAPE + i] = size
@@ -183,7 +217,7 @@ def _remote_error(code: int, desc: list[int], valid_schemes: Sequence[str]) -> s
     shape = tuple(desc[_F_SHAPE : _F_SHAPE + max(0, min(desc[_F_NDIM], MAX_NDIM))])
     summaries = {
         1: f"dtype {dtype} is not supported (supported: float16, bfloat16, float32, float64)",
-        2: "tensor is not dense (strided); pass tensor.to_dense()",
+        2: "tensor is neither dense (strided) nor sparse COO; pass tensor.to_dense()",
         3: f"tensor has {desc[_F_NDIM]} dimensions; at most {MAX_NDIM} are supported",
         4: f"unknown scheme (valid: {', '.join(valid_schemes)})",
         5: "unknown granularity (valid: 'auto', 'element', 'row')",
@@ -191,6 +225,8 @@ def _remote_error(code: int, desc: list[int], valid_schemes: Sequence[str]) -> s
         7: "argument is not a torch.Tensor",
         8: "out does not match the input (shape, dtype, device or layout)",
         9: "out overlaps the input without being it",
+        10: f"granularity does not fit its sparse COO tensor (sparse_dim {desc[_F_SPARSE_DIM]} of {desc[_F_NDIM]})",
+        11: "out= given with a sparse COO input",
     }
     return summaries.get(code, f"error code {code}")
 
@@ -205,6 +241,8 @@ def _first_problem(descs: list[list[int]], valid_schemes: Sequence[str]) -> str 
         ("average", _F_AVG),
         ("dtype", _F_DTYPE),
         ("device type", _F_DEVICE),
+        ("layout", _F_LAYOUT),
+        ("sparse_dim", _F_SPARSE_DIM),
         ("h0_seed", _F_SEED),
     )
     for name, index in checks:
@@ -212,6 +250,8 @@ def _first_problem(descs: list[list[int]], valid_schemes: Sequence[str]) -> str 
         if differing_from_rank0(values):
             if name == "dtype":
                 return _describe_mismatch(name, [_dtype_name(v) for v in values])
+            if name == "layout":
+                return _describe_mismatch(name, [str(_LAYOUTS[v]) if v >= 0 else "other" for v in values])
             return _describe_mismatch(name, values)
     shapes = [tuple(d[_F_SHAPE : _F_SHAPE + d[_F_NDIM]]) for d in descs]
     if differing_from_rank0(shapes):

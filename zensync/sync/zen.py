@@ -28,6 +28,7 @@ import torch
 from zensync import kernels
 from zensync.kernels.hashing import Partition
 from zensync.sync.base import (
+    ItemView,
     SyncContext,
     SyncScheme,
     accumulation_dtype,
@@ -68,12 +69,45 @@ class _Pushed:
     local_nnz: int
 
 
+def _bucket_items(items: torch.Tensor, part: Partition) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h0 and bucketing of known items: (order grouping them by owner, positions, per-owner counts).
+
+    ``items[order]`` is what ``kernels.bucket_nonzero`` returns for a tensor whose non-zero items
+    are ``items`` (ascending within an owner, since ``items`` is ascending and the sort is stable).
+    """
+    perm = kernels.permute(items, part)
+    owners = perm // part.range_len
+    order = torch.argsort(owners, stable=True)
+    positions = perm[order] - owners[order] * part.range_len
+    return order, positions, torch.bincount(owners, minlength=part.num_owners)
+
+
+def _coalesced(parts: list[tuple[torch.Tensor, torch.Tensor]], view: ItemView) -> torch.Tensor:
+    """The owners' (items, values) as one coalesced COO tensor of shape (num_items, item_numel)."""
+    if parts:
+        items = torch.cat([p[0] for p in parts])
+        values = torch.cat([p[1] for p in parts])
+    else:
+        items = torch.empty(0, dtype=torch.int64, device=view.x2d.device)
+        values = view.x2d.new_empty((0, view.item_numel))
+    order = torch.argsort(items)
+    return torch.sparse_coo_tensor(
+        items[order].unsqueeze(0),
+        values[order],
+        (view.num_items, view.item_numel),
+        is_coalesced=True,
+        check_invariants=False,
+    )
+
+
 @register_scheme
 class ZenScheme(SyncScheme):
     """Balanced Parallelism with hash-bitmap pull."""
 
     name = "zen"
     hashed = True
+    records = True
+    scales = True
 
     async def run(self, ctx: SyncContext) -> torch.Tensor:
         part = make_partition(ctx.view.num_items, ctx.transport.world_size, seed=ctx.h0_seed, hashed=self.hashed)
@@ -86,12 +120,21 @@ class ZenScheme(SyncScheme):
     async def _push_and_aggregate(self, ctx: SyncContext, part: Partition) -> _Pushed:
         view, transport, stats = ctx.view, ctx.transport, ctx.stats
         idx_dtype = index_dtype(part.range_len)
-        # Step 1.1: non-zero detection + h0 + bucketing by owner, one fused kernel.
-        items, positions, counts = kernels.bucket_nonzero(view.x2d, part)
+        # Step 1.1: non-zero detection + h0 + bucketing by owner: one fused kernel over the tensor,
+        # or, where the non-zero items are known, h0 and bucketing of those alone (no scan).
+        if ctx.items is None:
+            items, positions, counts = kernels.bucket_nonzero(view.x2d, part)
+            values = view.x2d.index_select(0, items)
+            if ctx.scale != 1.0:
+                values = values * ctx.scale
+        else:
+            items, values = ctx.local_records()
+            order, positions, counts = _bucket_items(items, part)
+            items, values = items[order], values[order]
         stats.local_nnz = items.numel()
         stats.skew = local_skew(items, view.num_items, transport.world_size)
         # Step 1.2: one all-to-all of records, cut by owner.
-        block = encode_records(positions, view.x2d.index_select(0, items), idx_dtype)
+        block = encode_records(positions, values, idx_dtype)
         record_bytes = block.shape[1]
         send_counts = (counts * record_bytes).tolist()  # host-device sync
         received, recv_counts = await transport.all_to_all_v_async(block.view(-1), send_counts)
@@ -136,7 +179,10 @@ class ZenScheme(SyncScheme):
         payloads = await transport.all_gather_v_async(self._encode_partition(ctx, part, pushed))
         idx_dtype = index_dtype(part.range_len)
         device = view.x2d.device
-        out = ctx.output()  # the input itself with out=: only the union's items are written
+        # The input itself with out=: only the union's items are written. A sparse result collects
+        # each owner's (items, values) instead.
+        out = None if ctx.sparse_out else ctx.output()
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         headers: list[list[int]] = []
         encodings = dict.fromkeys(PULL_ENCODINGS, 0)
         bitmap_words = 0
@@ -156,9 +202,18 @@ class ZenScheme(SyncScheme):
                 positions = kernels.bitmap_decode(words, range_len)
             else:
                 positions = torch.arange(range_len, dtype=torch.int64, device=device)
-            values = reader.take(view.x2d.dtype, positions.numel() * view.item_numel)
-            out[kernels.unpermute(positions + base, part)] = values.view(-1, view.item_numel)
+            values = reader.take(view.x2d.dtype, positions.numel() * view.item_numel).view(-1, view.item_numel)
+            if out is None and encoding == "dense":  # a sparse result holds the union only
+                positions = kernels.nonzero_items(values)
+                values = values[positions]
+            items = kernels.unpermute(positions + base, part)
+            if out is None:
+                parts.append((items, values))
+            else:
+                out[items] = values
         self._record(ctx, headers, [p.numel() for p in payloads], encodings, bitmap_words)
+        if out is None:
+            return _coalesced(parts, view)
         return out
 
     def _record(

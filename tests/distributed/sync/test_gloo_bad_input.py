@@ -67,7 +67,7 @@ BAD_CASES = {
     "dtype_differs": (("dtype",), None),
     "int64_on_one_rank": (("int64", "supported"), "last"),
     "int64_on_all_ranks": (("int64", "supported"), 0),
-    "sparse_coo_on_one_rank": (("dense",), 1),
+    "sparse_coo_on_one_rank": (("layout", "sparse_coo"), None),
     "not_a_tensor_on_one_rank": (("torch.Tensor",), 1),
     "unknown_scheme_on_one_rank": (("scheme",), 1),
     "average_differs": (("average",), None),

@@ -227,3 +227,45 @@ def test_in_place_zen_and_agsparse_write_only_the_union(scheme: str, shape: tupl
     for result in zensync.SimulatedWorld(n, timeout_s=60).run(body):
         assert torch.equal(result, expected)
         assert bool(torch.signbit(result[untouched]).all()), "an item outside the union was written"
+
+
+def _coo(dense: torch.Tensor, sparse_dim: int, gen: torch.Generator, duplicate: bool) -> torch.Tensor:
+    """``dense`` as a COO tensor with ``sparse_dim`` sparse dims, uncoalesced (split entries) when asked."""
+    coo = dense.to_sparse(sparse_dim).coalesce()
+    if not duplicate or coo._nnz() == 0:
+        return coo
+    # Every entry split into two halves listed apart (as nn.Embedding(sparse=True) lists one row per lookup).
+    indices, values = coo.indices(), coo.values()
+    half = torch.randint(-2, 3, values.shape, generator=gen).to(values.dtype)
+    order = torch.randperm(2 * indices.shape[1], generator=gen)
+    return torch.sparse_coo_tensor(
+        torch.cat([indices, indices], 1)[:, order], torch.cat([values - half, half])[order], coo.shape
+    )
+
+
+@given(sync_cases(), st.booleans())
+@PROPERTY_SETTINGS
+def test_sparse_coo_input_gives_the_coalesced_sum(case: dict, duplicate: bool) -> None:
+    """A COO input: the coalesced COO sum, identical on every rank, its dense form the dense sum."""
+    dense_inputs = _inputs({**case, "special": "none"})  # integer values: every order sums alike
+    shape = case["shape"]
+    sparse_dim = 1 if len(shape) == 2 and case["granularity"] == "auto" else len(shape)
+    gen = torch.Generator().manual_seed(case["seed"])
+    xs = [_coo(x.double(), sparse_dim, gen, duplicate).to(case["dtype"]) for x in dense_inputs]
+    expected = _expected(case, dense_inputs)
+    results = _run_case({**case, "granularity": "auto"}, xs)
+    for rank, result in enumerate(results):
+        assert result.layout == torch.sparse_coo and result.is_coalesced()
+        assert (result.shape, result.dtype, result.sparse_dim()) == (expected.shape, expected.dtype, sparse_dim)
+        assert _same_bits(result.to_dense(), expected), f"rank {rank}"
+        assert torch.equal(result.indices(), results[0].indices())
+        assert torch.equal(result.values().view(torch.uint8), results[0].values().view(torch.uint8))
+        # Kept: every item whose sum is non-zero, and only items of the union (one whose sum
+        # cancels to zero may be kept or not, depending on the pull encoding).
+        union = torch.stack([x != 0 for x in dense_inputs]).any(0)
+        nonzero_sum = expected != 0
+        if sparse_dim < len(shape):  # rows
+            union, nonzero_sum = union.any(1), nonzero_sum.any(1)
+        kept = torch.zeros(union.shape, dtype=torch.bool)
+        kept[tuple(result.indices())] = True
+        assert bool((kept <= union).all()) and bool((nonzero_sum <= kept).all())

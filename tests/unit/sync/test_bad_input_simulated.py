@@ -43,10 +43,26 @@ def test_unsupported_dtype_on_one_rank(dtype: torch.dtype) -> None:
     _assert_all_raise(outcomes, "rank 1", "not supported", str(dtype))
 
 
-def test_sparse_layout() -> None:
+def test_sparse_coo_on_one_rank_only() -> None:
     outcomes = _outcomes(lambda r: torch.zeros(4).to_sparse() if r == 0 else torch.zeros(4))
-    _assert_all_raise(outcomes, "rank 0", "not dense")
-    assert "to_dense" in str(outcomes[0])
+    _assert_all_raise(outcomes, "layout differs", "rank 0: torch.sparse_coo", "rank 1: torch.strided")
+
+
+def test_sparse_dim_differs() -> None:
+    outcomes = _outcomes(lambda r: torch.ones(4, 3).to_sparse(1 + (r == 1)))
+    _assert_all_raise(outcomes, "sparse_dim differs", "rank 1: 2")
+
+
+def test_csr_layout() -> None:
+    outcomes = _outcomes(lambda r: torch.eye(4).to_sparse_csr() if r == 0 else torch.eye(4))
+    _assert_all_raise(outcomes, "rank 0", "neither dense (strided) nor sparse COO")
+    assert "to_sparse_coo" in str(outcomes[0])
+
+
+def test_sparse_coo_with_out_or_a_granularity_it_cannot_have() -> None:
+    coo = torch.eye(4).to_sparse(1)
+    _assert_all_raise(_outcomes(lambda r: coo, out=lambda r: torch.zeros(4, 4) if r == 2 else None), "rank 2", "out=")
+    _assert_all_raise(_outcomes(lambda r: coo, granularity="element"), "rank 0", "granularity does not fit")
 
 
 def test_not_a_tensor() -> None:
