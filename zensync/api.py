@@ -2,68 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any, Literal
 
 import torch
 
 from zensync import kernels
 from zensync.sync import SCHEMES, SyncOptions
-from zensync.sync.base import ItemView, item_view
+from zensync.sync.base import item_view
+from zensync.sync.coo import CooItems
 from zensync.sync.run import run_agreed
 from zensync.sync.validate import LocalRequest, exchange_and_check
 from zensync.transport import TrafficLog, resolve
-from zensync.types import Granularity, SyncStats
+from zensync.types import SyncStats
 
 __all__ = ["sparse_allreduce"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _CooItems:
-    """A sparse COO tensor as items: the entries of its sparse dims, each its dense dims' values."""
-
-    shape: torch.Size
-    sparse_dim: int
-    items: torch.Tensor
-    """Ascending int64 linear indices over the sparse dims (coalesced order)."""
-    values: torch.Tensor
-    """(nnz, item_numel) values."""
-    view: ItemView
-    """A stride-0 zero view of (num_items, item_numel): shape, dtype and device, no data."""
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor) -> _CooItems:
-        coo = tensor.detach().coalesce()
-        sparse_dim = coo.sparse_dim()
-        sparse_shape, dense_shape = coo.shape[:sparse_dim], coo.shape[sparse_dim:]
-        num_items, item_numel = math.prod(sparse_shape), math.prod(dense_shape)
-        indices = coo.indices()
-        items = indices[0] if sparse_dim == 1 else _linear(indices, sparse_shape)
-        values = coo.values().reshape(indices.shape[1], item_numel)
-        x2d = values.new_zeros(()).expand(num_items, item_numel)
-        granularity: Granularity = "row" if sparse_dim == 1 and coo.dim() >= 2 else "element"
-        return cls(coo.shape, sparse_dim, items, values, ItemView(x2d=x2d, granularity=granularity))
-
-    def restore(self, summed: torch.Tensor, divisor: int) -> torch.Tensor:
-        """The (num_items, item_numel) COO sum in the input's shape and sparse dims, coalesced."""
-        items, values = summed.indices()[0], summed.values()
-        if divisor != 1:
-            values = values / divisor
-        if self.sparse_dim == 1:
-            indices = items.unsqueeze(0)
-        else:
-            indices = torch.stack(torch.unravel_index(items, self.shape[: self.sparse_dim]))
-        values = values.reshape((values.shape[0], *self.shape[self.sparse_dim :]))
-        return torch.sparse_coo_tensor(indices, values, self.shape, is_coalesced=True, check_invariants=False)
-
-
-def _linear(indices: torch.Tensor, sparse_shape: torch.Size) -> torch.Tensor:
-    """Row-major linear index of each column of ``indices`` (ascending for coalesced indices)."""
-    strides = torch.tensor(
-        [math.prod(sparse_shape[d + 1 :]) for d in range(len(sparse_shape))], dtype=torch.int64, device=indices.device
-    )
-    return (indices * strides.unsqueeze(1)).sum(0)
 
 
 def sparse_allreduce(
@@ -136,7 +88,7 @@ def sparse_allreduce(
             valid_schemes=SCHEMES,
             out=out,
         )
-        coo = _CooItems.of(tensor) if request.error == 0 and tensor.layout == torch.sparse_coo else None
+        coo = CooItems.of(tensor) if request.error == 0 and tensor.layout == torch.sparse_coo else None
         view = None
         if coo is not None:
             view = coo.view

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from zensync.hooks.config import HookConfig
-from zensync.hooks.pipeline import async_dense, bucket_job, check_step_job
+from zensync.hooks.pipeline import async_dense, bucket_job, check_step_job, sparse_gradient_job
 from zensync.hooks.state import ZenSyncState
 from zensync.transport import GradBucket, Handle
 
@@ -105,7 +105,9 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     dense_only = decider.skips_detection(state.step, names)
     plain = not decider.compresses(state.step)
     job: Handle[torch.Tensor]
-    if dense_only and plain and runtime.dense_transport is not runtime.transport:
+    if buffer.layout == torch.sparse_coo:  # a sparse-gradient parameter, alone in its bucket
+        job = state.submit(sparse_gradient_job(state, buffer, names[0]))
+    elif dense_only and plain and runtime.dense_transport is not runtime.transport:
         job = async_dense(state, buffer, [p.numel() for p in params], names)
     else:
         job = state.submit(bucket_job(state, buffer, [p.shape for p in params], names, dense_only))

@@ -115,9 +115,10 @@ class BucketExecutor:
             )
             work.out_views[i].copy_(result.view(views[i].shape))
             with self.lock:
-                self._note_sparse(work.names[i], decision.scheme, stats)
+                self.note_sparse(work.names[i], decision.scheme, stats)
 
-    def _note_sparse(self, name: str, scheme: str, stats: SyncStats) -> None:
+    def note_sparse(self, name: str, scheme: str, stats: SyncStats) -> None:
+        """Record and step-log entry of a parameter a sparse scheme synced (caller holds the lock)."""
         record = self.memory.record(name)
         if stats.densification is not None:
             record.gamma = stats.densification

@@ -10,6 +10,9 @@ For each bucket (``bucket_job``):
 3. decide: one ``Decision`` per parameter (``hooks.decider``);
 4. execute: the fused dense allreduce, the sparse schemes, the compressed groups (``hooks.executor``).
 
+A parameter with sparse gradients (``nn.Embedding(sparse=True)``) has a bucket of its own whose
+buffer is the COO gradient: ``sparse_gradient_job`` syncs it from its indices.
+
 Every job is a coroutine on the state's lane: it starts when the job before it has finished and
 its segments run on the backend threads that complete its collectives, so the work overlaps the
 rest of backward, and collectives leave every rank in the same order. Buckets that need neither
@@ -29,9 +32,20 @@ from zensync import kernels
 from zensync.hooks.decision import DecisionKind
 from zensync.hooks.executor import BucketWork, param_item_view
 from zensync.hooks.state import ZenSyncState
+from zensync.sync import SCHEMES
+from zensync.sync.coo import CooItems
+from zensync.sync.run import run_agreed_async
 from zensync.transport import Handle, TrafficLog
+from zensync.types import SyncStats
 
-__all__ = ["async_dense", "bucket_job", "check_step_job", "param_views"]
+__all__ = [
+    "async_dense",
+    "bucket_job",
+    "check_step_job",
+    "param_views",
+    "sparse_gradient_job",
+    "sparse_gradient_scheme",
+]
 
 
 def param_views(buffer: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
@@ -120,6 +134,64 @@ async def _detect_and_decide(state: ZenSyncState, names: Sequence[str], views: S
             transport.world_size,
             model,
         )
+
+
+def sparse_gradient_scheme(state: ZenSyncState) -> str:
+    """The scheme of sparse-gradient buckets: a named sparse scheme as asked, otherwise Zen.
+
+    A sparse gradient is synced sparsely under every strategy: "auto", "dense" and compressor
+    strategies take Zen (compressing indices and values would be lossy for no gain), as DDP itself
+    syncs such a gradient with a sparse allreduce whatever else the model does.
+    """
+    strategy = state.strategy
+    if strategy.kind == "sparse" and strategy.text in SCHEMES and strategy.text != "auto":
+        return strategy.text
+    return "zen"
+
+
+async def sparse_gradient_job(state: ZenSyncState, grad: torch.Tensor, name: str) -> torch.Tensor:
+    """A sparse-gradient bucket (``nn.Embedding(sparse=True)``): the averaged coalesced COO gradient.
+
+    DDP gives such a parameter a bucket of its own whose buffer is the gradient itself, a COO tensor
+    with one entry per lookup, and takes the returned tensor as the gradient. Its entries are
+    coalesced (duplicates summed) and synced from the indices alone: no detection pass, no dense
+    tensor. The 1/n of DDP's averaging scales each rank's values before the sum, as DDP divides
+    before its allreduce.
+    """
+    if state.step_error is not None:
+        raise state.step_error
+    try:
+        return await _sync_sparse_gradient(state, grad, name)
+    except BaseException as exc:
+        state.note_failure(exc)
+        raise
+
+
+async def _sync_sparse_gradient(state: ZenSyncState, grad: torch.Tensor, name: str) -> torch.Tensor:
+    start = time.perf_counter()
+    transport = state.runtime.transport
+    coo = CooItems.of(grad)
+    scheme = sparse_gradient_scheme(state)
+    stats = SyncStats()
+    log = TrafficLog()
+    with transport.recording(log):
+        summed = await run_agreed_async(
+            coo.view,
+            transport,
+            scheme=scheme,
+            options=state.config.sync_options,
+            h0_seed=state.runtime.h0_seed,
+            stats=stats,
+            items=coo.items,
+            values=coo.values,
+            sparse_out=True,
+            scale=1.0 / transport.world_size,
+        )
+    result = coo.restore(summed, 1)
+    with state.lock:
+        state.executor.note_sparse(name, scheme, stats)
+        state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)
+    return result
 
 
 def async_dense(
