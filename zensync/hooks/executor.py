@@ -32,8 +32,9 @@ __all__ = ["BucketExecutor", "BucketWork", "param_item_view"]
 class BucketWork:
     """One bucket's parameters, their decisions and where their sums go (index i: one parameter).
 
-    When every decision is dense, ``out_views`` are ``views`` and the allreduce runs in place on
-    ``buffer``.
+    ``out_views`` may be ``views`` (the DDP hook's case: every sum goes back into the bucket): the
+    allreduce then runs in place on ``buffer`` when every decision is dense, and a sparse scheme
+    sums its view in place.
     """
 
     buffer: torch.Tensor
@@ -42,6 +43,10 @@ class BucketWork:
     decisions: Sequence[Decision]
     names: Sequence[str]
     step: int
+    items: Sequence[torch.Tensor | None] = ()
+    """Each parameter's non-zero items where detection found them (its sparse scheme starts there)."""
+    divided: Sequence[bool] = ()
+    """Whether a parameter's scheme divides its records by the world size (its view is not divided)."""
 
 
 def param_item_view(view: torch.Tensor) -> ItemView:
@@ -100,20 +105,28 @@ class BucketExecutor:
     # -- Step 4b: each sparse parameter through its scheme ---------------------------------------------
     async def _sparse(self, work: BucketWork) -> None:
         views = work.views
+        n = self.runtime.transport.world_size
         for i, decision in enumerate(work.decisions):
             if decision.kind is not DecisionKind.SPARSE:
                 continue
             stats = SyncStats()
+            view = param_item_view(views[i])
+            out = work.out_views[i]
+            in_place = out.data_ptr() == views[i].data_ptr()
             # Agreement is established (register's check + this step's density exchange): no validation.
             result = await run_agreed_async(
-                param_item_view(views[i]),
+                view,
                 self.runtime.transport,
                 scheme=decision.scheme,
                 options=self.sync_options,
                 h0_seed=self.runtime.h0_seed,
                 stats=stats,
+                out=view.x2d if in_place else None,
+                items=work.items[i] if work.items else None,
+                divisor=n if work.divided and work.divided[i] else 1,
             )
-            work.out_views[i].copy_(result.view(views[i].shape))
+            if not in_place:
+                out.copy_(result.view(out.shape))
             with self.lock:
                 self.note_sparse(work.names[i], decision.scheme, stats)
 

@@ -3,12 +3,15 @@
 For each bucket (``bucket_job``):
 
 1. split the buffer into its parameters' views (DDP lays them out contiguously, in the order of
-   ``bucket.parameters()``) and divide by the world size first, as DDP does without a hook;
-2. detect: count each parameter's non-zero items (rows of 2-D parameters, elements otherwise) and
-   all-gather the counts with last step's measured times (one small collective per bucket), so
+   ``bucket.parameters()``);
+2. detect: find each parameter's non-zero items (rows of 2-D parameters, elements otherwise) and
+   all-gather their counts with last step's measured times (one small collective per bucket), so
    every rank decides on the same numbers; buckets the decider finds clearly dense skip this;
-3. decide: one ``Decision`` per parameter (``hooks.decider``);
-4. execute: the fused dense allreduce, the sparse schemes, the compressed groups (``hooks.executor``).
+3. decide: one ``Decision`` per parameter (``hooks.decider``), then divide by the world size, as
+   DDP does without a hook (Zen divides a sparse parameter's non-zero records instead);
+4. execute: the fused dense allreduce, the sparse schemes, the compressed groups (``hooks.executor``),
+   every result back into the bucket buffer: a sparse parameter's step allocates, fills and copies
+   nothing of its size (its non-zero items from Step 2 feed its scheme, which writes the union).
 
 A parameter with sparse gradients (``nn.Embedding(sparse=True)``) has a bucket of its own whose
 buffer is the COO gradient: ``sparse_gradient_job`` syncs it from its indices.
@@ -33,6 +36,7 @@ from zensync.hooks.decision import DecisionKind
 from zensync.hooks.executor import BucketWork, param_item_view
 from zensync.hooks.state import ZenSyncState
 from zensync.sync import SCHEMES
+from zensync.sync.base import get_scheme
 from zensync.sync.coo import CooItems
 from zensync.sync.run import run_agreed_async
 from zensync.transport import Handle, TrafficLog
@@ -91,33 +95,52 @@ async def _sync_bucket(
     start = time.perf_counter()
     runtime, step = state.runtime, state.step
     transport = runtime.transport
+    n = transport.world_size
     views = param_views(buffer, shapes)
-    buffer.div_(transport.world_size)  # Step 1: average first, as DDP does (no fp16 overflow)
     log = TrafficLog()
     with transport.recording(log):
+        items: list[torch.Tensor | None]
         if dense_only:
             with state.lock:
-                decisions = state.decider.decide(step, names, None, [], [], transport.world_size, None)
+                decisions = state.decider.decide(step, names, None, [], [], n, None)
+            items = [None] * len(views)
         else:
-            decisions = await _detect_and_decide(state, names, views)
-        # All dense: the allreduce runs in place on the bucket. Otherwise results go to a new buffer.
-        all_dense = all(d.kind is DecisionKind.DENSE for d in decisions)
-        out = buffer if all_dense else torch.empty_like(buffer)
-        out_views = views if out is buffer else param_views(out, shapes)
-        await state.executor.run(BucketWork(buffer, views, out_views, decisions, names, step))
+            decisions, items = await _detect_and_decide(state, names, views)
+        # Step 1: average first, as DDP does (no fp16 overflow): the whole buffer when every
+        # parameter goes dense, else each parameter's view, except where the scheme divides the
+        # non-zero records alone (Zen): a sparse parameter then costs no pass over its tensor.
+        divided = [d.kind is DecisionKind.SPARSE and get_scheme(d.scheme).divides for d in decisions]
+        if not any(divided):
+            buffer.div_(n)
+        else:
+            for view, skip in zip(views, divided, strict=True):
+                if not skip:
+                    view.div_(n)
+        # Every result goes back into the bucket buffer, which DDP reads the gradients from: in
+        # place for the dense allreduce and for the sparse schemes (which write only the union's
+        # items: the others are zero already), copied in for the compressed groups.
+        work = BucketWork(buffer, views, views, decisions, names, step, items=items, divided=divided)
+        await state.executor.run(work)
     with state.lock:
         state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)
-    return out
+    return buffer
 
 
-async def _detect_and_decide(state: ZenSyncState, names: Sequence[str], views: Sequence[torch.Tensor]) -> list:
-    """Steps 2 and 3: gathered non-zero counts -> one decision per parameter, identical on all ranks."""
+async def _detect_and_decide(
+    state: ZenSyncState, names: Sequence[str], views: Sequence[torch.Tensor]
+) -> tuple[list, list[torch.Tensor | None]]:
+    """Steps 2 and 3: gathered non-zero counts -> one decision per parameter, identical on all ranks.
+
+    Also returns each parameter's non-zero items, which its sparse scheme then starts from (no
+    second scan).
+    """
     runtime = state.runtime
     transport = runtime.transport
     # One small all-gather carries this step's non-zero counts and the last step's measured sync
     # times (microseconds), so every rank decides on the same numbers.
     item_views = [param_item_view(v) for v in views]
-    counts = [kernels.nonzero_items(v.x2d).numel() for v in item_views]
+    items: list[torch.Tensor | None] = [kernels.nonzero_items(v.x2d) for v in item_views]
+    counts = [0 if i is None else i.numel() for i in items]
     measured_us = [round(state.record(name).measured_s * 1e6) for name in names]
     local = torch.tensor(counts + measured_us, dtype=torch.int64, device=views[0].device)
     with transport.phase("detect"):
@@ -125,7 +148,7 @@ async def _detect_and_decide(state: ZenSyncState, names: Sequence[str], views: S
     summed = torch.stack(gathered).sum(0).tolist()  # host-device sync
     model = await runtime.ensure_cost_model(state.config)
     with state.lock:
-        return state.decider.decide(
+        decisions = state.decider.decide(
             state.step,
             names,
             item_views,
@@ -134,6 +157,7 @@ async def _detect_and_decide(state: ZenSyncState, names: Sequence[str], views: S
             transport.world_size,
             model,
         )
+    return decisions, items
 
 
 def sparse_gradient_scheme(state: ZenSyncState) -> str:
@@ -155,8 +179,8 @@ async def sparse_gradient_job(state: ZenSyncState, grad: torch.Tensor, name: str
     DDP gives such a parameter a bucket of its own whose buffer is the gradient itself, a COO tensor
     with one entry per lookup, and takes the returned tensor as the gradient. Its entries are
     coalesced (duplicates summed) and synced from the indices alone: no detection pass, no dense
-    tensor. The 1/n of DDP's averaging scales each rank's values before the sum, as DDP divides
-    before its allreduce.
+    tensor. DDP's averaging divides each rank's values by n before the sum, as DDP divides before
+    its allreduce.
     """
     if state.step_error is not None:
         raise state.step_error
@@ -185,7 +209,7 @@ async def _sync_sparse_gradient(state: ZenSyncState, grad: torch.Tensor, name: s
             items=coo.items,
             values=coo.values,
             sparse_out=True,
-            scale=1.0 / transport.world_size,
+            divisor=transport.world_size,
         )
     result = coo.restore(summed, 1)
     with state.lock:

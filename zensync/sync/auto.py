@@ -25,7 +25,7 @@ class AutoScheme(SyncScheme):
 
     name = "auto"
     records = True  # it passes the context on, prepared for the scheme it chooses
-    scales = True
+    divides = True
 
     async def run(self, ctx: SyncContext) -> torch.Tensor:
         choice = self.choose(ctx)

@@ -128,12 +128,13 @@ class SyncContext:
     whose ``view.x2d`` is a stride-0 zero view); None: rows are read from ``view.x2d``."""
     sparse_out: bool = False
     """Return the sum as a coalesced sparse COO tensor (sparse_dim 1) instead of a dense one."""
-    scale: float = 1.0
-    """Each rank's values are multiplied by this before they are summed (the DDP hook's 1/n), by
-    schemes whose ``scales`` is True: they touch only the non-zero items to do it."""
+    divisor: int = 1
+    """Each rank's values are divided by this before they are summed (DDP's averaging, the same
+    ``x / n`` DDP computes), by schemes whose ``divides`` is True: they touch only the non-zero
+    items to do it."""
 
     def local_records(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ascending int64 non-zero item ids, their (k, item_numel) rows, times ``scale``) of this rank.
+        """(ascending int64 non-zero item ids, their (k, item_numel) rows, divided by ``divisor``) of this rank.
 
         From ``items`` (rows read once, exactly-zero rows dropped: the result is what a scan finds)
         or by a scan of ``view.x2d``.
@@ -148,8 +149,8 @@ class SyncContext:
             items, values = (
                 (self.items, values) if keep.numel() == values.shape[0] else (self.items[keep], values[keep])
             )
-        if self.scale != 1.0:
-            values = values * self.scale
+        if self.divisor != 1:
+            values = values / self.divisor
         return items, values
 
     def output(self) -> torch.Tensor:
@@ -199,8 +200,8 @@ class SyncScheme(abc.ABC):
     records: ClassVar[bool] = False
     """Whether ``run`` honours ``ctx.items``/``ctx.values`` and ``ctx.sparse_out`` (it works from
     the non-zero records alone); other schemes get a materialized dense ``view.x2d``."""
-    scales: ClassVar[bool] = False
-    """Whether ``run`` applies ``ctx.scale``; others get 1.0 (the caller scales the input first)."""
+    divides: ClassVar[bool] = False
+    """Whether ``run`` applies ``ctx.divisor``; others get a divided dense copy (``for_scheme``)."""
 
     @abc.abstractmethod
     async def run(self, ctx: SyncContext) -> torch.Tensor:
@@ -208,26 +209,26 @@ class SyncScheme(abc.ABC):
 
 
 def for_scheme(ctx: SyncContext, scheme: SyncScheme) -> SyncContext:
-    """``ctx`` as ``scheme`` can run it: as it is for a scheme of ``records`` (and ``scales``);
-    otherwise with a materialized dense ``view.x2d``, already scaled (one pass over the tensor)."""
-    if scheme.records and (scheme.scales or ctx.scale == 1.0):
+    """``ctx`` as ``scheme`` can run it: as it is for a scheme of ``records`` (and ``divides``);
+    otherwise with a materialized dense ``view.x2d``, already divided (one pass over the tensor)."""
+    if scheme.records and (scheme.divides or ctx.divisor == 1):
         return ctx
-    if ctx.values is None and ctx.scale == 1.0:
+    if ctx.values is None and ctx.divisor == 1:
         return dataclasses.replace(ctx, items=None)  # a scanning scheme: items were only a hint
     x2d = ctx.view.x2d
     if ctx.values is not None:
         assert ctx.items is not None
         dense = kernels.zeros(x2d.shape, x2d.dtype, x2d.device)
-        dense[ctx.items] = ctx.values if ctx.scale == 1.0 else ctx.values * ctx.scale
+        dense[ctx.items] = ctx.values if ctx.divisor == 1 else ctx.values / ctx.divisor
     else:
-        dense = x2d * ctx.scale
+        dense = x2d / ctx.divisor
     same_out = ctx.out_is_input
     return dataclasses.replace(
         ctx,
         view=ItemView(x2d=dense, granularity=ctx.view.granularity),
         items=None,
         values=None,
-        scale=1.0,
+        divisor=1,
         out=dense if same_out else ctx.out,  # the sum goes to the new tensor, copied back by the caller
         out_is_input=same_out,
     )

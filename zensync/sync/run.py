@@ -30,7 +30,7 @@ def run_agreed(
     items: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     sparse_out: bool = False,
-    scale: float = 1.0,
+    divisor: int = 1,
 ) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor (blocking).
 
@@ -48,7 +48,7 @@ def run_agreed(
         items=items,
         values=values,
         sparse_out=sparse_out,
-        scale=scale,
+        divisor=divisor,
     )
     with torch.no_grad():
         return transport.run(coro)
@@ -67,7 +67,7 @@ async def run_agreed_async(
     items: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
     sparse_out: bool = False,
-    scale: float = 1.0,
+    divisor: int = 1,
 ) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor.
 
@@ -96,11 +96,11 @@ async def run_agreed_async(
             is then a stride-0 zero view of the right shape, never read).
         sparse_out: Return a coalesced sparse COO tensor (sparse_dim 1) instead of a dense one
             (``out`` must be None).
-        scale: Multiply each rank's values by this before summing (the DDP hook's 1/n): Zen
-            scales its records alone; other schemes get a scaled dense copy.
+        divisor: Divide each rank's values by this before summing (DDP's averaging, as DDP's
+            own ``x / n``): Zen divides its records alone; other schemes get a divided dense copy.
 
     Returns:
-        The (not averaged, but scaled) sum in the input dtype, identical on every rank: ``out``
+        The sum (of the divided values) in the input dtype, identical on every rank: ``out``
         when given, a sparse COO tensor with ``sparse_out``, else a new tensor.
 
     Raises:
@@ -130,7 +130,7 @@ async def run_agreed_async(
                 items=items,
                 values=values,
                 sparse_out=sparse_out,
-                scale=scale,
+                divisor=divisor,
             )
             runner = get_scheme(scheme)
             result = await runner.run(for_scheme(ctx, runner))

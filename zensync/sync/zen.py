@@ -107,7 +107,7 @@ class ZenScheme(SyncScheme):
     name = "zen"
     hashed = True
     records = True
-    scales = True
+    divides = True
 
     async def run(self, ctx: SyncContext) -> torch.Tensor:
         part = make_partition(ctx.view.num_items, ctx.transport.world_size, seed=ctx.h0_seed, hashed=self.hashed)
@@ -125,8 +125,8 @@ class ZenScheme(SyncScheme):
         if ctx.items is None:
             items, positions, counts = kernels.bucket_nonzero(view.x2d, part)
             values = view.x2d.index_select(0, items)
-            if ctx.scale != 1.0:
-                values = values * ctx.scale
+            if ctx.divisor != 1:
+                values = values / ctx.divisor
         else:
             items, values = ctx.local_records()
             order, positions, counts = _bucket_items(items, part)
