@@ -20,6 +20,7 @@ _LOWER_BOUNDS = (
     ("explore_every", 1),
     ("recheck_every", 1),
     ("history_size", 1),
+    ("hint_check_every", 1),
 )
 """Options checked only for a lower bound (name, least valid value)."""
 
@@ -40,6 +41,8 @@ class HookConfig:
         explore_every: With adapt, re-measure a close runner-up scheme every this many steps.
         recheck_every: Buckets found clearly dense re-count their non-zeros every this many steps.
         history_size: Step records kept in ``ZenSyncState.history``.
+        row_hints: Embeddings with dense gradients: detect from the rows the lookups touched (verified).
+        hint_check_every: With row_hints, verify a hint against the full scan every this many steps.
         jsonl_path: Append one JSON line per step here ("{rank}" in the path: one file per rank).
         sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
         timeout: Collective timeout of the groups the hook creates (timedelta or seconds; None: the
@@ -75,6 +78,12 @@ class HookConfig:
     """Buckets that were clearly dense re-measure their density only every this many steps."""
     history_size: int = 1000
     """Step records kept in memory (oldest dropped)."""
+    row_hints: bool = True
+    """Dense-gradient nn.Embedding/EmbeddingBag weights: detection reads only the rows the step's
+    lookups touched (recorded by a forward hook), verified against a full scan on the first steps
+    and every ``hint_check_every`` steps (``zensync.hooks.hints``); False: always scan."""
+    hint_check_every: int = 100
+    """With ``row_hints``: check a parameter's hint against the full scan every this many steps."""
     jsonl_path: str | None = None
     """Append one JSON line per step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
     sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)

@@ -83,6 +83,8 @@ def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncS
     # Step 2: the agreement collective (ZenSyncState construction), then the hook's own setup.
     state = ZenSyncState(getattr(ddp_model, "process_group", None), named, config, failure=failure)
     state.setup()
+    if isinstance(module, torch.nn.Module):
+        state.attach_hints(module)
     ddp_model.register_comm_hook(state, zensync_hook)
     _REGISTERED.add(ddp_model)
     return state

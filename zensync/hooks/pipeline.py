@@ -31,7 +31,6 @@ from collections.abc import Sequence
 
 import torch
 
-from zensync import kernels
 from zensync.hooks.decision import DecisionKind
 from zensync.hooks.executor import BucketWork, param_item_view
 from zensync.hooks.state import ZenSyncState
@@ -101,6 +100,7 @@ async def _sync_bucket(
     with transport.recording(log):
         items: list[torch.Tensor | None]
         if dense_only:
+            state.skip_hints(names)
             with state.lock:
                 decisions = state.decider.decide(step, names, None, [], [], n, None)
             items = [None] * len(views)
@@ -139,7 +139,9 @@ async def _detect_and_decide(
     # One small all-gather carries this step's non-zero counts and the last step's measured sync
     # times (microseconds), so every rank decides on the same numbers.
     item_views = [param_item_view(v) for v in views]
-    items: list[torch.Tensor | None] = [kernels.nonzero_items(v.x2d) for v in item_views]
+    items: list[torch.Tensor | None] = [
+        state.nonzero_rows(name, v.x2d) for name, v in zip(names, item_views, strict=True)
+    ]
     counts = [0 if i is None else i.numel() for i in items]
     measured_us = [round(state.record(name).measured_s * 1e6) for name in names]
     local = torch.tensor(counts + measured_us, dtype=torch.int64, device=views[0].device)
@@ -227,6 +229,7 @@ def async_dense(
     re-checks, the last one included. The step's close (``finish_step``) waits for these.
     """
     transport = state.runtime.dense_transport
+    state.skip_hints(names)
     buffer.div_(transport.world_size)
     log = TrafficLog()
     start = time.perf_counter()

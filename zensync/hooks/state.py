@@ -18,17 +18,19 @@ import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from zensync import kernels
 from zensync.compress import CompressedSync, Hierarchy, hierarchy
 from zensync.cost import CostModel
 from zensync.hooks.checkpoint import STATE_DICT_VERSION, fingerprint, parse_state_dict
 from zensync.hooks.config import HookConfig
 from zensync.hooks.decider import Decider
 from zensync.hooks.executor import BucketExecutor
+from zensync.hooks.hints import RowHints
 from zensync.hooks.memory import ParamMemory, ParamRecord
 from zensync.hooks.runtime import Runtime
 from zensync.hooks.steplog import StepLog
@@ -79,6 +81,8 @@ class ZenSyncState:
         "step_open",
         "_pending",
         "_load_mark",
+        # Row hints of the model's embeddings.
+        "hints",
     )
 
     def __init__(
@@ -120,6 +124,8 @@ class ZenSyncState:
         """Whether the current step's first bucket has been seen (``check_agreement`` is queued)."""
         self._load_mark = 0
         """Digest of the last loaded checkpoint (0: none); part of what ranks must agree on."""
+        self.hints: RowHints | None = None
+        """Row hints of the model's dense-gradient embeddings (``attach_hints``)."""
         if self.runtime.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.runtime.transport.world_size)
 
@@ -152,6 +158,26 @@ class ZenSyncState:
         if ranks_per_node:
             self.runtime.hierarchy = hierarchy(transport, ranks_per_node)
             self.decider.two_level = True
+
+    def attach_hints(self, module: torch.nn.Module) -> None:
+        """Record the rows each dense-gradient embedding of ``module`` looks up (``config.row_hints``)."""
+        if not self.config.row_hints or self.hints is not None:
+            return
+        seen: dict[torch.nn.Parameter, int] = {}
+        for _, param in module.named_parameters(remove_duplicate=False):
+            seen[param] = seen.get(param, 0) + 1
+        shared = {p for p, count in seen.items() if count > 1}
+        self.hints = RowHints(module.named_modules(), self.param_names, shared, self.config.hint_check_every)
+
+    def nonzero_rows(self, name: str, x2d: torch.Tensor) -> torch.Tensor:
+        """Parameter ``name``'s non-zero items: from its row hint where it has one, else by a scan."""
+        found = self.hints.rows(name, x2d) if self.hints is not None else None
+        return kernels.nonzero_items(x2d) if found is None else found
+
+    def skip_hints(self, names: Sequence[str]) -> None:
+        """These parameters' buckets skipped detection: their recorded rows are dropped."""
+        if self.hints is not None:
+            self.hints.discard(names)
 
     def two_level_ranks_per_node(self) -> int:
         """Ranks per node of the two-level compressed schemes (0: flat), from the options or the plan."""
@@ -334,5 +360,7 @@ class ZenSyncState:
         )
 
     def close(self) -> None:
-        """Wait for the lane's queued jobs (there is no thread of the hook's own to stop)."""
+        """Wait for the lane's queued jobs (there is no thread of the hook's own to stop); remove hint hooks."""
+        if self.hints is not None:
+            self.hints.close()
         self.runtime.lane.drain(timeout=60)

@@ -95,6 +95,7 @@ def _equivalence_worker(rank: int, world_size: int, cases: list[tuple[str, str, 
             "recorded": [sorted(h["params"]) for h in state.history],
             "names": sorted(state.param_names.values()),
             "elements": sum(p.numel() for p in state.param_names),
+            "hints": state.hints.stats() if state.hints is not None else None,
         }
         state.close()
     return results
@@ -130,6 +131,12 @@ class TestDDPHookEquivalence:
             record = per_rank[key]
             assert max(record["diffs"]) <= atol, (rank, record["diffs"])
             assert record["steps"] == STEPS and record["history"] == STEPS
+
+    def test_row_hints_feed_the_embedding_detection(self, results: list[dict[str, Any]]) -> None:
+        """The embedding's detection read its hint every step (under no_sync: both micro-batches' rows)."""
+        for per_rank in results:
+            for key in ("zen/plain/float32", "zen/no_sync/float32", "zen/static_graph/float32"):
+                assert per_rank[key]["hints"] == {"emb.weight": {"uses": STEPS, "checks": 2, "disabled": False}}
 
     def test_sparse_scheme_used_for_embedding(self, results: list[dict[str, Any]]) -> None:
         for per_rank in results:
