@@ -2,20 +2,50 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Any, Literal
 
 import torch
 
 from zensync import kernels
 from zensync.sync import SCHEMES, SyncOptions
-from zensync.sync.base import item_view
+from zensync.sync.agreement import group_seed
+from zensync.sync.base import ItemView, item_view
 from zensync.sync.coo import CooItems
+from zensync.sync.partition import make_partition
 from zensync.sync.run import run_agreed
 from zensync.sync.validate import LocalRequest, exchange_and_check
-from zensync.transport import TrafficLog, resolve
+from zensync.sync.zen import PreparedPush, bucket_records
+from zensync.transport import TrafficLog, Transport, resolve
 from zensync.types import SyncStats
 
 __all__ = ["sparse_allreduce"]
+
+
+_SEED_MASK = 2**62 - 1
+"""Seeds travel masked to 62 bits in the call descriptor (``zensync.sync.validate``)."""
+
+
+def _early_push(
+    view: ItemView, coo: CooItems | None, scheme: str, options: SyncOptions, transport: Transport, stats: SyncStats
+) -> PreparedPush | None:
+    """Zen's Step 1.1 before the agreement, where the hash seed is known already (given, or the
+    group's from its first call): the exchange then carries the per-owner counts and the push skips
+    its size exchange, one collective fewer. None otherwise (the push exchanges sizes)."""
+    if scheme not in ("zen", "sparse_ps"):
+        return None
+    seed = options.h0_seed if options.h0_seed is not None else group_seed(transport)
+    if seed is None:
+        return None
+    seed &= _SEED_MASK
+    start = time.perf_counter()
+    hashed = scheme == "zen"
+    part = make_partition(view.num_items, transport.world_size, seed=seed, hashed=hashed)
+    items, values = (None, None) if coo is None else (coo.items, coo.values)
+    push = bucket_records(view.x2d, part, items, values, 1, seed=seed, hashed=hashed)
+    stats.phase_time_s["push"] = time.perf_counter() - start
+    return push
 
 
 def sparse_allreduce(
@@ -97,8 +127,13 @@ def sparse_allreduce(
         local_nnz = -1
         if view is not None and scheme == "auto":
             local_nnz = kernels.nonzero_items(view.x2d if coo is None else coo.values).numel()
-        agreement = exchange_and_check(transport, request, local_nnz)
+        push = _early_push(view, coo, scheme, options, transport, stats) if view is not None else None
+        agreement = exchange_and_check(
+            transport, request, local_nnz, None if push is None else (push.seed, push.counts)
+        )
     assert view is not None  # a local error raised in exchange_and_check on every rank
+    if push is not None and agreement.push_recv_counts is not None:
+        push = dataclasses.replace(push, recv_counts=agreement.push_recv_counts)
     if coo is not None:
         with torch.no_grad():
             summed = run_agreed(
@@ -112,6 +147,7 @@ def sparse_allreduce(
                 items=coo.items,
                 values=coo.values,
                 sparse_out=True,
+                push=push,
             )
             return coo.restore(summed, transport.world_size if average else 1)
     # A contiguous out takes the sum directly (in place when it is the input); another is copied into.
@@ -126,6 +162,7 @@ def sparse_allreduce(
             stats=stats,
             nnz_per_rank=agreement.nnz_per_rank,
             out=target,
+            push=push,
         ).view(tensor.shape)
         if out is None:
             return result / transport.world_size if average else result

@@ -44,6 +44,10 @@ class PhaseTraffic:
     """Non-empty point-to-point payload messages sent."""
     num_calls: int = 0
     """Collective calls made in this phase."""
+    collectives: int = 0
+    """Backend collectives those calls took: one each, plus one for the size exchange a variable-size
+    collective makes before its payload (none where the sizes were known). Each is at least one
+    network latency on the critical path."""
     comm_time_s: float = 0.0
     """Wall time spent inside collective calls."""
 
@@ -113,6 +117,11 @@ class SyncStats:
         return sum(p.bytes_recv for p in self.phases.values())
 
     @property
+    def collectives(self) -> int:
+        """Backend collectives over all phases (``PhaseTraffic.collectives``): the call's rounds."""
+        return sum(p.collectives for p in self.phases.values())
+
+    @property
     def total_time_s(self) -> float:
         """Wall time of the whole call."""
         return sum(self.phase_time_s.values())
@@ -123,6 +132,7 @@ class SyncStats:
         out["phases"] = {name: dataclasses.asdict(p) for name, p in self.phases.items()}
         out["bytes_sent"] = self.bytes_sent
         out["bytes_recv"] = self.bytes_recv
+        out["collectives"] = self.collectives
         return out
 
 

@@ -93,7 +93,13 @@ def predict_bytes(scheme: str, shape: TensorShape, union: Callable[[int], float]
 
 
 def _messages(scheme: str, n: int) -> float:
-    """Sequential message latencies on the critical path."""
+    """Sequential message latencies on the critical path.
+
+    A variable-size collective exchanges sizes first: one more round of n - 1 messages. Zen's push
+    counts ride on the exchange the call makes anyway (``sparse_allreduce``'s agreement, the hook's
+    detection gather: ``zensync.sync.zen.PreparedPush``), so Zen pays its push and its pull's sizes
+    and payload; the first call on a group, which agrees the hash seed, pays one more round.
+    """
     if n == 1:
         return 0.0
     if scheme == "dense":
@@ -101,12 +107,14 @@ def _messages(scheme: str, n: int) -> float:
     if scheme == "sparcml":
         return 2 * math.ceil(math.log2(n))
     if scheme == "agsparse":
-        return 2 * (n - 1)
-    return 4 * (n - 1)  # zen, sparse_ps, omnireduce: counts + push, sizes + pull
+        return 2 * (n - 1)  # sizes + payload
+    if scheme in ("zen", "sparse_ps"):
+        return 3 * (n - 1)  # push (counts folded), pull sizes + pull
+    return 4 * (n - 1)  # omnireduce: counts + push, sizes + pull
 
 
 def predict_time(scheme: str, shape: TensorShape, union: Callable[[int], float], model: CostModel) -> float:
-    """alpha * messages + bytes / bandwidth, in seconds.
+    """alpha * messages + bytes / bandwidth, in seconds: rounds (latency) and volume both count.
 
     Every message on the critical path pays alpha: dense pays ``2 (n-1)`` latencies where the planner's
     ``allreduce_s`` pays one (``zensync.cost.collectives`` says why); the byte terms are the same.

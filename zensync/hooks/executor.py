@@ -22,6 +22,7 @@ from zensync.hooks.steplog import ParamStep, StepLog
 from zensync.sync import SyncOptions
 from zensync.sync.base import ItemView, default_granularity, item_view
 from zensync.sync.run import run_agreed_async
+from zensync.sync.zen import PreparedPush
 from zensync.transport import TrafficLog
 from zensync.types import SyncStats
 
@@ -47,6 +48,8 @@ class BucketWork:
     """Each parameter's non-zero items where detection found them (its sparse scheme starts there)."""
     divided: Sequence[bool] = ()
     """Whether a parameter's scheme divides its records by the world size (its view is not divided)."""
+    pushes: Sequence[PreparedPush | None] = ()
+    """Zen's push of a parameter grouped during detection, with the counts the detection gather carried."""
 
 
 def param_item_view(view: torch.Tensor) -> ItemView:
@@ -124,6 +127,7 @@ class BucketExecutor:
                 out=view.x2d if in_place else None,
                 items=work.items[i] if work.items else None,
                 divisor=n if work.divided and work.divided[i] else 1,
+                push=work.pushes[i] if work.pushes and work.divided and work.divided[i] else None,
             )
             if not in_place:
                 out.copy_(result.view(out.shape))
@@ -148,6 +152,7 @@ class BucketExecutor:
                 bytes_recv=stats.bytes_recv,
                 predicted_s=record.predicted_s.get(scheme),
                 measured_s=stats.total_time_s,
+                collectives=stats.collectives,
                 observes_all=True,
             ),
         )

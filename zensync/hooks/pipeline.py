@@ -25,6 +25,7 @@ as torch's allreduce hook does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -35,9 +36,11 @@ from zensync.hooks.decision import DecisionKind
 from zensync.hooks.executor import BucketWork, param_item_view
 from zensync.hooks.state import ZenSyncState
 from zensync.sync import SCHEMES
-from zensync.sync.base import get_scheme
+from zensync.sync.base import ItemView, get_scheme
 from zensync.sync.coo import CooItems
+from zensync.sync.partition import make_partition
 from zensync.sync.run import run_agreed_async
+from zensync.sync.zen import PreparedPush, bucket_records
 from zensync.transport import Handle, TrafficLog
 from zensync.types import SyncStats
 
@@ -104,8 +107,9 @@ async def _sync_bucket(
             with state.lock:
                 decisions = state.decider.decide(step, names, None, [], [], n, None)
             items = [None] * len(views)
+            pushes: list[PreparedPush | None] = [None] * len(views)
         else:
-            decisions, items = await _detect_and_decide(state, names, views)
+            decisions, items, pushes = await _detect_and_decide(state, names, views)
         # Step 1: average first, as DDP does (no fp16 overflow): the whole buffer when every
         # parameter goes dense, else each parameter's view, except where the scheme divides the
         # non-zero records alone (Zen): a sparse parameter then costs no pass over its tensor.
@@ -119,23 +123,29 @@ async def _sync_bucket(
         # Every result goes back into the bucket buffer, which DDP reads the gradients from: in
         # place for the dense allreduce and for the sparse schemes (which write only the union's
         # items: the others are zero already), copied in for the compressed groups.
-        work = BucketWork(buffer, views, views, decisions, names, step, items=items, divided=divided)
+        work = BucketWork(buffer, views, views, decisions, names, step, items=items, divided=divided, pushes=pushes)
         await state.executor.run(work)
     with state.lock:
         state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)
     return buffer
 
 
+_MAX_FOLDED_COUNTS = 4096
+"""At most this many per-owner counts (parameters x ranks) ride on a bucket's detection gather."""
+
+
 async def _detect_and_decide(
     state: ZenSyncState, names: Sequence[str], views: Sequence[torch.Tensor]
-) -> tuple[list, list[torch.Tensor | None]]:
+) -> tuple[list, list[torch.Tensor | None], list[PreparedPush | None]]:
     """Steps 2 and 3: gathered non-zero counts -> one decision per parameter, identical on all ranks.
 
     Also returns each parameter's non-zero items, which its sparse scheme then starts from (no
-    second scan).
+    second scan), and, where Zen may run, its push grouped by owner: the gather carries the
+    per-owner counts too, so Zen's push needs no size exchange (one collective fewer per parameter).
     """
     runtime = state.runtime
     transport = runtime.transport
+    n = transport.world_size
     # One small all-gather carries this step's non-zero counts and the last step's measured sync
     # times (microseconds), so every rank decides on the same numbers.
     item_views = [param_item_view(v) for v in views]
@@ -144,10 +154,20 @@ async def _detect_and_decide(
     ]
     counts = [0 if i is None else i.numel() for i in items]
     measured_us = [round(state.record(name).measured_s * 1e6) for name in names]
-    local = torch.tensor(counts + measured_us, dtype=torch.int64, device=views[0].device)
+    pushes = _early_pushes(state, names, item_views, items)
+    folded = [c for push in pushes if push is not None for c in push.counts]
+    local = torch.tensor(counts + measured_us + folded, dtype=torch.int64, device=views[0].device)
     with transport.phase("detect"):
         gathered = await transport.all_gather_async(local)
-    summed = torch.stack(gathered).sum(0).tolist()  # host-device sync
+    stacked = torch.stack(gathered)
+    summed = stacked[:, : 2 * len(views)].sum(0).tolist()  # host-device sync
+    if folded:
+        mine = stacked[:, 2 * len(views) + transport.rank :: n].tolist()  # [rank j][pushed param k]
+        k = 0
+        for i, push in enumerate(pushes):
+            if push is not None:
+                pushes[i] = dataclasses.replace(push, recv_counts=[mine[j][k] for j in range(n)])
+                k += 1
     model = await runtime.ensure_cost_model(state.config)
     with state.lock:
         decisions = state.decider.decide(
@@ -156,10 +176,37 @@ async def _detect_and_decide(
             item_views,
             summed[: len(views)],
             summed[len(views) :],
-            transport.world_size,
+            n,
             model,
         )
-    return decisions, items
+    return decisions, items, pushes
+
+
+def _early_pushes(
+    state: ZenSyncState,
+    names: Sequence[str],
+    item_views: Sequence[ItemView],
+    items: Sequence[torch.Tensor | None],
+) -> list[PreparedPush | None]:
+    """Zen's grouped push, divided by n as Zen does, of each parameter Zen synced last step.
+
+    Those are likely to take Zen again, and every rank folds the same ones (the records agree), so
+    the gathered rows align; a parameter that goes another way this step wastes only the grouping
+    of its non-zero rows.
+    """
+    runtime = state.runtime
+    n = runtime.transport.world_size
+    pushes: list[PreparedPush | None] = [None] * len(item_views)
+    if "zen" not in state.strategy.candidates or n == 1:
+        return pushes
+    budget = _MAX_FOLDED_COUNTS
+    for i, (name, view, found) in enumerate(zip(names, item_views, items, strict=True)):
+        if found is None or view.granularity != "row" or budget < n or state.record(name).scheme != "zen":
+            continue
+        budget -= n
+        part = make_partition(view.num_items, n, seed=runtime.h0_seed, hashed=True)
+        pushes[i] = bucket_records(view.x2d, part, found, None, n, seed=runtime.h0_seed, hashed=True)
+    return pushes
 
 
 def sparse_gradient_scheme(state: ZenSyncState) -> str:

@@ -35,6 +35,9 @@ class ParamStep:
     """Sparse: the cost model's time for the scheme at the decision."""
     measured_s: float | None = None
     """Sparse and compressed: the measured sync time (its share of a fused collective)."""
+    collectives: int | None = None
+    """Sparse: backend collectives its scheme ran (``SyncStats.collectives``; the bucket's shared
+    detection gather not included)."""
     observes_all: bool = dataclasses.field(default=False, repr=False)
     """The sparse path observes every field: its dicts keep them all, None included (``gamma``
     before any densification was measured, ``predicted_s`` without a prediction)."""

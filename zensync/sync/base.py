@@ -16,13 +16,16 @@ import inspect
 import math
 import time
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from zensync import kernels
 from zensync.transport import Transport
 from zensync.types import Granularity, SyncStats, accumulation_dtype, index_dtype
+
+if TYPE_CHECKING:
+    from zensync.sync.zen import PreparedPush
 
 __all__ = [
     "ItemView",
@@ -35,6 +38,7 @@ __all__ = [
     "get_scheme",
     "index_dtype",
     "item_view",
+    "local_records",
     "register_scheme",
     "scheme_registry",
 ]
@@ -128,30 +132,16 @@ class SyncContext:
     whose ``view.x2d`` is a stride-0 zero view); None: rows are read from ``view.x2d``."""
     sparse_out: bool = False
     """Return the sum as a coalesced sparse COO tensor (sparse_dim 1) instead of a dense one."""
+    push: PreparedPush | None = None
+    """Zen's Step 1.1 done before the call's agreement, with the counts it carried (``zensync.sync.zen``)."""
     divisor: int = 1
     """Each rank's values are divided by this before they are summed (DDP's averaging, the same
     ``x / n`` DDP computes), by schemes whose ``divides`` is True: they touch only the non-zero
     items to do it."""
 
     def local_records(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ascending int64 non-zero item ids, their (k, item_numel) rows, divided by ``divisor``) of this rank.
-
-        From ``items`` (rows read once, exactly-zero rows dropped: the result is what a scan finds)
-        or by a scan of ``view.x2d``.
-        """
-        x2d = self.view.x2d
-        if self.items is None:
-            items = kernels.nonzero_items(x2d)
-            values = x2d.index_select(0, items)
-        else:
-            values = self.values if self.values is not None else x2d.index_select(0, self.items)
-            keep = kernels.nonzero_items(values)
-            items, values = (
-                (self.items, values) if keep.numel() == values.shape[0] else (self.items[keep], values[keep])
-            )
-        if self.divisor != 1:
-            values = values / self.divisor
-        return items, values
+        """This rank's non-zero records: ``local_records`` of this call's view, items, values, divisor."""
+        return local_records(self.view.x2d, self.items, self.values, self.divisor)
 
     def output(self) -> torch.Tensor:
         """The tensor a scheme writes the sum into, zero wherever it will not write.
@@ -183,6 +173,27 @@ class SyncContext:
             finally:
                 times = self.stats.phase_time_s
                 times[name] = times.get(name, 0.0) + time.perf_counter() - start
+
+
+def local_records(
+    x2d: torch.Tensor, items: torch.Tensor | None, values: torch.Tensor | None, divisor: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ascending int64 non-zero item ids, their (k, item_numel) rows divided by ``divisor``).
+
+    From ``items`` (a superset, ``SyncContext.items``; rows read once from ``values`` or ``x2d``,
+    exactly-zero rows dropped: the result is what a scan finds) or by a scan of ``x2d``.
+    """
+    if items is None:
+        items = kernels.nonzero_items(x2d)
+        rows = x2d.index_select(0, items)
+    else:
+        rows = values if values is not None else x2d.index_select(0, items)
+        keep = kernels.nonzero_items(rows)
+        if keep.numel() != rows.shape[0]:
+            items, rows = items[keep], rows[keep]
+    if divisor != 1:
+        rows = rows / divisor
+    return items, rows
 
 
 class SyncScheme(abc.ABC):

@@ -8,11 +8,16 @@ hook awaits ``run_agreed_async`` in the coroutine it runs on its ``Lane``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from zensync.sync.base import ItemView, SyncContext, SyncOptions, for_scheme, get_scheme
 from zensync.transport import TrafficLog, Transport
 from zensync.types import SyncStats
+
+if TYPE_CHECKING:
+    from zensync.sync.zen import PreparedPush
 
 __all__ = ["run_agreed", "run_agreed_async"]
 
@@ -31,6 +36,7 @@ def run_agreed(
     values: torch.Tensor | None = None,
     sparse_out: bool = False,
     divisor: int = 1,
+    push: PreparedPush | None = None,
 ) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor (blocking).
 
@@ -49,6 +55,7 @@ def run_agreed(
         values=values,
         sparse_out=sparse_out,
         divisor=divisor,
+        push=push,
     )
     with torch.no_grad():
         return transport.run(coro)
@@ -68,6 +75,7 @@ async def run_agreed_async(
     values: torch.Tensor | None = None,
     sparse_out: bool = False,
     divisor: int = 1,
+    push: PreparedPush | None = None,
 ) -> torch.Tensor:
     """The sum over ranks of ``view`` with ``scheme``, as a (num_items, item_numel) tensor.
 
@@ -96,6 +104,8 @@ async def run_agreed_async(
             is then a stride-0 zero view of the right shape, never read).
         sparse_out: Return a coalesced sparse COO tensor (sparse_dim 1) instead of a dense one
             (``out`` must be None).
+        push: Zen's push grouped before the call's agreement, with the counts it carried
+            (``zensync.sync.zen.PreparedPush``); used when its seed and partition match.
         divisor: Divide each rank's values by this before summing (DDP's averaging, as DDP's
             own ``x / n``): Zen divides its records alone; other schemes get a divided dense copy.
 
@@ -131,6 +141,7 @@ async def run_agreed_async(
                 values=values,
                 sparse_out=sparse_out,
                 divisor=divisor,
+                push=push,
             )
             runner = get_scheme(scheme)
             result = await runner.run(for_scheme(ctx, runner))

@@ -72,7 +72,10 @@ _LAYOUTS = (torch.strided, torch.sparse_coo)
     _F_NDIM,
 ) = range(13)
 _F_SHAPE = 13
-_SIZE = _F_SHAPE + MAX_NDIM
+_F_PUSH_SEED = _F_SHAPE + MAX_NDIM
+"""Seed this rank grouped its push records by before the exchange (-1: not grouped); world_size
+per-owner record counts follow it."""
+_SIZE = _F_PUSH_SEED + 1
 
 _ERR_OK = 0
 _ERRORS = {
@@ -172,9 +175,15 @@ class LocalRequest:
             return "row" if self.tensor.sparse_dim() == 1 and self.tensor.dim() >= 2 else "element"
         return default_granularity(self.tensor)
 
-    def descriptor(self, local_nnz: int) -> list[int]:
-        """This rank's call as the fixed-size int64 descriptor every rank all-gathers (-1: unset)."""
-        desc = [-1] * _SIZE
+    def descriptor(self, local_nnz: int, world_size: int, push: tuple[int, list[int]] | None = None) -> list[int]:
+        """This rank's call as the fixed-size int64 descriptor every rank all-gathers (-1: unset).
+
+        ``push``: (seed, records per owner) of Zen's push, grouped before the exchange.
+        """
+        desc = [-1] * (_SIZE + world_size)
+        if push is not None:
+            desc[_F_PUSH_SEED] = push[0]
+            desc[_SIZE:] = push[1]
         desc[_F_MAGIC] = _MAGIC
         desc[_F_ERROR] = self.error
         desc[_F_SCHEME] = self.valid_schemes.index(self.scheme) if self.scheme in self.valid_schemes else -1
@@ -201,6 +210,9 @@ class Agreement:
 
     h0_seed: int
     nnz_per_rank: list[int] | None
+    push_recv_counts: list[int] | None = None
+    """Records every rank's push sends this rank, where every rank grouped its records by the agreed
+    seed before the exchange (the push then skips its size exchange)."""
 
 
 def _dtype_name(index: int) -> str:
@@ -259,7 +271,9 @@ def _first_problem(descs: list[list[int]], valid_schemes: Sequence[str]) -> str 
     return None
 
 
-def exchange_and_check(transport: Transport, request: LocalRequest, local_nnz: int) -> Agreement:
+def exchange_and_check(
+    transport: Transport, request: LocalRequest, local_nnz: int, push: tuple[int, list[int]] | None = None
+) -> Agreement:
     """All-gather every rank's descriptor and raise the same ``ValueError`` on every rank on any problem.
 
     Blocking: ``exchange_and_check_async`` run to completion on this thread.
@@ -268,14 +282,18 @@ def exchange_and_check(transport: Transport, request: LocalRequest, local_nnz: i
         transport: The group.
         request: This rank's checked arguments (a rank with a local error still calls this).
         local_nnz: This rank's non-zero item count, or -1 when not measured.
+        push: (seed, records per owner) of this rank's Zen push, grouped before the call.
 
     Returns:
-        The agreed hash seed and, when every rank measured it, the per-rank non-zero counts.
+        The agreed hash seed, when every rank measured them the per-rank non-zero counts, and when
+        every rank grouped its push by the agreed seed the records this rank will receive.
     """
-    return transport.run(exchange_and_check_async(transport, request, local_nnz))
+    return transport.run(exchange_and_check_async(transport, request, local_nnz, push))
 
 
-async def exchange_and_check_async(transport: Transport, request: LocalRequest, local_nnz: int) -> Agreement:
+async def exchange_and_check_async(
+    transport: Transport, request: LocalRequest, local_nnz: int, push: tuple[int, list[int]] | None = None
+) -> Agreement:
     """``exchange_and_check`` as a coroutine of non-blocking collectives (same arguments, result, errors)."""
     tensor = request.tensor
     # Every rank's exchange on the same device type, a rank with a local error included (on NCCL a
@@ -285,7 +303,8 @@ async def exchange_and_check_async(transport: Transport, request: LocalRequest, 
     if isinstance(tensor, torch.Tensor) and (request.error == _ERR_OK or tensor.device.type == control.type):
         device = tensor.device
     # Step 2: the descriptor exchange (the first collective of the call).
-    descs = await gather_descriptors_async(transport, request.descriptor(local_nnz), phase="validate", device=device)
+    desc = request.descriptor(local_nnz, transport.world_size, push)
+    descs = await gather_descriptors_async(transport, desc, phase="validate", device=device)
     # Step 3: the same checks, hence the same outcome, on every rank.
     if any(d[_F_MAGIC] != _MAGIC for d in descs):
         raise ValueError(
@@ -299,4 +318,6 @@ async def exchange_and_check_async(transport: Transport, request: LocalRequest, 
     group_seed = agree_group_seed(transport, descs[0][_F_PROPOSAL])  # kept from the group's first call
     seed = descs[0][_F_SEED] if descs[0][_F_SEED] >= 0 else group_seed
     nnz = [d[_F_NNZ] for d in descs]
-    return Agreement(h0_seed=seed, nnz_per_rank=nnz if min(nnz) >= 0 else None)
+    grouped = all(d[_F_PUSH_SEED] == seed for d in descs)  # the same on every rank
+    recv = [d[_SIZE + transport.rank] for d in descs] if grouped else None
+    return Agreement(h0_seed=seed, nnz_per_rank=nnz if min(nnz) >= 0 else None, push_recv_counts=recv)

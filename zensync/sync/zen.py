@@ -33,6 +33,7 @@ from zensync.sync.base import (
     SyncScheme,
     accumulation_dtype,
     index_dtype,
+    local_records,
     register_scheme,
 )
 from zensync.sync.coo import decode_records, encode_records
@@ -40,7 +41,7 @@ from zensync.sync.observe import imbalance, local_skew, record_densities, record
 from zensync.sync.partition import make_partition
 from zensync.transport.packing import ByteReader, pack
 
-__all__ = ["PULL_ENCODINGS", "SparsePSScheme", "ZenScheme", "pull_payload_bytes"]
+__all__ = ["PULL_ENCODINGS", "PreparedPush", "SparsePSScheme", "ZenScheme", "bucket_records", "pull_payload_bytes"]
 
 PULL_ENCODINGS = ("coo", "bitmap", "dense")
 _HEADER_FIELDS = 5  # encoding, unique positions, shared pairs, push bytes received, local nnz
@@ -67,6 +68,64 @@ class _Pushed:
     shared_pairs: int
     push_bytes_recv: int
     local_nnz: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreparedPush:
+    """One rank's non-zero records grouped by owner under one partition: Zen's Step 1.1 done.
+
+    ``sparse_allreduce`` prepares it before its agreement exchange when the hash seed is known then,
+    so the exchange also carries every rank's per-owner counts and the push needs no size exchange.
+    """
+
+    seed: int
+    """Seed of the partition the records are grouped by."""
+    hashed: bool
+    """Zen's hashed partition (True) or sparse_ps's contiguous ranges."""
+    items: torch.Tensor
+    """int64 item ids, grouped by owner (owner 0 first), ascending within an owner."""
+    positions: torch.Tensor
+    """int64 position of each item inside its owner's range."""
+    counts: list[int]
+    """Records per owner."""
+    values: torch.Tensor
+    """(k, item_numel) rows of ``items``, divided as the call asks."""
+    recv_counts: list[int] | None = None
+    """Records every rank sends this one, where the agreement carried them; None: exchange sizes."""
+
+
+def bucket_records(
+    x2d: torch.Tensor,
+    part: Partition,
+    items: torch.Tensor | None,
+    values: torch.Tensor | None,
+    divisor: int,
+    *,
+    seed: int,
+    hashed: bool,
+) -> PreparedPush:
+    """Step 1.1: non-zero detection, h0 and bucketing by owner.
+
+    One fused kernel over the tensor, or, where the non-zero items are known (``items``, and
+    ``values`` for a COO input), h0 and bucketing of those alone: no scan.
+    """
+    if items is None:
+        grouped, positions, counts = kernels.bucket_nonzero(x2d, part)
+        rows = x2d.index_select(0, grouped)
+        if divisor != 1:
+            rows = rows / divisor
+    else:
+        found, rows = local_records(x2d, items, values, divisor)
+        order, positions, counts = _bucket_items(found, part)
+        grouped, rows = found[order], rows[order]
+    return PreparedPush(
+        seed=seed,
+        hashed=hashed,
+        items=grouped,
+        positions=positions,
+        counts=counts.tolist(),  # host-device sync
+        values=rows,
+    )
 
 
 def _bucket_items(items: torch.Tensor, part: Partition) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -120,24 +179,22 @@ class ZenScheme(SyncScheme):
     async def _push_and_aggregate(self, ctx: SyncContext, part: Partition) -> _Pushed:
         view, transport, stats = ctx.view, ctx.transport, ctx.stats
         idx_dtype = index_dtype(part.range_len)
-        # Step 1.1: non-zero detection + h0 + bucketing by owner: one fused kernel over the tensor,
-        # or, where the non-zero items are known, h0 and bucketing of those alone (no scan).
-        if ctx.items is None:
-            items, positions, counts = kernels.bucket_nonzero(view.x2d, part)
-            values = view.x2d.index_select(0, items)
-            if ctx.divisor != 1:
-                values = values / ctx.divisor
-        else:
-            items, values = ctx.local_records()
-            order, positions, counts = _bucket_items(items, part)
-            items, values = items[order], values[order]
+        # Step 1.1: the records grouped by owner, prepared before the call's agreement (which then
+        # carried every rank's per-owner counts) or now.
+        push = ctx.push
+        if push is None or (push.seed, push.hashed) != (ctx.h0_seed, self.hashed):
+            push = bucket_records(
+                view.x2d, part, ctx.items, ctx.values, ctx.divisor, seed=ctx.h0_seed, hashed=self.hashed
+            )
+        items = push.items
         stats.local_nnz = items.numel()
         stats.skew = local_skew(items, view.num_items, transport.world_size)
-        # Step 1.2: one all-to-all of records, cut by owner.
-        block = encode_records(positions, values, idx_dtype)
+        # Step 1.2: one all-to-all of records, cut by owner (no size exchange where counts are known).
+        block = encode_records(push.positions, push.values, idx_dtype)
         record_bytes = block.shape[1]
-        send_counts = (counts * record_bytes).tolist()  # host-device sync
-        received, recv_counts = await transport.all_to_all_v_async(block.view(-1), send_counts)
+        send_counts = [c * record_bytes for c in push.counts]
+        known = None if push.recv_counts is None else [c * record_bytes for c in push.recv_counts]
+        received, recv_counts = await transport.all_to_all_v_async(block.view(-1), send_counts, known)
         push_bytes_recv = sum(c for j, c in enumerate(recv_counts) if j != transport.rank)
         # Step 2: owner-side aggregation (sum by position), in source-rank order.
         recv_positions, recv_values = decode_records(received, idx_dtype, view.x2d.dtype, view.item_numel)

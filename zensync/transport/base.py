@@ -204,6 +204,8 @@ class Transport(abc.ABC):
                 record.control_bytes_recv += control if control_recv is None else control_recv
                 record.messages_sent += messages
                 record.num_calls += 1
+                # A size exchange before the payload is one more backend collective.
+                record.collectives += 2 if control or control_recv else 1
                 record.comm_time_s += seconds
 
     # ----------------------------------------------------------------------------------------------
@@ -286,21 +288,26 @@ class Transport(abc.ABC):
         messages = (self.world_size - 1) if tensor.numel() else 0
         return sent, recv, control, messages, None
 
-    def all_to_all_v(self, tensor: torch.Tensor, send_counts: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+    def all_to_all_v(
+        self, tensor: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
         """Send ``tensor[offset_j : offset_j + send_counts[j]]`` to rank j; receive likewise.
 
         Returns the concatenation of the chunks received (in source-rank order) and their counts.
+        ``recv_counts``: what each rank sends this one, where the caller knows it (agreed in an
+        exchange it made anyway): the size exchange is skipped, one collective instead of two.
+        They must be exact (a backend that cannot check them may fail or deliver garbage).
         """
-        return self._all_to_all_v_op(tensor, send_counts, blocking=True).wait()
+        return self._all_to_all_v_op(tensor, send_counts, recv_counts, blocking=True).wait()
 
     def all_to_all_v_async(
-        self, tensor: torch.Tensor, send_counts: Sequence[int]
+        self, tensor: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int] | None = None
     ) -> Handle[tuple[torch.Tensor, list[int]]]:
         """Non-blocking ``all_to_all_v``."""
-        return self._all_to_all_v_op(tensor, send_counts, blocking=False)
+        return self._all_to_all_v_op(tensor, send_counts, recv_counts, blocking=False)
 
     def _all_to_all_v_op(
-        self, tensor: torch.Tensor, send_counts: Sequence[int], *, blocking: bool
+        self, tensor: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int] | None, *, blocking: bool
     ) -> Handle[tuple[torch.Tensor, list[int]]]:
         counts = [int(c) for c in send_counts]
         if len(counts) != self.world_size or sum(counts) != tensor.numel() or min(counts, default=0) < 0:
@@ -308,18 +315,26 @@ class Transport(abc.ABC):
                 f"all_to_all_v: send_counts={counts} must have world_size={self.world_size} "
                 f"non-negative entries summing to tensor.numel()={tensor.numel()}"
             )
+        known = None if recv_counts is None else [int(c) for c in recv_counts]
+        if known is not None and (len(known) != self.world_size or min(known, default=0) < 0):
+            raise ValueError(
+                f"all_to_all_v: recv_counts={known} must have world_size={self.world_size} non-negative entries"
+            )
         start = self._start()
         x = tensor.contiguous()
         esize = tensor.element_size()
+        control = 0 if known is not None else CONTROL_BYTES_PER_COUNT * (self.world_size - 1)
 
         def traffic(result: tuple[torch.Tensor, list[int]]) -> _Traffic:
-            recv_counts = result[1]
+            received = result[1]
             sent = sum(c for j, c in enumerate(counts) if j != self.rank) * esize
-            recv = sum(c for j, c in enumerate(recv_counts) if j != self.rank) * esize
+            recv = sum(c for j, c in enumerate(received) if j != self.rank) * esize
             messages = sum(1 for j, c in enumerate(counts) if j != self.rank and c)
-            return sent, recv, CONTROL_BYTES_PER_COUNT * (self.world_size - 1), messages, None
+            return sent, recv, control, messages, None
 
-        return self._issue(lambda: self._all_to_all_v(x, counts), traffic, start, blocking=blocking, multi_stage=True)
+        return self._issue(
+            lambda: self._all_to_all_v(x, counts, known), traffic, start, blocking=blocking, multi_stage=known is None
+        )
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """``src``'s tensor on every rank (others pass a tensor of the same size and dtype)."""
@@ -518,7 +533,10 @@ class Transport(abc.ABC):
         """Every rank's tensor, and the bytes this rank sent if not B_r to each peer (a ring forwards)."""
 
     @abc.abstractmethod
-    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> Handle[tuple[torch.Tensor, list[int]]]: ...
+    def _all_to_all_v(
+        self, tensor: torch.Tensor, counts: list[int], recv_counts: list[int] | None
+    ) -> Handle[tuple[torch.Tensor, list[int]]]:
+        """The exchange; ``recv_counts`` known (exact): no size exchange."""
 
     @abc.abstractmethod
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]: ...

@@ -245,10 +245,14 @@ class SimulatedTransport(Transport):
         # Received tensors are shared with their owners: callers must not modify them in place.
         return Handle.from_call(lambda: (self._exchange(tensor), None))
 
-    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> Handle[tuple[torch.Tensor, list[int]]]:
-        return Handle.from_call(lambda: self._all_to_all_v_now(tensor, counts))
+    def _all_to_all_v(
+        self, tensor: torch.Tensor, counts: list[int], recv_counts: list[int] | None
+    ) -> Handle[tuple[torch.Tensor, list[int]]]:
+        return Handle.from_call(lambda: self._all_to_all_v_now(tensor, counts, recv_counts))
 
-    def _all_to_all_v_now(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
+    def _all_to_all_v_now(
+        self, tensor: torch.Tensor, counts: list[int], known: list[int] | None
+    ) -> tuple[torch.Tensor, list[int]]:
         offsets = list(itertools.accumulate(counts, initial=0))
         items = self._exchange((tensor, counts, offsets))
         received, recv_counts = [], []
@@ -256,6 +260,8 @@ class SimulatedTransport(Transport):
             offset = src_offsets[self.rank]
             received.append(src_tensor[offset : offset + src_counts[self.rank]])
             recv_counts.append(src_counts[self.rank])
+        if known is not None and known != recv_counts:  # a real backend would fail or misplace data
+            raise ValueError(f"all_to_all_v: recv_counts={known} on rank {self.rank}, but the peers send {recv_counts}")
         return torch.cat(received), recv_counts
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]:

@@ -249,12 +249,19 @@ class TorchTransport(Transport):
         sent = sum(s for j, s in enumerate(sizes) if j != (r + 1) % n) * tensor.element_size()
         return blocks, sent
 
-    def _all_to_all_v(self, tensor: torch.Tensor, counts: list[int]) -> Handle[tuple[torch.Tensor, list[int]]]:
-        return Task(self._all_to_all_v_steps(tensor, counts)).start()
+    def _all_to_all_v(
+        self, tensor: torch.Tensor, counts: list[int], recv_counts: list[int] | None
+    ) -> Handle[tuple[torch.Tensor, list[int]]]:
+        return Task(self._all_to_all_v_steps(tensor, counts, recv_counts)).start()
 
-    async def _all_to_all_v_steps(self, tensor: torch.Tensor, counts: list[int]) -> tuple[torch.Tensor, list[int]]:
-        send_counts = torch.tensor(counts, dtype=torch.int64, device=tensor.device)
-        recv_counts = (await self._a2a(torch.empty_like(send_counts), send_counts)).tolist()  # host-device sync
+    async def _all_to_all_v_steps(
+        self, tensor: torch.Tensor, counts: list[int], known: list[int] | None
+    ) -> tuple[torch.Tensor, list[int]]:
+        if known is None:
+            send_counts = torch.tensor(counts, dtype=torch.int64, device=tensor.device)
+            recv_counts = (await self._a2a(torch.empty_like(send_counts), send_counts)).tolist()  # host-device sync
+        else:
+            recv_counts = known
         out = torch.empty(sum(recv_counts), dtype=tensor.dtype, device=tensor.device)
         await self._a2a(out, tensor, output_split_sizes=recv_counts, input_split_sizes=counts)
         return out, recv_counts

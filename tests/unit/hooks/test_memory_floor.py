@@ -76,7 +76,7 @@ def test_sparse_parameter_step_allocates_nothing_of_its_size(strategy: str) -> N
     def body(transport: zensync.Transport) -> list[str]:
         state = ZenSyncState(transport, [("emb.weight", emb.weight)], HookConfig(strategy=strategy))
         state.setup()
-        schemes = []
+        schemes, collectives = [], []
         try:
             for step in range(STEPS):
                 buffer = buffers[transport.rank, step]
@@ -101,12 +101,18 @@ def test_sparse_parameter_step_allocates_nothing_of_its_size(strategy: str) -> N
                 last = state.last_step()
                 assert last is not None
                 schemes.append(last["params"]["emb.weight"]["scheme"])
+                collectives.append(last["params"]["emb.weight"]["collectives"])
         finally:
             state.close()
-        return schemes
+        return schemes, collectives
 
-    schemes = world.run(body)
+    outcomes = world.run(body)
+    schemes = [s for s, _ in outcomes]
     assert all(s == strategy for per_rank in schemes for s in per_rank[WARMUP:]), schemes
+    # Zen's per-owner counts ride on the detection gather once Zen synced the parameter the step
+    # before: push 1 + pull 2 collectives (its first step: push 2, sizes first).
+    for _, collectives in outcomes:
+        assert collectives[0] == 4 and set(collectives[1:]) == ({3} if strategy == "zen" else {4}), collectives
     param_kib = ROWS * DIM * 4 // 1024
     # Both ranks' steps together: far below one parameter-sized allocation (50,000 KiB).
     assert max(growth_kib) < param_kib // 4, f"peak RSS grew {growth_kib} KiB per step; the parameter is {param_kib}"

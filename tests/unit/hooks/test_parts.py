@@ -199,4 +199,5 @@ def test_param_step_dicts_hold_the_fields_each_path_observes() -> None:
         "bytes_recv": 0,
         "predicted_s": None,
         "measured_s": 0.1,
+        "collectives": None,
     }
