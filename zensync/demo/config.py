@@ -10,7 +10,7 @@ from zensync.hooks import STRATEGIES as HOOK_STRATEGIES
 from zensync.hooks.strategy import resolve_strategy
 from zensync.testbed import parse_rate
 
-__all__ = ["DEMO_FLAGS", "STRATEGIES", "TORCH_STRATEGIES", "DemoConfig"]
+__all__ = ["DEMO_FLAGS", "SPARSE_SUFFIX", "STRATEGIES", "TORCH_STRATEGIES", "DemoConfig", "split_strategy"]
 
 TORCH_STRATEGIES = ("ddp", "fp16")
 """Baselines from torch itself: ``ddp`` = DDP's allreduce (torch's allreduce_hook, same numbers as no
@@ -19,6 +19,17 @@ STRATEGIES = (*TORCH_STRATEGIES, *HOOK_STRATEGIES)
 """Named strategies of the demo; names other than the torch baselines go to ``zensync.register``, and
 so do compressor specs (``topk:0.01``, ``powersgd:4``; lossy, so their parameters differ from DDP's)."""
 DEFAULT_STRATEGIES = ("ddp", "fp16", "agsparse", "zen", "auto")
+SPARSE_SUFFIX = "+sparse"
+"""``<strategy>+sparse``: the same strategy on a model whose embedding is ``nn.Embedding(sparse=True)``
+(``ddp+sparse``: torch's own sparse-gradient path, DDP's sparse allreduce; ``auto+sparse``: zensync's
+hook on the COO gradients). fp16 and compressor specs take no suffix (they compress dense buckets)."""
+
+
+def split_strategy(strategy: str) -> tuple[str, bool]:
+    """(the strategy without ``+sparse``, whether the embedding's gradient is sparse)."""
+    if strategy.endswith(SPARSE_SUFFIX):
+        return strategy[: -len(SPARSE_SUFFIX)], True
+    return strategy, False
 
 
 DEMO_FLAGS = {
@@ -119,11 +130,12 @@ class DemoConfig:
     def _check_strategies(self) -> None:
         if not self.strategies:
             raise ValueError(f"strategies is empty; choose one or more of: {', '.join(STRATEGIES)}")
-        unknown = [s for s in self.strategies if s not in STRATEGIES and not _compressor_spec(s)]
+        unknown = [s for s in self.strategies if not _known(s)]
         if unknown:
             raise ValueError(
                 f"strategies {unknown} unknown (valid: {', '.join(STRATEGIES)}, or a compressor spec such as "
-                f"topk:0.01 or powersgd:4)"
+                f"topk:0.01 or powersgd:4; ddp and zensync's lossless strategies also as <name>{SPARSE_SUFFIX}, "
+                f"with nn.Embedding(sparse=True))"
             )
         if len(set(self.strategies)) != len(self.strategies):
             raise ValueError(f"strategies={list(self.strategies)} lists a strategy twice")
@@ -142,6 +154,13 @@ class DemoConfig:
 def _check_at_least(name: str, value: int, bound: int) -> None:
     if not isinstance(value, int) or value < bound:
         raise ValueError(f"DemoConfig.{name}={value!r} must be an integer >= {bound}")
+
+
+def _known(strategy: str) -> bool:
+    base, sparse = split_strategy(strategy)
+    if sparse:
+        return base != "fp16" and base in STRATEGIES
+    return base in STRATEGIES or _compressor_spec(base)
 
 
 def _compressor_spec(text: str) -> bool:

@@ -16,6 +16,7 @@ one scheme (``dense`` for allreduce, ``fp16`` for the fp16 compress hook).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from typing import Any
@@ -43,7 +44,16 @@ class TorchHookMeter:
         scheme: What the hook does to every parameter, as the step records name it ('dense', 'fp16').
     """
 
-    __slots__ = ("bytes_sent", "hook", "intervals", "num_params", "scheme", "wire_bytes_per_element", "world_size")
+    __slots__ = (
+        "bytes_sent",
+        "hook",
+        "intervals",
+        "num_params",
+        "num_sparse",
+        "scheme",
+        "wire_bytes_per_element",
+        "world_size",
+    )
 
     def __init__(self, hook: Any, world_size: int, wire_bytes_per_element: int, scheme: str) -> None:
         self.hook = hook
@@ -53,16 +63,17 @@ class TorchHookMeter:
         self.intervals: list[tuple[float, float]] = []
         self.bytes_sent = 0.0
         self.num_params = 0
+        self.num_sparse = 0
+        """Parameters of sparse-gradient buckets (torch's sparse allreduce), counted as 'torch_sparse'."""
 
     def pop_step(self) -> dict[str, Any]:
         """This step's communication time (s, union of bucket intervals), modelled bytes and parameters
         per scheme, then reset."""
-        out = {
-            "comm_time_s": union_length(self.intervals),
-            "bytes_sent": self.bytes_sent,
-            "scheme_counts": {self.scheme: self.num_params},
-        }
-        self.intervals, self.bytes_sent, self.num_params = [], 0.0, 0
+        counts = {self.scheme: self.num_params - self.num_sparse}
+        if self.num_sparse:
+            counts["torch_sparse"] = self.num_sparse
+        out = {"comm_time_s": union_length(self.intervals), "bytes_sent": self.bytes_sent, "scheme_counts": counts}
+        self.intervals, self.bytes_sent, self.num_params, self.num_sparse = [], 0.0, 0, 0
         return out
 
 
@@ -83,8 +94,15 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
 
 def timed_torch_hook(meter: TorchHookMeter, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Comm hook: run ``meter.hook`` on the bucket; add its duration and ring-model bytes to ``meter``."""
+    buffer = bucket.buffer()
+    if buffer.layout == torch.sparse_coo:  # gloo's sparse allreduce: an all-gather of the coalesced entries
+        rows = int(torch.unique(buffer._indices()[0]).numel())
+        row = math.prod(buffer.shape[1:])
+        meter.bytes_sent += (meter.world_size - 1) * rows * (8 + row * buffer.element_size())
+        meter.num_sparse += len(bucket.parameters())
+    else:
+        meter.bytes_sent += ring_bytes_per_rank(buffer.numel() * meter.wire_bytes_per_element, meter.world_size)
     start = time.perf_counter()
-    meter.bytes_sent += ring_bytes_per_rank(bucket.buffer().numel() * meter.wire_bytes_per_element, meter.world_size)
     meter.num_params += len(bucket.parameters())
     future = meter.hook(None, bucket)
 

@@ -27,15 +27,17 @@ class DemoModel(lm.LanguageModel):
     Args:
         config: Sizes.
         generator: Seeded generator of the initial weights.
+        sparse_embedding: ``nn.Embedding(sparse=True)`` (the strategies named ``<strategy>+sparse``).
     """
 
-    def __init__(self, config: DemoConfig, *, generator: torch.Generator) -> None:
-        super().__init__(lm_config(config), generator=generator)
+    def __init__(self, config: DemoConfig, *, generator: torch.Generator, sparse_embedding: bool = False) -> None:
+        super().__init__(lm_config(config, sparse_embedding), generator=generator)
 
 
-def lm_config(config: DemoConfig) -> lm.Config:
+def lm_config(config: DemoConfig, sparse_embedding: bool = False) -> lm.Config:
     """The ``zensync.workloads.lm`` config whose corpus and batches the demo uses."""
     return lm.Config(
+        sparse_embedding=sparse_embedding,
         vocab_size=config.vocab_size,
         embed_dim=config.embed_dim,
         hidden_size=config.hidden_size,

@@ -8,6 +8,8 @@ Numbers per strategy (warm-up steps excluded):
   (ring allreduce, 2(n-1)/n of each bucket) for torch's hooks;
 - wire MB per worker per step (emulated hosts only): each host's interface tx delta over the timed
   steps / steps, counted by the kernel (includes barriers and TCP/IP headers);
+- wire ms per step (emulated hosts only): those bytes at the link rate, the physical floor of the
+  step's communication (Eq. 1's wire time for the sparse part, the ring's for the dense part);
 - speedup: DDP's step time / this step time; max |dparam|: rank 0's final parameters against DDP's;
 - schemes: which sync schemes actually ran, as the share of parameter-steps (one parameter synced in
   one timed step) each scheme took, e.g. "zen 14% / dense 86%" (schemes are agreed by all ranks).
@@ -31,10 +33,11 @@ from typing import Any
 import torch
 
 import zensync
-from zensync.demo.config import DEMO_FLAGS, TORCH_STRATEGIES, DemoConfig
+from zensync.demo.config import DEMO_FLAGS, TORCH_STRATEGIES, DemoConfig, split_strategy
 from zensync.demo.model import parameter_counts
 from zensync.demo.runner import DemoResult, StrategyRun, default_out_dir
 from zensync.hooks.decision import COMPRESSED_PREFIX
+from zensync.testbed import parse_rate
 
 __all__ = [
     "format_schemes",
@@ -70,7 +73,7 @@ def _summarize_run(run: StrategyRun, steps: int) -> dict[str, Any]:
         "step_ms": step_s * 1e3,
         "comm_ms": comm_s * 1e3,
         "mb_sent_per_step": sent / _MB,
-        "bytes_kind": "modelled (ring)" if run.strategy in TORCH_STRATEGIES else "counted (hook)",
+        "bytes_kind": "modelled (ring)" if split_strategy(run.strategy)[0] in TORCH_STRATEGIES else "counted (hook)",
         "wire_mb_per_step": None if wire is None else wire / _MB,
         "final_loss": statistics.fmean(rank["steps"][-1]["loss"] for rank in run.ranks),
         "schemes": schemes,
@@ -117,7 +120,10 @@ def summarize(result: DemoResult) -> list[dict[str, Any]]:
     baseline = next((r for r in result.runs if r.strategy == _BASELINE), None)
     rows = [_summarize_run(run, result.config.steps) for run in result.runs]
     base_row = next((row for row in rows if row["strategy"] == _BASELINE), None)
+    rate = parse_rate(result.config.net) if result.config.net else None
     for row, run in zip(rows, result.runs, strict=True):
+        wire = row["wire_mb_per_step"]
+        row["wire_ms_at_rate"] = None if rate is None or wire is None else wire * _MB * 8 / rate * 1e3
         row["max_param_diff"] = _max_param_diff(run, baseline)
         row["speedup"] = None if base_row is None else base_row["step_ms"] / row["step_ms"]
         row["comm_vs_ddp"] = (
@@ -133,18 +139,21 @@ def _fmt(value: float | None, spec: str) -> str:
 def format_table(rows: list[dict[str, Any]], emulated: bool) -> str:
     """The comparison as a Markdown table (readable as plain text)."""
     head = ["strategy", "step ms (median)", "comm ms/step", "comm / ddp", "MB sent/worker/step"]
-    head += ["wire MB/worker/step"] if emulated else []
+    head += ["wire MB/worker/step", "wire ms/step at link rate"] if emulated else []
     head += ["speedup vs ddp", "max abs(param - ddp)", "final loss", "schemes (share of param-steps)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         kind = "m" if row["bytes_kind"].startswith("modelled") else "c"
         cells = [row["strategy"], _fmt(row["step_ms"], ".1f"), _fmt(row["comm_ms"], ".1f")]
         cells += [_fmt(row["comm_vs_ddp"], ".2f"), f"{row['mb_sent_per_step']:.3f} ({kind})"]
-        cells += [_fmt(row["wire_mb_per_step"], ".3f")] if emulated else []
+        cells += [_fmt(row["wire_mb_per_step"], ".3f"), _fmt(row.get("wire_ms_at_rate"), ".1f")] if emulated else []
         cells += [_fmt(row["speedup"], ".2f") + "x", _fmt(row["max_param_diff"], ".2e"), f"{row['final_loss']:.3f}"]
         cells += [format_schemes(row.get("scheme_shares", {}))]
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append("(m) = modelled by the ring formula 2(n-1)/n x bucket bytes; (c) = counted by zensync's hook.")
+    lines.append(
+        "(m) = modelled by the ring formula 2(n-1)/n x bucket bytes (sparse buckets: an all-gather of their "
+        "entries); (c) = counted by zensync's hook."
+    )
     return "\n".join(lines)
 
 

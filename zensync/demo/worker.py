@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import zensync
-from zensync.demo.config import TORCH_STRATEGIES, DemoConfig
+from zensync.demo.config import TORCH_STRATEGIES, DemoConfig, split_strategy
 from zensync.demo.meter import TorchHookMeter, ZenSyncMeter, timed_torch_hook
 from zensync.demo.model import DemoModel, batch
 from zensync.transport import launch
@@ -44,6 +44,7 @@ def attach_strategy(
     ddp: DistributedDataParallel, strategy: str, world_size: int, config: DemoConfig
 ) -> tuple[Any, Any]:
     """Register ``strategy``'s comm hook on ``ddp``; returns (meter with ``pop_step()``, zensync state or None)."""
+    strategy, _ = split_strategy(strategy)
     if strategy in TORCH_STRATEGIES:
         if strategy == "ddp":
             meter = TorchHookMeter(launch.allreduce_hook, world_size, 4, scheme="dense")
@@ -71,7 +72,7 @@ def _one_step(
     loss_fn = nn.CrossEntropyLoss()
     launch.barrier()
     start = time.perf_counter()
-    optimizer.zero_grad(set_to_none=False)
+    optimizer.zero_grad()  # set_to_none, torch's default: zensync's row hints need the cleared gradient
     logits = ddp(inputs)
     loss = loss_fn(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     loss.backward()
@@ -94,7 +95,8 @@ def train(
     Step 2: ``warmup_steps`` untimed steps, then ``steps`` timed steps on this rank's batches;
     ``on_step(step)`` after each.
     """
-    model = DemoModel(config, generator=torch.Generator().manual_seed(config.seed))
+    sparse_embedding = split_strategy(strategy)[1]
+    model = DemoModel(config, generator=torch.Generator().manual_seed(config.seed), sparse_embedding=sparse_embedding)
     ddp = DistributedDataParallel(model)
     meter, state = attach_strategy(ddp, strategy, world_size, config)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)

@@ -77,6 +77,8 @@ class Config:
     class (None: ``vocab_size``, the full vocabulary)."""
     tie_weights: bool = False
     """Share the embedding with the decoder (needs embed_dim == hidden_size; makes the gradient dense)."""
+    sparse_embedding: bool = False
+    """``nn.Embedding(sparse=True)``: the embedding's gradient is a sparse COO tensor (one entry per lookup)."""
     seq_len: int = 35
     """Tokens per training sequence (BPTT length)."""
     batch_size: int = 20
@@ -98,6 +100,8 @@ class Config:
                 f"output_vocab_size={self.output_vocab_size} must be in 2..vocab_size={self.vocab_size}: the "
                 f"decoder predicts the most frequent words plus <unk>"
             )
+        if self.tie_weights and self.sparse_embedding:
+            raise ValueError("tie_weights=True makes the embedding's gradient dense: it excludes sparse_embedding=True")
         if self.tie_weights and self.output_vocab_size not in (None, self.vocab_size):
             raise ValueError("tie_weights=True needs the full vocabulary as output (output_vocab_size=None)")
         if self.tie_weights and self.embed_dim != self.hidden_size:
@@ -203,8 +207,8 @@ class LanguageModel(nn.Module):
     """Embedding -> LSTM -> Linear decoder over the vocabulary, initialised from a seeded generator.
 
     Every rank that builds it with the same ``generator`` seed holds identical weights, as in
-    data-parallel training. The embedding is dense (``sparse=False``) so its gradient is a dense
-    (vocab_size, embed_dim) tensor whose untouched rows are exactly zero.
+    data-parallel training. By default the embedding's gradient is a dense (vocab_size, embed_dim)
+    tensor whose untouched rows are exactly zero; with ``sparse_embedding`` it is a sparse COO tensor.
 
     Args:
         config: Sizes.
@@ -215,7 +219,9 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.config = config
         # Build on the meta device and initialise explicitly: no draw from the global RNG.
-        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, device="meta")
+        self.embedding = nn.Embedding(
+            config.vocab_size, config.embed_dim, sparse=config.sparse_embedding, device="meta"
+        )
         self.lstm = nn.LSTM(
             config.embed_dim, config.hidden_size, num_layers=config.num_layers, batch_first=True, device="meta"
         )

@@ -409,6 +409,22 @@ def test_the_table_shows_which_schemes_ran(tmp_path):
     assert {line.count("|") for line in lines.values()} == {lines["strategy"].count("|")}  # no stray cell
 
 
+@pytest.mark.parametrize("strategy", ["ddp+sparse", "auto+sparse", "zen+sparse", "agsparse+sparse"])
+def test_demo_takes_sparse_embedding_strategies(strategy):
+    from zensync.demo.config import DemoConfig, split_strategy
+
+    assert DemoConfig(strategies=(strategy,)).strategies == (strategy,)
+    assert split_strategy(strategy) == (strategy.removesuffix("+sparse"), True)
+
+
+@pytest.mark.parametrize("strategy", ["fp16+sparse", "topk:0.01+sparse", "nope+sparse", "ddp+sparse+sparse"])
+def test_demo_refuses_sparse_variants_it_cannot_run(strategy):
+    from zensync.demo.config import DemoConfig
+
+    with pytest.raises(ValueError, match=r"unknown .*\+sparse"):
+        DemoConfig(strategies=(strategy,))
+
+
 def test_meters_count_parameters_per_scheme():
     from types import SimpleNamespace
 
@@ -418,6 +434,8 @@ def test_meters_count_parameters_per_scheme():
     torch_meter.num_params = 5
     assert torch_meter.pop_step()["scheme_counts"] == {"fp16": 5}
     assert torch_meter.pop_step()["scheme_counts"] == {"fp16": 0}
+    torch_meter.num_params, torch_meter.num_sparse = 3, 1  # a sparse-gradient bucket: torch's sparse allreduce
+    assert torch_meter.pop_step()["scheme_counts"] == {"fp16": 2, "torch_sparse": 1}
     params = {
         "emb": {"scheme": "zen", "bytes_sent": 10},
         "fc.weight": {"scheme": "dense"},
