@@ -22,7 +22,10 @@ Every op starts from the same per-rank gradient and is timed after a barrier (me
 * ``torch sparse (COO out)``: the same without ``to_dense()``;
 * ``zen`` / ``agsparse``: ``zensync.sparse_allreduce(g, scheme=...)`` from the dense gradient, result
   in a new tensor;
-* ``zen out=input``: ``sparse_allreduce(buf, scheme="zen", out=buf)`` on a copy made before the barrier.
+* ``zen out=input``: ``sparse_allreduce(buf, scheme="zen", out=buf)`` on a copy made before the barrier;
+* floors (where zen's time goes): its scan alone (``kernels.nonzero_items`` of the gradient, every rank
+  at once on the shared cores) and its collectives alone (a replay of its push and pull bytes, no
+  compute, one size exchange more than zen's folded push).
 
 Wire bytes are eth0 tx byte deltas per host read inside each namespace, over all reps of an op,
 minus the fencing barriers' bytes. Eq. 1's wire time is (n-1)/n (K+U)(4+4D) bytes at the nominal
@@ -49,7 +52,9 @@ import torch
 import torch.distributed as dist
 
 import zensync
+from zensync import kernels
 from zensync.testbed import EmulatedCluster, make_cluster, parse_rate
+from zensync.transport import transport_for_group
 
 _PORT = 29561
 _SETTLE_S = 0.3
@@ -117,7 +122,7 @@ def _workload(name: str, args: argparse.Namespace, barrier_tx: float) -> dict[st
     rank, n = dist.get_rank(), dist.get_world_size()
     rows, dim, draws = _WORKLOADS[name]
     g = embedding_gradient(rows, dim, draws, rank)
-    expected = sum(embedding_gradient(rows, dim, draws, r).double() for r in range(n))
+    expected = torch.stack([embedding_gradient(rows, dim, draws, r).double() for r in range(n)]).sum(0)
     union = int((expected != 0).any(1).sum())
     local = int((g != 0).any(1).sum())
     coo = g.to_sparse(sparse_dim=1).coalesce()
@@ -149,7 +154,39 @@ def _workload(name: str, args: argparse.Namespace, barrier_tx: float) -> dict[st
             m["engine_bytes_sent"] = sum(p.bytes_sent + p.control_bytes_sent for p in st.phases.values())
             m["collectives"] = getattr(st, "collectives", None)
         rows_out[op_name] = m
+    rows_out.update(_floors(g, boxes["zen out=input"]["stats"], args))
     return {"local_rows": local, "union": union, "ops": rows_out}
+
+
+def _floors(g: torch.Tensor, zen_stats: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Where zen's time goes: its scan alone, and its collectives alone (same bytes, no compute).
+
+    The replay sends zen's push bytes split evenly over the peers (with a size exchange first: one
+    collective more than zen's folded push) and all-gathers a payload of zen's pull size.
+    """
+    transport = transport_for_group(None)
+    n = transport.world_size
+    push_bytes = zen_stats.phases["push"].bytes_sent
+    pull_bytes = zen_stats.phases["pull"].bytes_sent // max(1, n - 1)
+    counts = [0 if j == transport.rank else push_bytes // (n - 1) for j in range(n)]
+    push = torch.zeros(sum(counts), dtype=torch.uint8)
+    pull = torch.zeros(pull_bytes, dtype=torch.uint8)
+
+    def replay(_: Any) -> torch.Tensor:
+        transport.all_to_all_v(push, counts)
+        transport.all_gather_v(pull)
+        return push
+
+    out = {}
+    for name, (prepare, op) in {
+        "floor: zen's scan alone": (lambda: g, kernels.nonzero_items),
+        "floor: zen's collectives alone": (lambda: None, replay),
+    }.items():
+        m = _measure(prepare, op, args.reps, args.iface)
+        m.pop("result")
+        m["max_abs_err"] = None
+        out[name] = m
+    return out
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -179,7 +216,9 @@ def _summarize(args: argparse.Namespace, ranks: list[dict[str, Any]], rate_bits:
             table[op] = {
                 "median_s": med,
                 "wire_tx_per_host": [p["ops"][op]["tx"] for p in per],
-                "max_abs_err": max(p["ops"][op]["max_abs_err"] for p in per),
+                "max_abs_err": None
+                if per[0]["ops"][op]["max_abs_err"] is None
+                else max(p["ops"][op]["max_abs_err"] for p in per),
                 "engine_bytes_sent": [p["ops"][op].get("engine_bytes_sent") for p in per],
                 "phase_time_s_rank0": per[0]["ops"][op].get("phase_time_s"),
                 "collectives_rank0": per[0]["ops"][op].get("collectives"),
@@ -228,7 +267,7 @@ def _markdown(meta: dict[str, Any], res: dict[str, Any]) -> str:
             lines.append(
                 f"| {op} | {row['median_s'] * 1e3:.1f} | {row['speedup_vs_torch_sparse']:.2f} | "
                 f"{row['speedup_vs_dense']:.1f} | {statistics.mean(row['wire_tx_per_host']):,.0f} | "
-                f"{row['max_abs_err']:.2e} | {ph} |"
+                f"{'n/a' if row['max_abs_err'] is None else format(row['max_abs_err'], '.2e')} | {ph} |"
             )
         if w["zen_over_eq1"]:
             lines += [

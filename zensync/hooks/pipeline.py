@@ -32,6 +32,8 @@ from collections.abc import Sequence
 
 import torch
 
+from zensync.cost import CostModel, TensorShape
+from zensync.hooks.decider import choose_scheme
 from zensync.hooks.decision import DecisionKind
 from zensync.hooks.executor import BucketWork, param_item_view
 from zensync.hooks.state import ZenSyncState
@@ -42,9 +44,10 @@ from zensync.sync.partition import make_partition
 from zensync.sync.run import run_agreed_async
 from zensync.sync.zen import PreparedPush, bucket_records
 from zensync.transport import Handle, TrafficLog
-from zensync.types import SyncStats
+from zensync.types import SyncStats, index_dtype
 
 __all__ = [
+    "SPARSE_GRADIENT_CANDIDATES",
     "async_dense",
     "bucket_job",
     "check_step_job",
@@ -209,17 +212,37 @@ def _early_pushes(
     return pushes
 
 
-def sparse_gradient_scheme(state: ZenSyncState) -> str:
-    """The scheme of sparse-gradient buckets: a named sparse scheme as asked, otherwise Zen.
+SPARSE_GRADIENT_CANDIDATES = ("zen", "agsparse")
+"""What "auto" chooses from for a sparse-gradient parameter: the schemes that work from its indices."""
 
-    A sparse gradient is synced sparsely under every strategy: "auto", "dense" and compressor
-    strategies take Zen (compressing indices and values would be lossy for no gain), as DDP itself
-    syncs such a gradient with a sparse allreduce whatever else the model does.
+
+def sparse_gradient_scheme(state: ZenSyncState, name: str, view: ItemView, model: CostModel | None) -> str:
+    """The scheme of a sparse-gradient bucket.
+
+    A named sparse scheme when the strategy names one. Under "auto", the cost model's choice
+    (rounds and bytes) between Zen and AGsparse at the density and densification the parameter's
+    last sync measured, which every rank holds alike (AGsparse's one all-gather wins at few ranks
+    and small tables, Zen's balanced push and pull at many ranks); Zen on the first step. Every
+    other strategy ("dense", compressor specs) takes Zen: compressing indices and values would be
+    lossy for no gain, and DDP itself syncs such a gradient with a sparse allreduce whatever else
+    the model does.
     """
     strategy = state.strategy
     if strategy.kind == "sparse" and strategy.text in SCHEMES and strategy.text != "auto":
         return strategy.text
-    return "zen"
+    record = state.record(name)
+    if strategy.text != "auto" or model is None or record.steps == 0:
+        return "zen"
+    shape = TensorShape(
+        world_size=state.runtime.transport.world_size,
+        num_items=view.num_items,
+        item_bytes=view.item_bytes,
+        index_bytes=index_dtype(view.num_items).itemsize,
+        nnz=record.mean_density * view.num_items,
+    )
+    choice, predicted = choose_scheme(shape, SPARSE_GRADIENT_CANDIDATES, model, record, state.config.switch_margin)
+    record.predicted_s = predicted
+    return choice
 
 
 async def sparse_gradient_job(state: ZenSyncState, grad: torch.Tensor, name: str) -> torch.Tensor:
@@ -244,7 +267,9 @@ async def _sync_sparse_gradient(state: ZenSyncState, grad: torch.Tensor, name: s
     start = time.perf_counter()
     transport = state.runtime.transport
     coo = CooItems.of(grad)
-    scheme = sparse_gradient_scheme(state)
+    model = await state.runtime.ensure_cost_model(state.config) if state.strategy.text == "auto" else None
+    with state.lock:
+        scheme = sparse_gradient_scheme(state, name, coo.view, model)
     stats = SyncStats()
     log = TrafficLog()
     with transport.recording(log):
@@ -262,6 +287,9 @@ async def _sync_sparse_gradient(state: ZenSyncState, grad: torch.Tensor, name: s
         )
     result = coo.restore(summed, 1)
     with state.lock:
+        record = state.record(name)
+        record.scheme = scheme
+        record.mean_density = stats.mean_density  # from every rank's counts: the same on every rank
         state.executor.note_sparse(name, scheme, stats)
         state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)
     return result

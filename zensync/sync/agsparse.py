@@ -24,16 +24,18 @@ class AGSparseScheme(SyncScheme):
     """All-gather of COO with one-shot aggregation."""
 
     name = "agsparse"
+    records = True
+    divides = True
 
     async def run(self, ctx: SyncContext) -> torch.Tensor:
         view, transport, stats = ctx.view, ctx.transport, ctx.stats
         idx_dtype = index_dtype(view.num_items)
-        # Step 1: local COO.
+        # Step 1: local COO (from the known items where the call has them: no scan).
         with ctx.phase("encode"):
-            items = kernels.nonzero_items(view.x2d)
+            items, rows = ctx.local_records()
             stats.local_nnz = items.numel()
             stats.skew = local_skew(items, view.num_items, transport.world_size)
-            block = encode_records(items, view.x2d.index_select(0, items), idx_dtype)
+            block = encode_records(items, rows, idx_dtype)
         # Step 2: all-gather.
         with ctx.phase("allgather"):
             gathered = await transport.all_gather_v_async(block.view(-1))
@@ -44,8 +46,17 @@ class AGSparseScheme(SyncScheme):
             acc = accumulation_dtype(view.x2d.dtype)
             values = torch.cat([d[1].to(acc) for d in decoded])
             unique, sums, multiplicity = kernels.aggregate(indices, values)
-            out = ctx.output()  # the input itself with out=: only the union's items are written
-            out[unique] = sums.to(out.dtype)
+            if ctx.sparse_out:
+                out = torch.sparse_coo_tensor(
+                    unique.unsqueeze(0),
+                    sums.to(view.x2d.dtype),
+                    (view.num_items, view.item_numel),
+                    is_coalesced=True,
+                    check_invariants=False,
+                )
+            else:
+                out = ctx.output()  # the input itself with out=: only the union's items are written
+                out[unique] = sums.to(out.dtype)
         nnz_per_rank = [d[0].numel() for d in decoded]
         record_densities(stats, nnz_per_rank, unique.numel())
         shared_pairs = int((multiplicity * (multiplicity - 1) // 2).sum())  # host-device sync

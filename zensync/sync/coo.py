@@ -59,6 +59,8 @@ class CooItems:
         else:
             indices = torch.stack(torch.unravel_index(items, self.shape[: self.sparse_dim]))
         values = values.reshape((values.shape[0], *self.shape[self.sparse_dim :]))
+        if values.numel() == 0:  # an empty result may come with stride-0 views: give it ordinary strides
+            values = torch.empty(values.shape, dtype=values.dtype, device=values.device)
         return torch.sparse_coo_tensor(indices, values, self.shape, is_coalesced=True, check_invariants=False)
 
 

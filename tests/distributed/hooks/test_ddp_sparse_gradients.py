@@ -16,6 +16,7 @@ from torch import nn
 
 import zensync
 from tests.distributed._launch import launch
+from zensync.hooks.pipeline import SPARSE_GRADIENT_CANDIDATES
 
 STEPS = 4
 VOCAB, DIM, BAG_VOCAB = 500, 8, 300
@@ -107,6 +108,7 @@ def test_parameters_match_ddp_sparse_allreduce(results: list[dict[str, Any]], ca
 
 def test_sparse_gradients_take_the_sparse_scheme(results: list[dict[str, Any]]) -> None:
     for per_rank in results:
-        assert per_rank["auto/sgd"]["schemes"]["emb.weight"] == "zen"
-        assert per_rank["auto/sgd"]["schemes"]["bag.weight"] == "zen"
-        assert per_rank["agsparse/sgd"]["schemes"]["emb.weight"] == "agsparse"
+        for name in ("emb.weight", "bag.weight"):
+            assert per_rank["auto/sgd"]["schemes"][name] in SPARSE_GRADIENT_CANDIDATES  # the cost model's pick
+            assert per_rank["zen/sparse_adam"]["schemes"][name] == "zen"
+            assert per_rank["agsparse/sgd"]["schemes"][name] == "agsparse"

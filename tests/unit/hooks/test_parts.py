@@ -201,3 +201,31 @@ def test_param_step_dicts_hold_the_fields_each_path_observes() -> None:
         "measured_s": 0.1,
         "collectives": None,
     }
+
+
+@pytest.mark.parametrize(("world_size", "expected"), [(4, "agsparse"), (64, "zen")])
+def test_auto_picks_the_sparse_gradient_scheme_by_rounds_and_bytes(world_size: int, expected: str) -> None:
+    """A 50,000-row table with 1 % of its rows touched per rank: at 4 ranks AGsparse's single all-gather
+    is cheaper (Zen pays more rounds), at 64 ranks its (n-1) K volume loses to Zen's balanced push/pull."""
+    from types import SimpleNamespace
+
+    from zensync.cost import CostModel
+    from zensync.hooks.memory import ParamRecord
+    from zensync.hooks.pipeline import sparse_gradient_scheme
+    from zensync.hooks.strategy import resolve_strategy
+    from zensync.sync.base import item_view
+
+    record = ParamRecord(scheme="zen", mean_density=0.01, gamma=1.5, steps=3)
+    state = SimpleNamespace(
+        strategy=resolve_strategy("auto"),
+        record=lambda name: record,
+        runtime=SimpleNamespace(transport=SimpleNamespace(world_size=world_size)),
+        config=SimpleNamespace(switch_margin=0.1),
+    )
+    view = item_view(torch.zeros(50_000, 64), "row")
+    model = CostModel(latency_s=1e-3, bandwidth_bytes_per_s=1.25e8)
+    assert sparse_gradient_scheme(state, "emb.weight", view, model) == expected  # type: ignore[arg-type]
+    assert set(record.predicted_s) == {"zen", "agsparse"}
+    fresh = ParamRecord()  # no sync measured yet: Zen
+    state.record = lambda name: fresh
+    assert sparse_gradient_scheme(state, "emb.weight", view, model) == "zen"  # type: ignore[arg-type]
