@@ -91,11 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         for index, variant in enumerate(_VARIANTS):
             cmd = [sys.executable, os.path.abspath(__file__), *forwarded, "--worker", "--variant", variant]
             cmd += ["--corpus", str(corpus_path), "--out", tmp]
-            cluster.run_workers(
-                lambda r, cmd=cmd: cmd,
-                lambda r, index=index: {**cluster.env_for_torch(r, _PORT + index), "OMP_NUM_THREADS": "1"},
-                timeout_s=600,
-            )
+            port = _PORT + index
+
+            def argv_for(rank: int, cmd: list[str] = cmd) -> list[str]:
+                return cmd
+
+            def env_for(rank: int, port: int = port) -> dict[str, str]:
+                return {**cluster.env_for_torch(rank, port), "OMP_NUM_THREADS": "1"}
+
+            cluster.run_workers(argv_for, env_for, timeout_s=600)
             ranks = [json.loads(pathlib.Path(tmp, f"{variant}_rank{r}.json").read_text()) for r in range(args.hosts)]
             medians[variant] = statistics.median(max(r[i] for r in ranks) for i in range(args.steps))
         label = f"netns{args.hosts}x{args.rate}" if isinstance(cluster, EmulatedCluster) else f"loopback{args.hosts}"
