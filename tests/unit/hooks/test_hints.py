@@ -107,7 +107,7 @@ def cases(draw: st.DrawFn) -> dict:
 
 
 @given(cases())
-@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_hints_give_the_scans_gradients(case: dict) -> None:
     hinted, stats = _run(case, row_hints=True)
     scanned, no_stats = _run(case, row_hints=False)

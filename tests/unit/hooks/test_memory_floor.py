@@ -65,7 +65,7 @@ def _grad(rank: int, step: int) -> torch.Tensor:
 
 
 @pytest.mark.skipif(not _can_reset_peak(), reason="needs /proc/self/clear_refs (Linux) to reset the peak RSS")
-@pytest.mark.parametrize("strategy", ["zen", "sparse_ps"])
+@pytest.mark.parametrize("strategy", ["zen", pytest.param("sparse_ps", marks=pytest.mark.slow)])
 def test_sparse_parameter_step_allocates_nothing_of_its_size(strategy: str) -> None:
     emb = torch.nn.Embedding(ROWS, DIM)
     buffers = {(r, s): _grad(r, s).view(-1) for r in range(WORLD) for s in range(STEPS)}
