@@ -23,6 +23,7 @@ def _raise_worker(rank: int, world_size: int) -> None:
 
 
 class TestLaunchHarness:
+    @pytest.mark.slow  # ~10 s of waiting for the deadline; the hook fault tests time out ranks in the default run
     def test_hung_rank_is_killed_at_the_deadline(self, tmp_path):
         start = time.monotonic()
         with pytest.raises(LaunchError, match="did not finish within 10 s"):

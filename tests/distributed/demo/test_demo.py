@@ -1,7 +1,7 @@
 """``zensync demo`` end to end on a tiny model: real worker processes over gloo, real report files.
 
-One run of 2 workers x 3 timed steps with strategies ddp, zen and, on nn.Embedding(sparse=True),
-ddp+sparse (torch's sparse allreduce) and auto+sparse, through ``zensync.cli.main``
+One run of 2 workers x 3 timed steps with strategies ddp, zen and auto+sparse (zensync on
+nn.Embedding(sparse=True)), through ``zensync.cli.main``
 (the same code path as the console script), with stderr taken for a terminal so the progress bars
 are drawn. Lossless strategies must end within ``_LOSSLESS_TOL`` of DDP's parameters, zen must send
 fewer bytes than DDP's dense ring allreduce, and the table says which schemes ran. As root, a demo on
@@ -39,7 +39,7 @@ _TINY_MODEL = [
     # on a loaded CI machine (measured, 2 ranks on 2 busy cores, it can pick dense everywhere).
     "--latency-s", "1e-4", "--bandwidth-bytes-per-s", "1e8",
 ]  # fmt: skip
-_STRATEGIES = ["ddp", "zen", "ddp+sparse", "auto+sparse"]
+_STRATEGIES = ["ddp", "zen", "auto+sparse"]
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +86,12 @@ def test_every_strategy_reported(demo_json):
 def test_lossless_strategies_match_ddp(demo_json):
     rows = {row["strategy"]: row for row in demo_json["summary"]}
     assert rows["ddp"]["max_param_diff"] == 0.0
-    for strategy in ("zen", "ddp+sparse", "auto+sparse"):
+    for strategy in ("zen", "auto+sparse"):
         assert rows[strategy]["max_param_diff"] < _LOSSLESS_TOL, strategy
 
 
 def test_sparse_gradient_strategies_say_how_the_embedding_was_synced(demo_json):
     rows = {row["strategy"]: row for row in demo_json["summary"]}
-    assert set(rows["ddp+sparse"]["scheme_shares"]) == {"dense", "torch_sparse"}
-    assert rows["ddp+sparse"]["bytes_kind"].startswith("modelled")
     shares = rows["auto+sparse"]["scheme_shares"]
     assert {"zen", "agsparse"} & set(shares) and rows["auto+sparse"]["bytes_kind"].startswith("counted")
 

@@ -135,6 +135,7 @@ def test_temp_dirs_must_be_named_for_zensync():
         pass
 
 
+@pytest.mark.slow  # ~11 s; the default run keeps the emulated cluster's next-start cleanup
 @needs_proc
 def test_sigkilled_loopback_run_is_cleaned_up_and_a_live_one_kept():
     with _owner("loopback") as (proc, info):
@@ -170,6 +171,7 @@ def test_sigkilled_emulated_run_is_cleaned_up(how):
                 assert [n for n in list_namespaces() if n.startswith(cluster.run_id)]  # its own: built
 
 
+@pytest.mark.slow  # ~9 s; the default run keeps the emulated cluster's next-start cleanup
 @pytest.mark.netns
 @needs_netns
 def test_cleanup_from_another_process_leaves_a_live_run_alone():
