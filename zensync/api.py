@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Literal
 
@@ -134,36 +135,25 @@ def sparse_allreduce(
     assert view is not None  # a local error raised in exchange_and_check on every rank
     if push is not None and agreement.push_recv_counts is not None:
         push = dataclasses.replace(push, recv_counts=agreement.push_recv_counts)
+    agreed = functools.partial(
+        run_agreed,
+        view,
+        transport,
+        scheme=scheme,
+        options=options,
+        h0_seed=agreement.h0_seed,
+        stats=stats,
+        nnz_per_rank=agreement.nnz_per_rank,
+        push=push,
+    )
     if coo is not None:
         with torch.no_grad():
-            summed = run_agreed(
-                view,
-                transport,
-                scheme=scheme,
-                options=options,
-                h0_seed=agreement.h0_seed,
-                stats=stats,
-                nnz_per_rank=agreement.nnz_per_rank,
-                items=coo.items,
-                values=coo.values,
-                sparse_out=True,
-                push=push,
-            )
+            summed = agreed(items=coo.items, values=coo.values, sparse_out=True)
             return coo.restore(summed, transport.world_size if average else 1)
     # A contiguous out takes the sum directly (in place when it is the input); another is copied into.
     target = out.detach().view(view.x2d.shape) if out is not None and out.is_contiguous() else None
     with torch.no_grad():
-        result = run_agreed(
-            view,
-            transport,
-            scheme=scheme,
-            options=options,
-            h0_seed=agreement.h0_seed,
-            stats=stats,
-            nnz_per_rank=agreement.nnz_per_rank,
-            out=target,
-            push=push,
-        ).view(tensor.shape)
+        result = agreed(out=target).view(tensor.shape)
         if out is None:
             return result / transport.world_size if average else result
         if target is None:

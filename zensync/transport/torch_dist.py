@@ -23,7 +23,9 @@ a thread of zensync's waits for the network, started only when those are used.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -38,6 +40,8 @@ from zensync.transport.handle import Handle, Task
 T = TypeVar("T")
 
 __all__ = ["GradBucket", "TorchTransport", "group_timeout", "transport_for_group"]
+
+logger = logging.getLogger(__name__)
 
 GradBucket = dist.GradBucket
 """DDP's bucket type, re-exported so hooks can name it without importing torch.distributed."""
@@ -309,6 +313,29 @@ class TorchTransport(Transport):
 
 _CREATED_GROUPS: list[dist.ProcessGroup] = []
 """Every group zensync created (``_new_group``), so none is destroyed on its own backend thread."""
+
+
+def _destroy_created_groups() -> None:
+    """At interpreter exit: destroy zensync's groups while the interpreter is still whole.
+
+    Left to the interpreter's teardown, a gloo group is destroyed at some point of it, in any order
+    with the default group and the threads around it, and a run then ended now and then in
+    ``terminate called without an active exception`` (SIGABRT) after the program itself had
+    finished. Groups the program destroyed already (``destroy_process_group()`` ends them all) are
+    skipped.
+    """
+    groups, _CREATED_GROUPS[:] = list(_CREATED_GROUPS), []
+    _TRANSPORTS.clear()
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    for group in groups:
+        try:
+            dist.destroy_process_group(group)
+        except Exception as exc:  # noqa: BLE001 - at exit: a group torch no longer knows is already gone
+            logger.debug("zensync: group not destroyed at exit: %s", exc)
+
+
+atexit.register(_destroy_created_groups)
 
 _TRANSPORTS: dict[object, TorchTransport] = {}
 
