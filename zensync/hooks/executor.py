@@ -2,7 +2,8 @@
 
 Every path is a coroutine of non-blocking collectives on the hook's own group, awaited in the same
 order on every rank (dense, then sparse parameters in bucket order, then compressed groups in order
-of first appearance). Results go into ``out_views``; what each parameter's sync did goes to the
+of first appearance). Every sum goes back into its parameter's view of the bucket buffer; what
+each parameter's sync did goes to the
 step log (``ParamStep``) and to its record (``ParamRecord``), under the state's lock.
 """
 
@@ -20,36 +21,38 @@ from zensync.hooks.memory import ParamMemory
 from zensync.hooks.runtime import Runtime
 from zensync.hooks.steplog import ParamStep, StepLog
 from zensync.sync import SyncOptions
-from zensync.sync.base import ItemView, default_granularity, item_view
+from zensync.sync.base import ItemView, default_granularity, get_scheme, item_view
 from zensync.sync.run import run_agreed_async
 from zensync.sync.zen import PreparedPush
 from zensync.transport import TrafficLog
 from zensync.types import SyncStats
 
-__all__ = ["BucketExecutor", "BucketWork", "param_item_view"]
+__all__ = ["BucketExecutor", "BucketWork", "divides_records", "param_item_view"]
 
 
 @dataclass(frozen=True, slots=True)
 class BucketWork:
-    """One bucket's parameters, their decisions and where their sums go (index i: one parameter).
+    """One bucket's parameters and their decisions (index i: one parameter).
 
-    ``out_views`` may be ``views`` (the DDP hook's case: every sum goes back into the bucket): the
-    allreduce then runs in place on ``buffer`` when every decision is dense, and a sparse scheme
-    sums its view in place.
+    Every sum goes back into ``views`` (DDP reads the gradients from the bucket): the allreduce runs
+    in place on ``buffer`` when every decision is dense, and a sparse scheme sums its view in place.
     """
 
     buffer: torch.Tensor
     views: Sequence[torch.Tensor]
-    out_views: Sequence[torch.Tensor]
     decisions: Sequence[Decision]
     names: Sequence[str]
     step: int
     items: Sequence[torch.Tensor | None] = ()
     """Each parameter's non-zero items where detection found them (its sparse scheme starts there)."""
-    divided: Sequence[bool] = ()
-    """Whether a parameter's scheme divides its records by the world size (its view is not divided)."""
     pushes: Sequence[PreparedPush | None] = ()
     """Zen's push of a parameter grouped during detection, with the counts the detection gather carried."""
+
+
+def divides_records(decision: Decision) -> bool:
+    """Whether the decision's scheme divides its non-zero records by the world size itself (Zen,
+    AGsparse): the parameter's view is then not divided beforehand (no pass over it)."""
+    return decision.kind is DecisionKind.SPARSE and get_scheme(decision.scheme).divides
 
 
 def param_item_view(view: torch.Tensor) -> ItemView:
@@ -72,7 +75,7 @@ class BucketExecutor:
         self.lock = lock
 
     async def run(self, work: BucketWork) -> None:
-        """Sync every parameter of a bucket by its decision into ``work.out_views``."""
+        """Sync every parameter of a bucket by its decision, in place in ``work.views``."""
         await self._dense(work)
         await self._sparse(work)
         await self._compressed(work)
@@ -80,7 +83,7 @@ class BucketExecutor:
     # -- Step 4a: one fused allreduce ------------------------------------------------------------------
     async def _dense(self, work: BucketWork) -> None:
         transport = self.runtime.transport
-        views, out_views, names = work.views, work.out_views, work.names
+        views, names = work.views, work.names
         dense = [i for i, d in enumerate(work.decisions) if d.kind is DecisionKind.DENSE]
         start = time.perf_counter()
         with transport.phase("dense"):
@@ -90,7 +93,7 @@ class BucketExecutor:
                 fused = torch.cat([views[i].reshape(-1) for i in dense])
                 summed = await transport.all_reduce_async(fused, inplace=True)
                 for i, part in zip(dense, summed.split([views[i].numel() for i in dense]), strict=True):
-                    out_views[i].view(-1).copy_(part)
+                    views[i].view(-1).copy_(part)
         elapsed = time.perf_counter() - start
         with self.lock:
             self.note_dense([names[i] for i in dense], [views[i].numel() for i in dense], elapsed)
@@ -114,23 +117,19 @@ class BucketExecutor:
                 continue
             stats = SyncStats()
             view = param_item_view(views[i])
-            out = work.out_views[i]
-            in_place = out.data_ptr() == views[i].data_ptr()
             # Agreement is established (register's check + this step's density exchange): no validation.
-            result = await run_agreed_async(
+            await run_agreed_async(  # the sum lands in view.x2d: the bucket's own memory
                 view,
                 self.runtime.transport,
                 scheme=decision.scheme,
                 options=self.sync_options,
                 h0_seed=self.runtime.h0_seed,
                 stats=stats,
-                out=view.x2d if in_place else None,
+                out=view.x2d,
                 items=work.items[i] if work.items else None,
-                divisor=n if work.divided and work.divided[i] else 1,
-                push=work.pushes[i] if work.pushes and work.divided and work.divided[i] else None,
+                divisor=n if divides_records(decision) else 1,
+                push=work.pushes[i] if work.pushes and divides_records(decision) else None,
             )
-            if not in_place:
-                out.copy_(result.view(out.shape))
             with self.lock:
                 self.note_sparse(work.names[i], decision.scheme, stats)
 
@@ -165,7 +164,7 @@ class BucketExecutor:
         name and laid out in name order, both independent of the order DDP lists a bucket's
         parameters in (it changes at the rebuild), so each residual stays on its own elements.
         """
-        views, out_views, decisions, names = work.views, work.out_views, work.decisions, work.names
+        views, decisions, names = work.views, work.decisions, work.names
         groups: dict[tuple[str, str | None], list[int]] = {}
         for i, decision in enumerate(decisions):
             if decision.kind is DecisionKind.COMPRESSED:
@@ -177,7 +176,6 @@ class BucketExecutor:
                 decisions[members[0]],
                 [names[i] for i in members],
                 [views[i] for i in members],
-                [out_views[i] for i in members],
                 ef_name,
                 work.step,
             )
@@ -187,7 +185,6 @@ class BucketExecutor:
         decision: Decision,
         names: list[str],
         views: list[torch.Tensor],
-        outs: list[torch.Tensor],
         ef_name: str,
         step: int,
     ) -> None:
@@ -200,7 +197,7 @@ class BucketExecutor:
         flat = views[0] if len(views) == 1 else torch.cat([v.reshape(-1) for v in views])
         with transport.recording(log):
             summed = await sync.sync_async(flat, transport, name=ef_name, step=step, hierarchy=levels)
-        for out, part in zip(outs, summed.reshape(-1).split([v.numel() for v in views]), strict=True):
+        for out, part in zip(views, summed.reshape(-1).split([v.numel() for v in views]), strict=True):
             out.copy_(part.view(out.shape))
         elapsed = time.perf_counter() - start
         sent = log.total_sent

@@ -34,11 +34,10 @@ import torch
 
 from zensync.cost import CostModel, TensorShape
 from zensync.hooks.decider import choose_scheme
-from zensync.hooks.decision import DecisionKind
-from zensync.hooks.executor import BucketWork, param_item_view
+from zensync.hooks.executor import BucketWork, divides_records, param_item_view
 from zensync.hooks.state import ZenSyncState
 from zensync.sync import SCHEMES
-from zensync.sync.base import ItemView, get_scheme
+from zensync.sync.base import ItemView
 from zensync.sync.coo import CooItems
 from zensync.sync.partition import make_partition
 from zensync.sync.run import run_agreed_async
@@ -116,7 +115,7 @@ async def _sync_bucket(
         # Step 1: average first, as DDP does (no fp16 overflow): the whole buffer when every
         # parameter goes dense, else each parameter's view, except where the scheme divides the
         # non-zero records alone (Zen): a sparse parameter then costs no pass over its tensor.
-        divided = [d.kind is DecisionKind.SPARSE and get_scheme(d.scheme).divides for d in decisions]
+        divided = [divides_records(d) for d in decisions]
         if not any(divided):
             buffer.div_(n)
         else:
@@ -126,7 +125,7 @@ async def _sync_bucket(
         # Every result goes back into the bucket buffer, which DDP reads the gradients from: in
         # place for the dense allreduce and for the sparse schemes (which write only the union's
         # items: the others are zero already), copied in for the compressed groups.
-        work = BucketWork(buffer, views, views, decisions, names, step, items=items, divided=divided, pushes=pushes)
+        work = BucketWork(buffer, views, decisions, names, step, items=items, pushes=pushes)
         await state.executor.run(work)
     with state.lock:
         state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)

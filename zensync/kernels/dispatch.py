@@ -148,6 +148,14 @@ def permute(items: torch.Tensor, part: Partition) -> torch.Tensor:
     return _impl(items.device, "permute").permute(items, part)
 
 
+def bucket_items(items: torch.Tensor, part: Partition) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``reference.bucket_items``; the permutation is the dispatched one.
+
+    A composite of dispatched ops, not an op of its own (no numba build, not in ``__all__``).
+    """
+    return reference.bucket_items(items, part, permute)
+
+
 def unpermute(positions: torch.Tensor, part: Partition) -> torch.Tensor:
     """See ``reference.unpermute``."""
     return _impl(positions.device, "unpermute").unpermute(positions, part)

@@ -8,6 +8,8 @@ non-zero; NaN counts as non-zero and -0.0 as zero, exactly as ``x != 0``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from zensync.kernels.hashing import Partition
@@ -103,13 +105,25 @@ def bucket_nonzero(x2d: torch.Tensor, part: Partition) -> tuple[torch.Tensor, to
     items [1, 3], positions [1, 3], counts [2, 0].
     """
     items = nonzero_items(x2d)
-    perm = permute(items, part)
+    order, positions, counts = bucket_items(items, part)
+    return items[order], positions, counts
+
+
+def bucket_items(
+    items: torch.Tensor, part: Partition, permute_fn: Callable[[torch.Tensor, Partition], torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h0 and bucketing of known ascending items: (order grouping them by owner, positions, counts).
+
+    ``items[order]`` is grouped by owner and ascending within an owner (the sort is stable);
+    ``positions`` and ``counts`` are those of ``bucket_nonzero``, in that order: what Zen runs where
+    the non-zero items are known without a scan. ``permute_fn``: the permutation to use (default
+    this module's; ``zensync.kernels.bucket_items`` passes the dispatched, compiled one).
+    """
+    perm = (permute_fn or permute)(items, part)
     owners = perm // part.range_len
     order = torch.argsort(owners, stable=True)
-    items, perm, owners = items[order], perm[order], owners[order]
-    positions = perm - owners * part.range_len
-    counts = torch.bincount(owners, minlength=part.num_owners)
-    return items, positions, counts
+    positions = perm[order] - owners[order] * part.range_len
+    return order, positions, torch.bincount(owners, minlength=part.num_owners)
 
 
 def aggregate(positions: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -116,7 +116,7 @@ def bucket_records(
             rows = rows / divisor
     else:
         found, rows = local_records(x2d, items, values, divisor)
-        order, positions, counts = _bucket_items(found, part)
+        order, positions, counts = kernels.bucket_items(found, part)
         grouped, rows = found[order], rows[order]
     return PreparedPush(
         seed=seed,
@@ -126,19 +126,6 @@ def bucket_records(
         counts=counts.tolist(),  # host-device sync
         values=rows,
     )
-
-
-def _bucket_items(items: torch.Tensor, part: Partition) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h0 and bucketing of known items: (order grouping them by owner, positions, per-owner counts).
-
-    ``items[order]`` is what ``kernels.bucket_nonzero`` returns for a tensor whose non-zero items
-    are ``items`` (ascending within an owner, since ``items`` is ascending and the sort is stable).
-    """
-    perm = kernels.permute(items, part)
-    owners = perm // part.range_len
-    order = torch.argsort(owners, stable=True)
-    positions = perm[order] - owners[order] * part.range_len
-    return order, positions, torch.bincount(owners, minlength=part.num_owners)
 
 
 def _coalesced(parts: list[tuple[torch.Tensor, torch.Tensor]], view: ItemView) -> torch.Tensor:
