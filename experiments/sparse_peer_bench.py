@@ -27,6 +27,9 @@ Every op starts from the same per-rank gradient and is timed after a barrier (me
   at once on the shared cores) and its collectives alone (a replay of its push and pull bytes, no
   compute, one size exchange more than zen's folded push).
 
+Each op's CPU time (user + system, every thread of the rank's process: gloo's and the kernel's
+network stack included) is read with getrusage around the call; summed over the ranks and divided by
+the cores it gives the wall time the shared cores alone need (all hosts run on this one machine).
 Wire bytes are eth0 tx byte deltas per host read inside each namespace, over all reps of an op,
 minus the fencing barriers' bytes. Eq. 1's wire time is (n-1)/n (K+U)(4+4D) bytes at the nominal
 link rate (K local rows, U the union). Every result is checked against a float64 sum of the ranks'
@@ -41,6 +44,7 @@ import json
 import os
 import pathlib
 import platform
+import resource
 import statistics
 import sys
 import tempfile
@@ -84,18 +88,25 @@ def _fenced_tx(iface: str) -> int:
     return _tx_bytes(iface)
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process so far, all its threads (gloo's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _measure(prepare: Callable[[], Any], op: Callable[[Any], Any], reps: int, iface: str) -> dict[str, Any]:
-    """Per-rep seconds of ``op(prepare())`` (prepare untimed, before the barrier) and tx bytes per rep."""
+    """Per-rep seconds and CPU seconds of ``op(prepare())`` (prepare untimed, before the barrier), tx bytes per rep."""
     result = op(prepare())  # warm-up
     before = _fenced_tx(iface)
-    seconds = []
+    seconds, cpu = [], []
     for _ in range(reps):
         arg = prepare()
         dist.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), _cpu_s()
         result = op(arg)
         seconds.append(time.perf_counter() - start)
-    return {"seconds": seconds, "tx": (_fenced_tx(iface) - before) / reps, "result": result}
+        cpu.append(_cpu_s() - start_cpu)
+    return {"seconds": seconds, "cpu_s": cpu, "tx": (_fenced_tx(iface) - before) / reps, "result": result}
 
 
 def _torch_sparse(coo: torch.Tensor, dense: bool) -> torch.Tensor:
@@ -213,8 +224,11 @@ def _summarize(args: argparse.Namespace, ranks: list[dict[str, Any]], rate_bits:
         table = {}
         for op in per[0]["ops"]:
             med = statistics.median(max(p["ops"][op]["seconds"][i] for p in per) for i in range(args.reps))
+            cpu = [statistics.median(p["ops"][op]["cpu_s"]) for p in per]
             table[op] = {
                 "median_s": med,
+                "cpu_s_per_rank": cpu,
+                "cpu_bound_s": sum(cpu) / (os.cpu_count() or 1),
                 "wire_tx_per_host": [p["ops"][op]["tx"] for p in per],
                 "max_abs_err": None
                 if per[0]["ops"][op]["max_abs_err"] is None
@@ -258,17 +272,25 @@ def _markdown(meta: dict[str, Any], res: dict[str, Any]) -> str:
             f"K = {w['local_rows_mean']:.0f} rows per rank, U = {w['union']} union; Eq. 1 bytes per host "
             f"{w['eq1_bytes_per_host']:,.0f}, wire time {eq1}.",
             "",
-            "| op | median ms | x torch sparse | x dense | wire tx/host (mean) | max abs err | phases rank 0 (ms) |",
-            "|---|---|---|---|---|---|---|",
+            "| op | median ms | x torch sparse | x dense | CPU ms/rank | CPU floor ms | wire tx/host (mean) "
+            "| max abs err | phases rank 0 (ms) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for op, row in w["ops"].items():
             phases = row["phase_time_s_rank0"]
             ph = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in phases.items()) if phases else ""
             lines.append(
                 f"| {op} | {row['median_s'] * 1e3:.1f} | {row['speedup_vs_torch_sparse']:.2f} | "
-                f"{row['speedup_vs_dense']:.1f} | {statistics.mean(row['wire_tx_per_host']):,.0f} | "
+                f"{row['speedup_vs_dense']:.1f} | {statistics.mean(row['cpu_s_per_rank']) * 1e3:.1f} | "
+                f"{row['cpu_bound_s'] * 1e3:.1f} | {statistics.mean(row['wire_tx_per_host']):,.0f} | "
                 f"{'n/a' if row['max_abs_err'] is None else format(row['max_abs_err'], '.2e')} | {ph} |"
             )
+        lines += [
+            "",
+            "CPU ms/rank: median CPU time (user + system, all threads of the process) of one call, mean over "
+            f"ranks; CPU floor: the ranks' CPU times summed over the {meta['cpus']} cores, the wall time the "
+            "shared cores need for the op whatever the network.",
+        ]
         if w["zen_over_eq1"]:
             lines += [
                 "",
