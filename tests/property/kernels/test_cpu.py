@@ -33,6 +33,33 @@ def test_nonzero_items_matches_reference(x2d: torch.Tensor, many_chunks: bool) -
     assert_identical(actual, reference.nonzero_items(x2d))
 
 
+@st.composite
+def _wide_rows(draw: st.DrawFn) -> torch.Tensor:
+    """Rows of 1..200 elements (the scan's narrow and wide paths) with one non-zero element at a drawn
+    place of each non-zero row (first, last or between), the other elements 0.0 or -0.0."""
+    num_items = draw(st.sampled_from([0, 1, 63, 64, 65, 130, 400]))
+    item_numel = draw(st.one_of(st.integers(1, 16), st.integers(17, 200)))
+    dtype = draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    generator = torch.Generator().manual_seed(seed)
+    x2d = torch.where(torch.rand(num_items, item_numel, generator=generator) < 0.5, 0.0, -0.0).to(dtype)
+    rows = torch.rand(num_items, generator=generator) < draw(st.sampled_from([0.0, 0.02, 0.3, 1.0]))
+    where = draw(st.sampled_from(["first", "last", "any"]))
+    for row in rows.nonzero().flatten().tolist():
+        col = {"first": 0, "last": item_numel - 1}.get(where, int(torch.randint(item_numel, (1,), generator=generator)))
+        x2d[row, col] = draw(st.sampled_from([1.0, -2.5, float("nan"), float("-inf"), torch.finfo(dtype).tiny / 4]))
+    return x2d
+
+
+@_SETTINGS
+@given(x2d=_wide_rows(), many_chunks=st.booleans())
+def test_nonzero_items_finds_one_element_anywhere_in_a_row(x2d: torch.Tensor, many_chunks: bool) -> None:
+    """A row is non-zero when any one element is, wherever it sits; -0.0 is zero."""
+    with force_many_chunks(many_chunks):
+        actual = cpu.nonzero_items(x2d)
+    assert_identical(actual, reference.nonzero_items(x2d))
+
+
 @_SETTINGS
 @given(data=st.data(), x2d=sparse_2d(), many_chunks=st.booleans())
 def test_bucket_nonzero_matches_reference(data: st.DataObject, x2d: torch.Tensor, many_chunks: bool) -> None:
