@@ -110,6 +110,14 @@ class Compressor(abc.ABC):
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         """The approximation of the compressed tensor: same shape and dtype as the input."""
 
+    def decompress_into(self, compressed: Compressed, out: torch.Tensor) -> torch.Tensor:
+        """``decompress`` written into ``out`` (the input's shape and dtype); returns ``out``.
+
+        The default copies ``decompress``'s new tensor in; compressors that can decode in place
+        (the casts: one conversion pass, nothing allocated) override it.
+        """
+        return out.copy_(self.decompress(compressed).view(out.shape))
+
     @abc.abstractmethod
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         """Bytes on the wire for a tensor of ``numel`` elements of ``dtype`` (a formula, no data)."""
@@ -125,13 +133,21 @@ class Compressor(abc.ABC):
         """Keep the state changes made since ``begin_step``, or undo them (no-op when stateless)."""
 
     async def allreduce_sync(
-        self, x: torch.Tensor, all_reduce: AllReduce, *, name: str = "", step: int = 0
+        self,
+        x: torch.Tensor,
+        all_reduce: AllReduce,
+        *,
+        name: str = "",
+        step: int = 0,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Sum of every rank's approximation of its ``x``, using ``all_reduce`` (sum over ranks of a tensor).
 
         A coroutine: ``all_reduce`` is awaited once per round, in the same order on every rank. The
         default compresses, all-reduces each payload in turn and decompresses the summed payloads:
         correct for ``allreduce_compatible`` compressors only. Multi-round compressors override it.
+        ``out`` (x's shape and dtype; it may be ``x`` itself) receives the sum instead of a new
+        tensor and is returned.
 
         Example::
 
@@ -147,8 +163,8 @@ class Compressor(abc.ABC):
                 f"use an allgather or alltoall+allgather scheme"
             )
         packed = self.compress(x, name=name, step=step)
-        summed = tuple([await all_reduce(p) for p in packed.payloads])
-        return self.decompress(Compressed(summed, packed.ctx))
+        summed = Compressed(tuple([await all_reduce(p) for p in packed.payloads]), packed.ctx)
+        return self.decompress(summed) if out is None else self.decompress_into(summed, out)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec()!r})"

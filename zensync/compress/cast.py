@@ -42,6 +42,10 @@ class IdentityCompressor(Compressor):
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         return compressed.payloads[0]
 
+    def decompress_into(self, compressed: Compressed, out: torch.Tensor) -> torch.Tensor:
+        payload = compressed.payloads[0]
+        return out if payload is out else out.copy_(payload.view(out.shape))
+
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return numel * dtype.itemsize
 
@@ -57,6 +61,10 @@ class _CastCompressor(Compressor):
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         return compressed.payloads[0].to(compressed.ctx)
+
+    def decompress_into(self, compressed: Compressed, out: torch.Tensor) -> torch.Tensor:
+        # One conversion pass straight into out, as torch's fp16_compress_hook copies into the bucket.
+        return out.copy_(compressed.payloads[0].view(out.shape))
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return numel * self.wire_dtype.itemsize

@@ -183,7 +183,13 @@ class PowerSGDCompressor(Compressor):
         return (p.to(compute) @ q.to(compute).T).to(p.dtype).view(compressed.ctx)
 
     async def allreduce_sync(
-        self, x: torch.Tensor, all_reduce: AllReduce, *, name: str = "", step: int = 0
+        self,
+        x: torch.Tensor,
+        all_reduce: AllReduce,
+        *,
+        name: str = "",
+        step: int = 0,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Rank-r approximation of the sum over ranks of ``x`` (steps 1-4 of the module docstring).
 
@@ -197,13 +203,15 @@ class PowerSGDCompressor(Compressor):
                 tensors of x's dtype, or once on ``x`` when it is sent as is).
             name: Key of the warm-start Q (and seed of the initial one).
             step: Unused (the warm start carries the state between steps).
+            out: Where to write the result (x's shape and dtype; may be ``x``); None: a new tensor.
 
         Returns:
-            A new tensor of x's shape and dtype, the same on every rank.
+            ``out``, or a new tensor of x's shape and dtype; the same on every rank.
         """
         dims = self.matrix_shape(x.shape)
         if dims is None:
-            return await all_reduce(x.contiguous())
+            summed = await all_reduce(x.contiguous())
+            return summed if out is None or summed is out else out.copy_(summed.view(out.shape))
         matrix = x.reshape(dims).to(compute_dtype(x.dtype)).contiguous()
         q = self._warm_q(name, x, dims[1], matrix.dtype)
         # Step 1: P = sum over ranks of M Q, sent in the input dtype.
@@ -214,7 +222,11 @@ class PowerSGDCompressor(Compressor):
         q = (await all_reduce((matrix.T @ p).to(x.dtype))).to(matrix.dtype)
         self._keep_q(name, x.shape, q)
         # Step 4: the rank-r approximation of the summed matrix.
-        return (p @ q.T).to(x.dtype).view(x.shape)
+        if out is not None and out.dtype == p.dtype and out.is_contiguous():
+            torch.matmul(p, q.T, out=out.view(dims))
+            return out
+        approx = (p @ q.T).to(x.dtype).view(x.shape)
+        return approx if out is None else out.copy_(approx)
 
     def payload_bytes(
         self, numel: int, dtype: torch.dtype = torch.float32, *, shape: Sequence[int] | None = None

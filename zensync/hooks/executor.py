@@ -55,6 +55,22 @@ def divides_records(decision: Decision) -> bool:
     return decision.kind is DecisionKind.SPARSE and get_scheme(decision.scheme).divides
 
 
+def contiguous_span(views: Sequence[torch.Tensor], *, any_order: bool) -> torch.Tensor | None:
+    """One 1-D view of the memory ``views`` cover when they lie back to back in one storage, in
+    their order (or in any order when ``any_order``), as a bucket lays out its parameters; else None."""
+    if not views or any(not v.is_contiguous() for v in views):
+        return None
+    ordered = sorted(views, key=lambda v: v.storage_offset()) if any_order else list(views)
+    first = ordered[0]
+    storage = first.untyped_storage().data_ptr()
+    offset = first.storage_offset()
+    for v in ordered:
+        if v.untyped_storage().data_ptr() != storage or v.storage_offset() != offset or v.dtype != first.dtype:
+            return None
+        offset += v.numel()
+    return first.as_strided((offset - first.storage_offset(),), (1,), first.storage_offset())
+
+
 def param_item_view(view: torch.Tensor) -> ItemView:
     """A parameter as the sparse schemes see it: rows of a 2-D parameter, elements otherwise."""
     return item_view(view, default_granularity(view))
@@ -194,11 +210,19 @@ class BucketExecutor:
         levels = self.runtime.hierarchy if decision.level == "hier" else None
         log = TrafficLog()
         start = time.perf_counter()
-        flat = views[0] if len(views) == 1 else torch.cat([v.reshape(-1) for v in views])
+        # The group's own stretch of the bucket where its views lie back to back in name order (or
+        # in any order, for a compressor whose result does not depend on the order: no error
+        # feedback, no state): the sum is then written straight into it. Otherwise a copy.
+        order_free = not (sync.error_feedback or sync.compressor.keeps_state)
+        span = contiguous_span(views, any_order=order_free)
+        if span is not None and len(views) == 1:
+            span = views[0]  # its own shape: PowerSGD sees the matrix
+        flat = span if span is not None else torch.cat([v.reshape(-1) for v in views])
         with transport.recording(log):
-            summed = await sync.sync_async(flat, transport, name=ef_name, step=step, hierarchy=levels)
-        for out, part in zip(views, summed.reshape(-1).split([v.numel() for v in views]), strict=True):
-            out.copy_(part.view(out.shape))
+            summed = await sync.sync_async(flat, transport, name=ef_name, step=step, hierarchy=levels, out=span)
+        if span is None:
+            for out, part in zip(views, summed.reshape(-1).split([v.numel() for v in views]), strict=True):
+                out.copy_(part.view(out.shape))
         elapsed = time.perf_counter() - start
         sent = log.total_sent
         total = sum(v.numel() for v in views) or 1

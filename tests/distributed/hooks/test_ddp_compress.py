@@ -89,6 +89,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
             "losses": losses,
         }
         state.close()
+    out["fc1_shape"] = list(_Net().fc1.weight.shape)
     return out
 
 
@@ -133,6 +134,10 @@ class TestCompressedStrategies:
             none, fp16, topk = (per_rank[c]["fc1_bytes"] for c in ("none", "fp16", "topk"))
             assert 0.45 * none <= fp16 <= 0.55 * none, (none, fp16)
             assert topk < 0.5 * fp16, (fp16, topk)
+            # fc1.weight is 32 x DIM: rank 2 sends its (32 + DIM) x 2 factors, not the matrix.
+            rows, cols = per_rank["fc1_shape"]
+            powersgd = per_rank["powersgd"]["fc1_bytes"]
+            assert powersgd <= none * 2 * (rows + cols) / (rows * cols) * 1.01, (none, powersgd)
 
     def test_warmup_steps_are_plain_allreduce(self, results: list[dict[str, Any]]) -> None:
         for per_rank in results:

@@ -77,6 +77,35 @@ def test_flat_scheme_equals_definition(spec: str, scheme: str, n: int) -> None:
         torch.testing.assert_close(out, expected, rtol=rtol, atol=rtol, msg=lambda m, r=rank: f"rank {r}: {m}")
 
 
+OUT_CASES = [*CASES, ("powersgd:2", "allreduce"), ("bf16", "allreduce")]
+
+
+@pytest.mark.parametrize("error_feedback", [False, True])
+@pytest.mark.parametrize(("spec", "scheme"), OUT_CASES, ids=[f"{s}-{c}" for s, c in OUT_CASES])
+def test_out_the_input_itself_gives_the_new_tensor_result(spec: str, scheme: str, error_feedback: bool) -> None:
+    """``out=x`` (the DDP hook passes its bucket) returns ``out`` holding exactly what the call without
+    ``out`` returns, step after step, so the residuals and PowerSGD's warm start evolve alike."""
+    if error_feedback and not build(spec).carries_nonfinite:
+        pytest.skip(f"{spec} takes no error feedback")
+
+    def body(t):  # type: ignore[no-untyped-def]
+        fresh = CompressedSync(spec, scheme, error_feedback=error_feedback)
+        inplace = CompressedSync(spec, scheme, error_feedback=error_feedback)
+        pairs = []
+        for step in range(3):
+            x = _data(t.rank, step)
+            expected = fresh.sync(x.clone(), t, name="w", step=step)
+            buf = x.clone()
+            got = inplace.sync(buf, t, name="w", step=step, out=buf)
+            pairs.append((expected, got, got is buf))
+        return pairs
+
+    for rank, pairs in enumerate(SimulatedWorld(3).run(body)):
+        for step, (expected, got, same) in enumerate(pairs):
+            assert same, f"rank {rank} step {step}: out was not returned"
+            torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m, r=rank, s=step: f"{r}/{s}: {m}")
+
+
 def test_powersgd_allreduce_is_exact_on_a_shared_low_rank_sum() -> None:
     """Each rank holds a_r * u v^T: the sum has rank 1, so one power iteration recovers it exactly."""
     n = 4

@@ -11,6 +11,7 @@ import torch
 import zensync
 from tests.unit.hooks.test_order import _Bucket
 from zensync.hooks import HookConfig, ZenSyncState, zensync_hook
+from zensync.hooks.executor import contiguous_span
 from zensync.planner import ClusterSpec, Plan, PlanTensor, Predictions, TensorOption
 
 WORLD = 2
@@ -72,3 +73,23 @@ def test_fused_residuals_follow_their_parameters_across_a_reordered_bucket(tmp_p
         for step in range(3):
             for name, grad in same[rank][step].items():
                 assert torch.equal(reordered[rank][step][name], grad), (rank, step, name)
+
+
+def test_contiguous_span_is_the_bucket_memory_of_back_to_back_views() -> None:
+    """A group's views that tile one stretch of the bucket give that stretch (the sum lands in it with
+    no copy); in name order only unless the compressor is order-free; gaps, strides and other
+    storages give None (the executor then concatenates)."""
+    buffer = torch.arange(20.0)
+    a, b, c = buffer[2:8].view(2, 3), buffer[8:10], buffer[10:16].view(3, 2)
+    span = contiguous_span([a, b, c], any_order=False)
+    assert span is not None and span.data_ptr() == buffer[2:].data_ptr()
+    assert torch.equal(span, buffer[2:16])
+    assert contiguous_span([c, a, b], any_order=False) is None
+    shuffled = contiguous_span([c, a, b], any_order=True)
+    assert shuffled is not None and torch.equal(shuffled, buffer[2:16])
+    assert contiguous_span([a, c], any_order=True) is None  # b's gap
+    assert contiguous_span([a, torch.arange(20.0)[8:10]], any_order=True) is None  # another storage
+    assert contiguous_span([buffer[2:8].view(2, 3).t(), b], any_order=True) is None  # not contiguous
+    assert contiguous_span([], any_order=True) is None
+    span[:] = -1.0
+    assert torch.equal(buffer[2:16], torch.full((14,), -1.0)) and buffer[16] == 16.0

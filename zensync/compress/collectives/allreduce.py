@@ -40,7 +40,22 @@ class AllReduceCollective(CompressedCollective):
     async def _reduce(
         self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return await self._reduce_into(x, transport, codec, name=name, step=step, want_own=want_own, out=None)
+
+    async def _reduce_into(
+        self,
+        x: torch.Tensor,
+        transport: Transport,
+        codec: Codec,
+        *,
+        name: str,
+        step: int,
+        want_own: bool,
+        out: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The compressor decodes the summed payloads straight into ``out`` (fp16: one conversion pass)."""
+
         async def all_reduce(t: torch.Tensor) -> torch.Tensor:
             return (await transport.all_reduce_async(t.reshape(-1))).view(t.shape)
 
-        return await codec.compressor.allreduce_sync(x, all_reduce, name=name, step=step), None
+        return await codec.compressor.allreduce_sync(x, all_reduce, name=name, step=step, out=out), None

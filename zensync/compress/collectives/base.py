@@ -103,18 +103,45 @@ class CompressedCollective(abc.ABC):
         """Raise a ValueError if ``compressor`` does not suit this collective (every one does by default)."""
 
     async def reduce(
-        self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
+        self,
+        x: torch.Tensor,
+        transport: Transport,
+        codec: Codec,
+        *,
+        name: str,
+        step: int,
+        want_own: bool,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(sum over ranks, this rank's own transmitted approximation), both of x's shape and dtype.
 
         The second is None where the collective cannot separate it (allreduce) and, for the
         collectives that would decompress for it alone, when ``want_own`` is False (no error
-        feedback needs it). The sum is the same on every rank.
+        feedback needs it). The sum is the same on every rank. With ``out`` (x's shape and dtype;
+        it may be ``x`` itself, which is read before ``out`` is written) the sum is written there
+        and ``out`` is returned as it.
         """
         if transport.world_size == 1 and self.roundtrip_on_one_rank:
             own = codec.roundtrip(x, name, step)
-            return own.clone(), own
-        return await self._reduce(x, transport, codec, name=name, step=step, want_own=want_own)
+            return (own.clone() if out is None else out.copy_(own)), own
+        return await self._reduce_into(x, transport, codec, name=name, step=step, want_own=want_own, out=out)
+
+    async def _reduce_into(
+        self,
+        x: torch.Tensor,
+        transport: Transport,
+        codec: Codec,
+        *,
+        name: str,
+        step: int,
+        want_own: bool,
+        out: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``_reduce`` with its sum copied into ``out`` when given (collectives that can write there override it)."""
+        summed, own = await self._reduce(x, transport, codec, name=name, step=step, want_own=want_own)
+        if out is None or summed is out:
+            return summed, own
+        return out.copy_(summed.view(out.shape)), own
 
     @abc.abstractmethod
     async def _reduce(

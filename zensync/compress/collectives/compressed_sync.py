@@ -84,9 +84,10 @@ class CompressedSync:
         name: str,
         step: int,
         hierarchy: Hierarchy | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``sync_async`` driven to completion on this thread (the blocking form)."""
-        return transport.run(self.sync_async(x, transport, name=name, step=step, hierarchy=hierarchy))
+        return transport.run(self.sync_async(x, transport, name=name, step=step, hierarchy=hierarchy, out=out))
 
     async def sync_async(
         self,
@@ -96,8 +97,9 @@ class CompressedSync:
         name: str,
         step: int,
         hierarchy: Hierarchy | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Sum over ranks of the compressed ``x`` (a new tensor of x's shape and dtype).
+        """Sum over ranks of the compressed ``x`` (a new tensor of x's shape and dtype, or ``out``).
 
         Step 1: add this rank's residual (error feedback). Step 2: run the scheme, flat or two-level.
         Step 3: keep what compression dropped as the new residual. Step 4: commit the step's new
@@ -109,24 +111,34 @@ class CompressedSync:
             name: Key of the residuals and compressor state (the parameter name).
             step: Step index; seeds shared randomness (random-k's indices, DGC's sample).
             hierarchy: Run two-level over these groups; None: flat over ``transport``.
+            out: Where to write the sum (x's shape and dtype; it may be ``x`` itself, as the DDP
+                hook passes its bucket: fp16's sum is then decoded straight into it, with no new
+                tensor of x's size); None: a new tensor.
 
         Returns:
-            The sum, the same on every rank.
+            The sum (``out`` when given), the same on every rank.
         """
         if not (self.error_feedback or self.compressor.keeps_state):
-            return await self._run(x, transport, name=name, step=step, hierarchy=hierarchy)
+            return await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out)
         keep = False
         self._begin_step()
         try:
-            out = await self._run(x, transport, name=name, step=step, hierarchy=hierarchy)
+            summed = await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out)
             # Step 4. host-device sync; the same output, so the same decision, on every rank.
-            keep = bool(all_finite(out))
+            keep = bool(all_finite(summed))
         finally:
             self._end_step(keep=keep)
-        return out
+        return summed
 
     async def _run(
-        self, x: torch.Tensor, transport: Transport, *, name: str, step: int, hierarchy: Hierarchy | None
+        self,
+        x: torch.Tensor,
+        transport: Transport,
+        *,
+        name: str,
+        step: int,
+        hierarchy: Hierarchy | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         """Steps 1-3 of ``sync_async``."""
         # Step 1: add the residual.
@@ -134,18 +146,21 @@ class CompressedSync:
         # Step 2: the registered collective, flat or two-level.
         codec = Codec(self.compressor, self.server_memory if self.error_feedback else None)
         if hierarchy is None:
-            out, own = await self.collective.reduce(
-                compensated, transport, codec, name=name, step=step, want_own=self.error_feedback
+            summed, own = await self.collective.reduce(
+                compensated, transport, codec, name=name, step=step, want_own=self.error_feedback, out=out
             )
         else:
-            out, own = await two_level(self.collective, codec, compensated, hierarchy, name=name, step=step), None
+            summed = await two_level(self.collective, codec, compensated, hierarchy, name=name, step=step)
+            own = None
+            if out is not None:
+                summed = out.copy_(summed.view(out.shape))
         # Step 3: the new residual.
         if self.error_feedback:
             # Linear (allreduce) schemes cannot separate this rank's share of the result: the residual
             # is then the rank's part of the total loss, compensated - out / n, which sums to it exactly.
-            transmitted = own if own is not None else out / transport.world_size
+            transmitted = own if own is not None else summed / transport.world_size
             self.worker_memory.update(name, compensated, transmitted)
-        return out
+        return summed
 
     def _begin_step(self) -> None:
         """Hold back the residual updates and compressor state changes of this call (Step 4)."""
