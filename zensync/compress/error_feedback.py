@@ -98,18 +98,31 @@ class ErrorFeedback:
             return x.clone()
         return x + residual
 
-    def update(self, name: str, compensated: torch.Tensor, transmitted: torch.Tensor) -> None:
-        """Store ``compensated - transmitted`` (what compression dropped) under ``name``.
+    def update(
+        self,
+        name: str,
+        compensated: torch.Tensor,
+        transmitted: torch.Tensor,
+        *,
+        scale: float = 1.0,
+        consume: bool = False,
+    ) -> None:
+        """Store ``compensated - scale * transmitted`` (what compression dropped) under ``name``.
 
         Within a step, at ``end_step(keep=True)``. Outside one, now, unless it holds a NaN or
-        infinity (then the previous residual stays; a host-device sync).
+        infinity (then the previous residual stays; a host-device sync). ``consume``: the caller
+        gives up ``compensated`` (a tensor of its own, such as ``compensate`` returned), and the
+        residual is computed in its memory: one pass, nothing allocated.
         """
         if compensated.shape != transmitted.shape:
             raise ValueError(
                 f"error feedback {name!r}: transmitted shape {tuple(transmitted.shape)} differs from the "
                 f"compensated input's {tuple(compensated.shape)}"
             )
-        residual = (compensated - transmitted).detach()
+        if consume:
+            residual = compensated.detach().sub_(transmitted, alpha=scale)
+        else:
+            residual = torch.sub(compensated, transmitted, alpha=scale).detach()
         if self._pending is not None:
             self._pending[name] = residual
         elif bool(all_finite(residual)):  # host-device sync

@@ -94,15 +94,17 @@ def test_out_the_input_itself_gives_the_new_tensor_result(spec: str, scheme: str
         pairs = []
         for step in range(3):
             x = _data(t.rank, step)
-            expected = fresh.sync(x.clone(), t, name="w", step=step)
+            given = x.clone()
+            expected = fresh.sync(given, t, name="w", step=step)
             buf = x.clone()
             got = inplace.sync(buf, t, name="w", step=step, out=buf)
-            pairs.append((expected, got, got is buf))
+            pairs.append((expected, got, got is buf, torch.equal(given, x)))
         return pairs
 
     for rank, pairs in enumerate(SimulatedWorld(3).run(body)):
-        for step, (expected, got, same) in enumerate(pairs):
+        for step, (expected, got, same, input_kept) in enumerate(pairs):
             assert same, f"rank {rank} step {step}: out was not returned"
+            assert input_kept, f"rank {rank} step {step}: the call without out modified its input"
             torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m, r=rank, s=step: f"{r}/{s}: {m}")
 
 

@@ -53,9 +53,17 @@ class AllReduceCollective(CompressedCollective):
         want_own: bool,
         out: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The compressor decodes the summed payloads straight into ``out`` (fp16: one conversion pass)."""
+        """The compressor decodes the summed payloads straight into ``out`` (fp16: one conversion pass).
+
+        A payload the compressor made for the round (fp16's cast, PowerSGD's products) is summed in
+        place; one that shares memory with ``x`` (the identity's) is copied first, so ``x`` is
+        read, never written, by the rounds.
+        """
+        storage = x.untyped_storage().data_ptr()
 
         async def all_reduce(t: torch.Tensor) -> torch.Tensor:
-            return (await transport.all_reduce_async(t.reshape(-1))).view(t.shape)
+            flat = t.reshape(-1)
+            fresh = flat.is_contiguous() and flat.untyped_storage().data_ptr() != storage
+            return (await transport.all_reduce_async(flat, inplace=fresh)).view(t.shape)
 
         return await codec.compressor.allreduce_sync(x, all_reduce, name=name, step=step, out=out), None

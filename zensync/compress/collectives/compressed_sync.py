@@ -158,8 +158,11 @@ class CompressedSync:
         if self.error_feedback:
             # Linear (allreduce) schemes cannot separate this rank's share of the result: the residual
             # is then the rank's part of the total loss, compensated - out / n, which sums to it exactly.
-            transmitted = own if own is not None else summed / transport.world_size
-            self.worker_memory.update(name, compensated, transmitted)
+            # compensate made the compensated tensor for this call: the residual is computed in it.
+            if own is not None:
+                self.worker_memory.update(name, compensated, own, consume=True)
+            else:
+                self.worker_memory.update(name, compensated, summed, scale=1 / transport.world_size, consume=True)
         return summed
 
     def _begin_step(self) -> None:
