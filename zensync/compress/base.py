@@ -98,6 +98,10 @@ class Compressor(abc.ABC):
     carries_nonfinite: ClassVar[bool] = True
     """Whether a NaN or infinity anywhere in the input always gives one in the decompression (and in
     ``allreduce_sync``'s sum). Error feedback needs it: see ``zensync.compress.error_feedback``."""
+    folds_scale: ClassVar[bool] = False
+    """Whether ``allreduce_sync(scale=s)`` sums s * x without a pass over x for the product (the casts
+    scale while they cast, PowerSGD scales its small factor): the DDP hook's division by the world
+    size then costs nothing of its own."""
     keeps_state: ClassVar[bool] = False
     """Whether ``compress``/``allreduce_sync`` keep state across steps; such compressors override
     ``begin_step``/``end_step`` so that a dropped step leaves that state as it was."""
@@ -109,6 +113,10 @@ class Compressor(abc.ABC):
     @abc.abstractmethod
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         """The approximation of the compressed tensor: same shape and dtype as the input."""
+
+    def compress_scaled(self, x: torch.Tensor, scale: float, *, name: str = "", step: int = 0) -> Compressed:
+        """``compress(scale * x)``; compressors with ``folds_scale`` override it to scale in their own pass."""
+        return self.compress(x if scale == 1.0 else x * scale, name=name, step=step)
 
     def decompress_into(self, compressed: Compressed, out: torch.Tensor) -> torch.Tensor:
         """``decompress`` written into ``out`` (the input's shape and dtype); returns ``out``.
@@ -140,6 +148,7 @@ class Compressor(abc.ABC):
         name: str = "",
         step: int = 0,
         out: torch.Tensor | None = None,
+        scale: float = 1.0,
     ) -> torch.Tensor:
         """Sum of every rank's approximation of its ``x``, using ``all_reduce`` (sum over ranks of a tensor).
 
@@ -147,7 +156,8 @@ class Compressor(abc.ABC):
         default compresses, all-reduces each payload in turn and decompresses the summed payloads:
         correct for ``allreduce_compatible`` compressors only. Multi-round compressors override it.
         ``out`` (x's shape and dtype; it may be ``x`` itself) receives the sum instead of a new
-        tensor and is returned.
+        tensor and is returned. ``scale``: sum the approximations of ``scale * x`` (compressors
+        with ``folds_scale`` apply it in their own pass; others multiply first).
 
         Example::
 
@@ -162,7 +172,7 @@ class Compressor(abc.ABC):
                 f"compressor {self.spec()!r} is not allreduce-compatible (its payloads cannot be summed); "
                 f"use an allgather or alltoall+allgather scheme"
             )
-        packed = self.compress(x, name=name, step=step)
+        packed = self.compress_scaled(x, scale, name=name, step=step)
         summed = Compressed(tuple([await all_reduce(p) for p in packed.payloads]), packed.ctx)
         return self.decompress(summed) if out is None else self.decompress_into(summed, out)
 

@@ -78,6 +78,7 @@ class PowerSGDCompressor(Compressor):
     allreduce_compatible = True
     needs_error_feedback = True
     keeps_state = True
+    folds_scale = True
 
     @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
     class Config:
@@ -190,6 +191,7 @@ class PowerSGDCompressor(Compressor):
         name: str = "",
         step: int = 0,
         out: torch.Tensor | None = None,
+        scale: float = 1.0,
     ) -> torch.Tensor:
         """Rank-r approximation of the sum over ranks of ``x`` (steps 1-4 of the module docstring).
 
@@ -204,13 +206,15 @@ class PowerSGDCompressor(Compressor):
             name: Key of the warm-start Q (and seed of the initial one).
             step: Unused (the warm start carries the state between steps).
             out: Where to write the result (x's shape and dtype; may be ``x``); None: a new tensor.
+            scale: Approximate the sum of ``scale * x``: P is orthonormalized, so only the (m, r)
+                factor Q carries the scale (no pass over x).
 
         Returns:
             ``out``, or a new tensor of x's shape and dtype; the same on every rank.
         """
         dims = self.matrix_shape(x.shape)
         if dims is None:
-            summed = await all_reduce(x.contiguous())
+            summed = await all_reduce(x.contiguous() if scale == 1.0 else x * scale)
             return summed if out is None or summed is out else out.copy_(summed.view(out.shape))
         matrix = x.reshape(dims).to(compute_dtype(x.dtype)).contiguous()
         q = self._warm_q(name, x, dims[1], matrix.dtype)
@@ -219,7 +223,10 @@ class PowerSGDCompressor(Compressor):
         # Step 2: orthonormal columns.
         p = _orthogonalize(p)
         # Step 3: Q = sum over ranks of M^T P; the warm start of the next step.
-        q = (await all_reduce((matrix.T @ p).to(x.dtype))).to(matrix.dtype)
+        local_q = matrix.T @ p
+        if scale != 1.0:
+            local_q.mul_(scale)
+        q = (await all_reduce(local_q.to(x.dtype))).to(matrix.dtype)
         self._keep_q(name, x.shape, q)
         # Step 4: the rank-r approximation of the summed matrix.
         if out is not None and out.dtype == p.dtype and out.is_contiguous():

@@ -90,6 +90,15 @@ class BucketExecutor:
         self.sync_options = sync_options
         self.lock = lock
 
+    def divides_itself(self, decision: Decision) -> bool:
+        """Whether the decision's sync divides by the world size itself, so the pipeline leaves the
+        parameter's view undivided: Zen and AGsparse divide the non-zero records alone, the casts
+        and PowerSGD fold the division into their own pass (``CompressedSync.folds_scale``)."""
+        if decision.kind is DecisionKind.COMPRESSED and decision.compressor is not None:
+            sync = self.memory.compressed_sync(decision.compressor, decision.scheme)
+            return sync.folds_scale(hierarchical=decision.level == "hier")
+        return divides_records(decision)
+
     async def run(self, work: BucketWork) -> None:
         """Sync every parameter of a bucket by its decision, in place in ``work.views``."""
         await self._dense(work)
@@ -208,18 +217,24 @@ class BucketExecutor:
         sync = self.memory.compressed_sync(decision.compressor, decision.scheme)
         transport = self.runtime.transport
         levels = self.runtime.hierarchy if decision.level == "hier" else None
+        scale = 1 / transport.world_size if self.divides_itself(decision) else 1.0
         log = TrafficLog()
         start = time.perf_counter()
         # The group's own stretch of the bucket where its views lie back to back in name order (or
         # in any order, for a compressor whose result does not depend on the order: no error
         # feedback, no state): the sum is then written straight into it. Otherwise a copy.
-        order_free = not (sync.error_feedback or sync.compressor.keeps_state)
-        span = contiguous_span(views, any_order=order_free)
-        if span is not None and len(views) == 1:
-            span = views[0]  # its own shape: PowerSGD sees the matrix
-        flat = span if span is not None else torch.cat([v.reshape(-1) for v in views])
+        # A single parameter keeps its shape (PowerSGD sees the matrix).
+        if len(views) == 1:
+            span = views[0] if views[0].is_contiguous() else None
+            flat = views[0]
+        else:
+            order_free = not (sync.error_feedback or sync.compressor.keeps_state)
+            span = contiguous_span(views, any_order=order_free)
+            flat = span if span is not None else torch.cat([v.reshape(-1) for v in views])
         with transport.recording(log):
-            summed = await sync.sync_async(flat, transport, name=ef_name, step=step, hierarchy=levels, out=span)
+            summed = await sync.sync_async(
+                flat, transport, name=ef_name, step=step, hierarchy=levels, out=span, scale=scale
+            )
         if span is None:
             for out, part in zip(views, summed.reshape(-1).split([v.numel() for v in views]), strict=True):
                 out.copy_(part.view(out.shape))

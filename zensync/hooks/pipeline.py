@@ -8,7 +8,8 @@ For each bucket (``bucket_job``):
    all-gather their counts with last step's measured times (one small collective per bucket), so
    every rank decides on the same numbers; buckets the decider finds clearly dense skip this;
 3. decide: one ``Decision`` per parameter (``hooks.decider``), then divide by the world size, as
-   DDP does without a hook (Zen divides a sparse parameter's non-zero records instead);
+   DDP does without a hook (Zen divides a sparse parameter's non-zero records instead; fp16, bf16
+   and PowerSGD fold the division into their cast or their small factor);
 4. execute: the fused dense allreduce, the sparse schemes, the compressed groups (``hooks.executor``),
    every result back into the bucket buffer: a sparse parameter's step allocates, fills and copies
    nothing of its size (its non-zero items from Step 2 feed its scheme, which writes the union).
@@ -34,7 +35,7 @@ import torch
 
 from zensync.cost import CostModel, TensorShape
 from zensync.hooks.decider import choose_scheme
-from zensync.hooks.executor import BucketWork, divides_records, param_item_view
+from zensync.hooks.executor import BucketWork, param_item_view
 from zensync.hooks.state import ZenSyncState
 from zensync.sync import SCHEMES
 from zensync.sync.base import ItemView
@@ -113,9 +114,10 @@ async def _sync_bucket(
         else:
             decisions, items, pushes = await _detect_and_decide(state, names, views)
         # Step 1: average first, as DDP does (no fp16 overflow): the whole buffer when every
-        # parameter goes dense, else each parameter's view, except where the scheme divides the
-        # non-zero records alone (Zen): a sparse parameter then costs no pass over its tensor.
-        divided = [divides_records(d) for d in decisions]
+        # parameter goes dense, else each parameter's view, except where the sync divides itself:
+        # Zen divides the non-zero records alone (no pass over a sparse parameter), and the casts
+        # and PowerSGD fold the division into their own pass (the cast multiplies before rounding).
+        divided = [state.executor.divides_itself(d) for d in decisions]
         if not any(divided):
             buffer.div_(n)
         else:

@@ -108,6 +108,50 @@ def test_out_the_input_itself_gives_the_new_tensor_result(spec: str, scheme: str
             torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m, r=rank, s=step: f"{r}/{s}: {m}")
 
 
+FOLDING = ("none", "fp16", "bf16", "powersgd:2")
+
+
+@pytest.mark.parametrize("scale", [0.25, 1 / 3])
+@pytest.mark.parametrize("spec", FOLDING)
+def test_folded_scale_equals_scaling_first(spec: str, scale: float) -> None:
+    """``sync(x, scale=s)`` (the hook's division folded into the cast or PowerSGD's factor) delivers
+    what ``sync(s * x)`` does, step after step with PowerSGD's error feedback and warm start; the
+    residual stays in x's units (1/s times the other's)."""
+
+    def body(t):  # type: ignore[no-untyped-def]
+        folded, first = CompressedSync(spec, "allreduce"), CompressedSync(spec, "allreduce")
+        assert folded.folds_scale(hierarchical=False)
+        out = []
+        for step in range(3):
+            x = _data(t.rank, step)
+            buf = x.clone()
+            got = folded.sync(buf, t, name="w", step=step, out=buf, scale=scale)
+            out.append((got, first.sync(x * scale, t, name="w", step=step)))
+        residuals = (folded.worker_memory.residual("w"), first.worker_memory.residual("w"))
+        return out, residuals
+
+    tol = 1e-5 if spec.startswith("powersgd") else 0.0
+    for pairs, (folded_res, first_res) in SimulatedWorld(3).run(body):
+        for got, expected in pairs:
+            torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+        if first_res is not None:
+            torch.testing.assert_close(folded_res * scale, first_res, rtol=1e-4, atol=1e-5)
+
+
+def test_scale_is_refused_where_it_cannot_be_folded() -> None:
+    def body(t):  # type: ignore[no-untyped-def]
+        errors = []
+        for spec, scheme, levels in [("topk:0.2", "allgather", None), ("fp16", "allreduce", hierarchy(t, 2))]:
+            sync = CompressedSync(spec, scheme)
+            assert not sync.folds_scale(hierarchical=levels is not None)
+            with pytest.raises(ValueError, match="does not fold a scale"):
+                sync.sync(_data(t.rank), t, name="w", step=0, hierarchy=levels, scale=0.5)
+            errors.append(True)
+        return errors
+
+    assert SimulatedWorld(4).run(body) == [[True, True]] * 4
+
+
 def test_powersgd_allreduce_is_exact_on_a_shared_low_rank_sum() -> None:
     """Each rank holds a_r * u v^T: the sum has rank 1, so one power iteration recovers it exactly."""
     n = 4

@@ -26,6 +26,7 @@ class AllReduceCollective(CompressedCollective):
     """Compress, allreduce the payloads, decompress the sum (``Compressor.allreduce_sync``)."""
 
     name = "allreduce"
+    folds_scale = True
     roundtrip_on_one_rank = False
     """One rank still runs ``allreduce_sync``: PowerSGD's rounds differ from compress/decompress."""
 
@@ -40,7 +41,9 @@ class AllReduceCollective(CompressedCollective):
     async def _reduce(
         self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return await self._reduce_into(x, transport, codec, name=name, step=step, want_own=want_own, out=None)
+        return await self._reduce_into(
+            x, transport, codec, name=name, step=step, want_own=want_own, out=None, scale=1.0
+        )
 
     async def _reduce_into(
         self,
@@ -52,6 +55,7 @@ class AllReduceCollective(CompressedCollective):
         step: int,
         want_own: bool,
         out: torch.Tensor | None,
+        scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The compressor decodes the summed payloads straight into ``out`` (fp16: one conversion pass).
 
@@ -66,4 +70,5 @@ class AllReduceCollective(CompressedCollective):
             fresh = flat.is_contiguous() and flat.untyped_storage().data_ptr() != storage
             return (await transport.all_reduce_async(flat, inplace=fresh)).view(t.shape)
 
-        return await codec.compressor.allreduce_sync(x, all_reduce, name=name, step=step, out=out), None
+        summed = await codec.compressor.allreduce_sync(x, all_reduce, name=name, step=step, out=out, scale=scale)
+        return summed, None

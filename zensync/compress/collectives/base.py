@@ -98,6 +98,8 @@ class CompressedCollective(abc.ABC):
     name: ClassVar[str]
     roundtrip_on_one_rank: ClassVar[bool] = True
     """Whether a world of one rank skips the collectives and returns decompress(compress(x))."""
+    folds_scale: ClassVar[bool] = False
+    """Whether ``reduce(scale=...)`` is supported (the compressor must fold it too: ``Compressor.folds_scale``)."""
 
     def check(self, compressor: Compressor) -> None:  # noqa: B027 - a no-op unless the collective needs more
         """Raise a ValueError if ``compressor`` does not suit this collective (every one does by default)."""
@@ -112,6 +114,7 @@ class CompressedCollective(abc.ABC):
         step: int,
         want_own: bool,
         out: torch.Tensor | None = None,
+        scale: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(sum over ranks, this rank's own transmitted approximation), both of x's shape and dtype.
 
@@ -119,12 +122,17 @@ class CompressedCollective(abc.ABC):
         collectives that would decompress for it alone, when ``want_own`` is False (no error
         feedback needs it). The sum is the same on every rank. With ``out`` (x's shape and dtype;
         it may be ``x`` itself, which is read before ``out`` is written) the sum is written there
-        and ``out`` is returned as it.
+        and ``out`` is returned as it. ``scale`` (only where ``folds_scale``): the sum of the
+        approximations of ``scale * x``.
         """
+        if scale != 1.0 and not self.folds_scale:
+            raise ValueError(f"compressed collective {self.name!r} does not fold a scale (scale={scale})")
         if transport.world_size == 1 and self.roundtrip_on_one_rank:
             own = codec.roundtrip(x, name, step)
             return (own.clone() if out is None else out.copy_(own)), own
-        return await self._reduce_into(x, transport, codec, name=name, step=step, want_own=want_own, out=out)
+        return await self._reduce_into(
+            x, transport, codec, name=name, step=step, want_own=want_own, out=out, scale=scale
+        )
 
     async def _reduce_into(
         self,
@@ -136,6 +144,7 @@ class CompressedCollective(abc.ABC):
         step: int,
         want_own: bool,
         out: torch.Tensor | None,
+        scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``_reduce`` with its sum copied into ``out`` when given (collectives that can write there override it)."""
         summed, own = await self._reduce(x, transport, codec, name=name, step=step, want_own=want_own)

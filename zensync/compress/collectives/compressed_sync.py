@@ -85,9 +85,17 @@ class CompressedSync:
         step: int,
         hierarchy: Hierarchy | None = None,
         out: torch.Tensor | None = None,
+        scale: float = 1.0,
     ) -> torch.Tensor:
         """``sync_async`` driven to completion on this thread (the blocking form)."""
-        return transport.run(self.sync_async(x, transport, name=name, step=step, hierarchy=hierarchy, out=out))
+        return transport.run(
+            self.sync_async(x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale)
+        )
+
+    def folds_scale(self, *, hierarchical: bool) -> bool:
+        """Whether ``sync_async(scale=...)`` applies the scale with no pass of its own over x (flat
+        allreduce of a compressor that folds it: fp16, bf16, none, PowerSGD)."""
+        return not hierarchical and self.collective.folds_scale and self.compressor.folds_scale
 
     async def sync_async(
         self,
@@ -98,8 +106,9 @@ class CompressedSync:
         step: int,
         hierarchy: Hierarchy | None = None,
         out: torch.Tensor | None = None,
+        scale: float = 1.0,
     ) -> torch.Tensor:
-        """Sum over ranks of the compressed ``x`` (a new tensor of x's shape and dtype, or ``out``).
+        """Sum over ranks of the compressed ``scale * x`` (a new tensor of x's shape and dtype, or ``out``).
 
         Step 1: add this rank's residual (error feedback). Step 2: run the scheme, flat or two-level.
         Step 3: keep what compression dropped as the new residual. Step 4: commit the step's new
@@ -114,16 +123,24 @@ class CompressedSync:
             out: Where to write the sum (x's shape and dtype; it may be ``x`` itself, as the DDP
                 hook passes its bucket: fp16's sum is then decoded straight into it, with no new
                 tensor of x's size); None: a new tensor.
+            scale: Multiply x by this first, where ``folds_scale`` (the DDP hook's division by the
+                world size, folded into the cast or PowerSGD's factor). The residuals stay in x's
+                units.
 
         Returns:
             The sum (``out`` when given), the same on every rank.
         """
+        if scale != 1.0 and not self.folds_scale(hierarchical=hierarchy is not None):
+            raise ValueError(
+                f"scale={scale}: {self.compressor.spec()!r} over {self.scheme!r}"
+                f"{' two-level' if hierarchy is not None else ''} does not fold a scale (see folds_scale)"
+            )
         if not (self.error_feedback or self.compressor.keeps_state):
-            return await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out)
+            return await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale)
         keep = False
         self._begin_step()
         try:
-            summed = await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out)
+            summed = await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale)
             # Step 4. host-device sync; the same output, so the same decision, on every rank.
             keep = bool(all_finite(summed))
         finally:
@@ -139,6 +156,7 @@ class CompressedSync:
         step: int,
         hierarchy: Hierarchy | None,
         out: torch.Tensor | None,
+        scale: float,
     ) -> torch.Tensor:
         """Steps 1-3 of ``sync_async``."""
         # Step 1: add the residual.
@@ -147,7 +165,7 @@ class CompressedSync:
         codec = Codec(self.compressor, self.server_memory if self.error_feedback else None)
         if hierarchy is None:
             summed, own = await self.collective.reduce(
-                compensated, transport, codec, name=name, step=step, want_own=self.error_feedback, out=out
+                compensated, transport, codec, name=name, step=step, want_own=self.error_feedback, out=out, scale=scale
             )
         else:
             summed = await two_level(self.collective, codec, compensated, hierarchy, name=name, step=step)
@@ -162,7 +180,9 @@ class CompressedSync:
             if own is not None:
                 self.worker_memory.update(name, compensated, own, consume=True)
             else:
-                self.worker_memory.update(name, compensated, summed, scale=1 / transport.world_size, consume=True)
+                # In x's units: summed is of scale * compensated, so this rank's share is summed / (n scale).
+                share = 1 / (transport.world_size * scale)
+                self.worker_memory.update(name, compensated, summed, scale=share, consume=True)
         return summed
 
     def _begin_step(self) -> None:
