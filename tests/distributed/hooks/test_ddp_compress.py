@@ -134,10 +134,11 @@ class TestCompressedStrategies:
             none, fp16, topk = (per_rank[c]["fc1_bytes"] for c in ("none", "fp16", "topk"))
             assert 0.45 * none <= fp16 <= 0.55 * none, (none, fp16)
             assert topk < 0.5 * fp16, (fp16, topk)
-            # fc1.weight is 32 x DIM: rank 2 sends its (32 + DIM) x 2 factors, not the matrix.
+            # fc1.weight is 32 x DIM: rank 2 sends its (32 + DIM) x 2 factors, not the matrix (a dense
+            # send would be 5x over this bound).
             rows, cols = per_rank["fc1_shape"]
             powersgd = per_rank["powersgd"]["fc1_bytes"]
-            assert powersgd <= none * 2 * (rows + cols) / (rows * cols) * 1.01, (none, powersgd)
+            assert powersgd <= none * 2 * (rows + cols) / (rows * cols) * 1.1, (none, powersgd)  # ring chunks round up
 
     def test_warmup_steps_are_plain_allreduce(self, results: list[dict[str, Any]]) -> None:
         for per_rank in results:
