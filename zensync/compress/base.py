@@ -99,9 +99,9 @@ class Compressor(abc.ABC):
     """Whether a NaN or infinity anywhere in the input always gives one in the decompression (and in
     ``allreduce_sync``'s sum). Error feedback needs it: see ``zensync.compress.error_feedback``."""
     folds_scale: ClassVar[bool] = False
-    """Whether ``allreduce_sync(scale=s)`` sums s * x without a pass over x for the product (the casts
-    scale while they cast, PowerSGD scales its small factor): the DDP hook's division by the world
-    size then costs nothing of its own."""
+    """Whether ``allreduce_sync(scale=s)`` sums s * x without a pass over x for the product
+    (PowerSGD scales its small factor): the DDP hook's division by the world size then costs
+    nothing of its own."""
     keeps_state: ClassVar[bool] = False
     """Whether ``compress``/``allreduce_sync`` keep state across steps; such compressors override
     ``begin_step``/``end_step`` so that a dropped step leaves that state as it was."""

@@ -92,8 +92,8 @@ class BucketExecutor:
 
     def divides_itself(self, decision: Decision) -> bool:
         """Whether the decision's sync divides by the world size itself, so the pipeline leaves the
-        parameter's view undivided: Zen and AGsparse divide the non-zero records alone, the casts
-        and PowerSGD fold the division into their own pass (``CompressedSync.folds_scale``)."""
+        parameter's view undivided: Zen and AGsparse divide the non-zero records alone, PowerSGD
+        folds the division into its small factor (``CompressedSync.folds_scale``)."""
         if decision.kind is DecisionKind.COMPRESSED and decision.compressor is not None:
             sync = self.memory.compressed_sync(decision.compressor, decision.scheme)
             return sync.folds_scale(hierarchical=decision.level == "hier")

@@ -8,8 +8,8 @@ For each bucket (``bucket_job``):
    all-gather their counts with last step's measured times (one small collective per bucket), so
    every rank decides on the same numbers; buckets the decider finds clearly dense skip this;
 3. decide: one ``Decision`` per parameter (``hooks.decider``), then divide by the world size, as
-   DDP does without a hook (Zen divides a sparse parameter's non-zero records instead; fp16, bf16
-   and PowerSGD fold the division into their cast or their small factor);
+   DDP does without a hook (Zen divides a sparse parameter's non-zero records instead; PowerSGD
+   folds the division into its small factor);
 4. execute: the fused dense allreduce, the sparse schemes, the compressed groups (``hooks.executor``),
    every result back into the bucket buffer: a sparse parameter's step allocates, fills and copies
    nothing of its size (its non-zero items from Step 2 feed its scheme, which writes the union).
@@ -115,8 +115,8 @@ async def _sync_bucket(
             decisions, items, pushes = await _detect_and_decide(state, names, views)
         # Step 1: average first, as DDP does (no fp16 overflow): the whole buffer when every
         # parameter goes dense, else each parameter's view, except where the sync divides itself:
-        # Zen divides the non-zero records alone (no pass over a sparse parameter), and the casts
-        # and PowerSGD fold the division into their own pass (the cast multiplies before rounding).
+        # Zen divides the non-zero records alone (no pass over a sparse parameter), and PowerSGD
+        # folds the division into its small (m, r) factor.
         divided = [state.executor.divides_itself(d) for d in decisions]
         if not any(divided):
             buffer.div_(n)

@@ -94,7 +94,7 @@ class CompressedSync:
 
     def folds_scale(self, *, hierarchical: bool) -> bool:
         """Whether ``sync_async(scale=...)`` applies the scale with no pass of its own over x (flat
-        allreduce of a compressor that folds it: fp16, bf16, none, PowerSGD)."""
+        allreduce of a compressor that folds it: PowerSGD)."""
         return not hierarchical and self.collective.folds_scale and self.compressor.folds_scale
 
     async def sync_async(
@@ -124,8 +124,7 @@ class CompressedSync:
                 hook passes its bucket: fp16's sum is then decoded straight into it, with no new
                 tensor of x's size); None: a new tensor.
             scale: Multiply x by this first, where ``folds_scale`` (the DDP hook's division by the
-                world size, folded into the cast or PowerSGD's factor). The residuals stay in x's
-                units.
+                world size, folded into PowerSGD's factor). The residuals stay in x's units.
 
         Returns:
             The sum (``out`` when given), the same on every rank.
