@@ -35,7 +35,6 @@ import itertools
 import json
 import os
 import pathlib
-import resource
 import statistics
 import sys
 import tempfile
@@ -47,6 +46,10 @@ import torch.distributed as dist
 from torch import nn
 
 from zensync.testbed import EmulatedCluster, make_cluster, parse_rate
+
+# Sibling modules of this driver (experiments/ is not a package).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _counters import cpu_seconds, tx_bytes
 
 _PORT = 29641
 _WIDTHS = (1024, 2048, 2048, 1024, 10)
@@ -85,15 +88,6 @@ def batch(rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.randn(size, _WIDTHS[0], generator=g)
     teacher = torch.randn(_WIDTHS[0], _WIDTHS[-1], generator=torch.Generator().manual_seed(7))
     return x, (x @ teacher).argmax(1)
-
-
-def _tx(iface: str) -> int:
-    return int(pathlib.Path(f"/sys/class/net/{iface}/statistics/tx_bytes").read_text()) if iface else 0
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _register(ddp: nn.parallel.DistributedDataParallel, strategy: str) -> Any:
@@ -139,9 +133,9 @@ def worker(args: argparse.Namespace) -> None:
             x, y = batch(rank, step, args.batch)
             if step == args.warmup:
                 dist.barrier()
-                tx0 = _tx(args.iface)
+                tx0 = tx_bytes(args.iface)
             dist.barrier()
-            start, start_cpu = time.perf_counter(), _cpu_s()
+            start, start_cpu = time.perf_counter(), cpu_seconds()
             opt.zero_grad(set_to_none=False)
             if args.strategy == "nosync":
                 with ddp.no_sync():
@@ -153,13 +147,13 @@ def worker(args: argparse.Namespace) -> None:
             opt.step()
             if step >= args.warmup:
                 times.append(time.perf_counter() - start)
-                cpu.append(_cpu_s() - start_cpu)
+                cpu.append(cpu_seconds() - start_cpu)
             losses.append(float(loss))
         dist.barrier()
-        barrier_tx = _tx(args.iface)
+        barrier_tx = tx_bytes(args.iface)
         dist.barrier()
-        barrier_tx = _tx(args.iface) - barrier_tx  # one barrier's bytes, to subtract
-        tx = _tx(args.iface) - tx0 - barrier_tx * (2 * args.steps + 3)
+        barrier_tx = tx_bytes(args.iface) - barrier_tx  # one barrier's bytes, to subtract
+        tx = tx_bytes(args.iface) - tx0 - barrier_tx * (2 * args.steps + 3)
         report.update(times=times, cpu=cpu, losses=losses, tx_per_step=max(0.0, tx / args.steps))
         if state is not None:
             history = state.history[-args.steps :]

@@ -52,8 +52,11 @@ from zensync.testbed import EmulatedCluster, make_cluster, parse_rate
 from zensync.transport import TrafficLog, transport_for_group
 from zensync.workloads import lm
 
+# Sibling modules of this driver (experiments/ is not a package).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _counters import fenced_tx
+
 _PORT = 29533
-_SETTLE_S = 0.3
 """Pause after a barrier before reading counters, so queued frames have left the interface."""
 _WIRE_TOLERANCE = 0.10
 """Target: wire bytes within 10 % of the engine's count (TCP/IP headers are ~3-5 % at MTU 1500)."""
@@ -62,28 +65,16 @@ _WIRE_TOLERANCE = 0.10
 # -- worker (runs inside host namespace r) ---------------------------------------------------------
 
 
-def _tx_bytes(iface: str | None) -> int:
-    if iface is None:
-        return 0
-    return int(pathlib.Path(f"/sys/class/net/{iface}/statistics/tx_bytes").read_text())
-
-
-def _fenced_tx(iface: str | None) -> int:
-    dist.barrier()
-    time.sleep(_SETTLE_S)
-    return _tx_bytes(iface)
-
-
 def _measure(fn: Any, reps: int, iface: str | None) -> tuple[list[float], float]:
     """(seconds per rep, tx bytes per rep) of ``fn``; barrier bytes are subtracted by the caller."""
     fn()  # warm-up
-    before = _fenced_tx(iface)
+    before = fenced_tx(iface)
     seconds = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
         seconds.append(time.perf_counter() - start)
-    return seconds, (_fenced_tx(iface) - before) / reps
+    return seconds, (fenced_tx(iface) - before) / reps
 
 
 def _lm_rows(args: argparse.Namespace, rank: int) -> torch.Tensor:
@@ -133,7 +124,7 @@ def worker(args: argparse.Namespace) -> None:
     rank, n = dist.get_rank(), dist.get_world_size()
     iface = args.iface or None
     # barrier cost: two fenced reads with nothing between them
-    barrier_tx = -_fenced_tx(iface) + _fenced_tx(iface)
+    barrier_tx = -fenced_tx(iface) + fenced_tx(iface)
     dense_numel = int(args.dense_mb * 1e6) // 4 if args.dense_mb > 0 else (args.numel // args.dim) * args.dim
     dense = torch.full((dense_numel,), float(rank + 1))
     dense_s, dense_tx = _measure(lambda: dist.all_reduce(dense.clone()), args.reps, iface)

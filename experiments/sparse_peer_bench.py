@@ -44,7 +44,6 @@ import json
 import os
 import pathlib
 import platform
-import resource
 import statistics
 import sys
 import tempfile
@@ -60,8 +59,11 @@ from zensync import kernels
 from zensync.testbed import EmulatedCluster, make_cluster, parse_rate
 from zensync.transport import transport_for_group
 
+# Sibling modules of this driver (experiments/ is not a package).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _counters import cpu_seconds, fenced_tx
+
 _PORT = 29561
-_SETTLE_S = 0.3
 _WORKLOADS = {"small": (200_000, 64, 700), "large": (50_000, 768, 4480)}
 
 
@@ -78,35 +80,19 @@ def embedding_gradient(num_rows: int, dim: int, draws: int, rank: int) -> torch.
     return torch.zeros(num_rows, dim).index_add_(0, rows, values)
 
 
-def _tx_bytes(iface: str) -> int:
-    return int(pathlib.Path(f"/sys/class/net/{iface}/statistics/tx_bytes").read_text()) if iface else 0
-
-
-def _fenced_tx(iface: str) -> int:
-    dist.barrier()
-    time.sleep(_SETTLE_S)
-    return _tx_bytes(iface)
-
-
-def _cpu_s() -> float:
-    """CPU seconds (user + system) of this process so far, all its threads (gloo's included)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _measure(prepare: Callable[[], Any], op: Callable[[Any], Any], reps: int, iface: str) -> dict[str, Any]:
     """Per-rep seconds and CPU seconds of ``op(prepare())`` (prepare untimed, before the barrier), tx bytes per rep."""
     result = op(prepare())  # warm-up
-    before = _fenced_tx(iface)
+    before = fenced_tx(iface)
     seconds, cpu = [], []
     for _ in range(reps):
         arg = prepare()
         dist.barrier()
-        start, start_cpu = time.perf_counter(), _cpu_s()
+        start, start_cpu = time.perf_counter(), cpu_seconds()
         result = op(arg)
         seconds.append(time.perf_counter() - start)
-        cpu.append(_cpu_s() - start_cpu)
-    return {"seconds": seconds, "cpu_s": cpu, "tx": (_fenced_tx(iface) - before) / reps, "result": result}
+        cpu.append(cpu_seconds() - start_cpu)
+    return {"seconds": seconds, "cpu_s": cpu, "tx": (fenced_tx(iface) - before) / reps, "result": result}
 
 
 def _torch_sparse(coo: torch.Tensor, dense: bool) -> torch.Tensor:
@@ -204,7 +190,7 @@ def worker(args: argparse.Namespace) -> None:
     """One rank: every op on every workload; writes rank<r>.json."""
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=300))
     rank = dist.get_rank()
-    barrier_tx = -_fenced_tx(args.iface) + _fenced_tx(args.iface)
+    barrier_tx = -fenced_tx(args.iface) + fenced_tx(args.iface)
     report: dict[str, Any] = {"rank": rank, "barrier_tx": barrier_tx, "workloads": {}}
     for name in args.workload:
         report["workloads"][name] = _workload(name, args, barrier_tx)
