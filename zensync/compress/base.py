@@ -38,10 +38,12 @@ import hashlib
 import inspect
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
+
+from zensync.types import accumulation_dtype
 
 __all__ = [
     "AllReduce",
@@ -125,6 +127,41 @@ class Compressor(abc.ABC):
         (the casts: one conversion pass, nothing allocated) override it.
         """
         return out.copy_(self.decompress(compressed).view(out.shape))
+
+    def decompress_sum(self, parts: Sequence[Compressed], out: torch.Tensor) -> torch.Tensor:
+        """The sum in order of ``decompress(part)`` over ``parts``, written into ``out``; returns ``out``.
+
+        ``out`` has the input's shape and dtype; the sum is accumulated as
+        ``collectives.sum_in_rank_order`` does (from zero, in float32 for half types). The default
+        zeroes ``out`` and adds each part (``decompress_add``); a half-precision ``out`` goes
+        through a float32 sum first. Compressors that decode several senders in one pass over
+        ``out`` (the sign family) override it.
+        """
+        if accumulation_dtype(out.dtype) != out.dtype or not out.is_contiguous():
+            total = torch.zeros(out.shape, dtype=accumulation_dtype(out.dtype), device=out.device)
+            for part in parts:
+                total += self.decompress(part).reshape(out.shape).to(total.dtype)
+            return out.copy_(total)
+        out.zero_()
+        for part in parts:
+            self.decompress_add(part, out)
+        return out
+
+    def decompress_add(self, compressed: Compressed, out: torch.Tensor) -> torch.Tensor:
+        """``out += decompress(compressed)`` (``out`` contiguous, of the input's shape and dtype).
+
+        The default decompresses into a new tensor first; the sparsifiers add their k values in place.
+        """
+        return out.add_(self.decompress(compressed).view(out.shape))
+
+    def subtract_transmitted(self, x: torch.Tensor, compressed: Compressed) -> torch.Tensor:
+        """In place, ``x -= decompress(compressed)`` where ``compressed`` is ``compress(x)``: what
+        compression dropped (error feedback's new residual, computed in ``x``'s memory); returns ``x``.
+
+        The default decompresses into a new tensor; the sparsifiers zero their k positions and the
+        sign family subtracts its levels in one pass.
+        """
+        return x.sub_(self.decompress(compressed).view(x.shape))
 
     @abc.abstractmethod
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:

@@ -40,7 +40,7 @@ from zensync.compress.base import (
     to_float,
     to_int,
 )
-from zensync.compress.topk import SelectedValues, topk_indices
+from zensync.compress.topk import SelectedValues
 
 __all__ = ["EXACT_BELOW_NUMEL", "MAX_TRIES", "RELAX_FACTOR", "DGCCompressor"]
 
@@ -114,22 +114,22 @@ class DGCCompressor(SelectedValues):
     def ratio(self) -> float:
         return self.config.ratio
 
-    def select(self, magnitudes: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
-        """Sorted int64 positions of exactly k elements of the 1-D ``magnitudes`` (steps 1-4 above)."""
-        numel = magnitudes.numel()
+    def select(self, flat: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
+        """Sorted int64 positions of exactly k elements of the 1-D values ``flat``, by |value| (steps 1-4 above)."""
+        numel = flat.numel()
         k = selected_count(self.config.ratio, numel)
         # NaN ranks above every number, as in top-k: a NaN gradient is sent, never silently dropped
         # (the kernels let NaN pass every threshold).
         # Step 1: small tensors take the exact top-k.
         if numel < EXACT_BELOW_NUMEL:
-            return topk_indices(magnitudes, k)
+            return kernels.topk_abs(flat, k)
         # Step 2: the threshold of the top `ratio` of a shared-seed random sample.
         num_samples = max(1, math.ceil(self.config.sample_fraction * numel))
-        generator = shared_generator(self.config.seed, name, step, purpose="dgc", device=magnitudes.device)
-        positions = torch.randint(0, numel, (num_samples,), generator=generator, device=magnitudes.device)
-        sample = torch.nan_to_num(magnitudes[positions], nan=float("inf"))  # a NaN threshold passes nothing
+        generator = shared_generator(self.config.seed, name, step, purpose="dgc", device=flat.device)
+        positions = torch.randint(0, numel, (num_samples,), generator=generator, device=flat.device)
+        sample = torch.nan_to_num(flat[positions].abs(), nan=float("inf"))  # a NaN threshold passes nothing
         threshold = torch.topk(sample, selected_count(self.config.ratio, num_samples), sorted=False).values.min()
         # Steps 3-4: relax the threshold until k pass, then the k largest of the candidates (a kernel;
         # equal to the exact top-k whatever the threshold, so only the cost depends on the sample).
         threshold_value = float(threshold)  # host-device sync
-        return kernels.sampled_topk(magnitudes, k, threshold_value, relax_factor=RELAX_FACTOR, max_tries=MAX_TRIES)
+        return kernels.sampled_topk_abs(flat, k, threshold_value, relax_factor=RELAX_FACTOR, max_tries=MAX_TRIES)

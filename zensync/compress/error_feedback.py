@@ -57,14 +57,21 @@ class ErrorFeedback:
 
     Between ``begin_step()`` and ``end_step(keep=...)``, ``update`` only holds its residual back:
     ``end_step`` stores all of them (keep=True) or none (see the module docstring).
+
+    Work buffers: ``compensate`` writes x + residual into a buffer the memory keeps for that name
+    (the residual the step before replaced), and a consuming ``update`` turns that buffer into the
+    new residual, so a step allocates nothing of the tensor's size after the first two: each name
+    holds its residual and one spare of the same size (``workspace_bytes``).
     """
 
-    __slots__ = ("_pending", "_residuals", "_warned")
+    __slots__ = ("_pending", "_residuals", "_spares", "_warned")
 
     def __init__(self) -> None:
         self._residuals: dict[str, torch.Tensor] = {}
         self._pending: dict[str, torch.Tensor] | None = None
         """The open step's new residuals, None when no step is open."""
+        self._spares: dict[str, torch.Tensor] = {}
+        """Per name, a tensor of the residual's size that no one else holds: ``compensate``'s output."""
         self._warned: set[str] = set()
 
     def begin_step(self) -> None:
@@ -75,15 +82,27 @@ class ErrorFeedback:
     def end_step(self, *, keep: bool) -> None:
         """Store the residuals of the step's ``update`` calls (``keep``), or drop them all."""
         pending, self._pending = self._pending, None
-        if keep and pending:
-            self._residuals.update(pending)
+        if not pending:
+            return
+        for name, residual in pending.items():
+            if keep:
+                self._store(name, residual)
+            else:
+                self._spares[name] = residual  # the dropped residual's memory serves the next step
+
+    def _store(self, name: str, residual: torch.Tensor) -> None:
+        previous = self._residuals.get(name)
+        self._residuals[name] = residual
+        if previous is not None and previous is not residual:
+            self._spares[name] = previous
 
     def compensate(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """``x`` plus the residual stored under ``name`` (a new tensor; ``x`` is not modified)."""
+        """``x`` plus the residual stored under ``name`` (a tensor of its own; ``x`` is not modified)."""
         residual = self._residuals.get(name)
-        if residual is None:
-            return x.clone()
-        if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        spare = self._spares.pop(name, None)
+        if spare is not None and not _alike(spare, x):
+            spare = None
+        if residual is not None and not _alike(residual, x):
             if name not in self._warned:
                 logger.warning(
                     "error feedback for %s reset: tensor changed from %s %s to %s %s",
@@ -95,8 +114,10 @@ class ErrorFeedback:
                 )
                 self._warned.add(name)
             del self._residuals[name]
-            return x.clone()
-        return x + residual
+            residual = None
+        if residual is None:
+            return x.clone() if spare is None else spare.copy_(x)
+        return torch.add(x, residual) if spare is None else torch.add(x, residual, out=spare)
 
     def update(
         self,
@@ -123,21 +144,34 @@ class ErrorFeedback:
             residual = compensated.detach().sub_(transmitted, alpha=scale)
         else:
             residual = torch.sub(compensated, transmitted, alpha=scale).detach()
+        self.keep_remainder(name, residual)
+
+    def keep_remainder(self, name: str, residual: torch.Tensor) -> None:
+        """Store ``residual``, computed by the caller in memory it gives up (``compensate``'s output
+        minus what was sent, e.g. ``Compressor.subtract_transmitted``), as ``update`` stores its own."""
         if self._pending is not None:
             self._pending[name] = residual
         elif bool(all_finite(residual)):  # host-device sync
-            self._residuals[name] = residual
+            self._store(name, residual)
         else:
             logger.debug("error feedback for %s: non-finite residual not stored", name)
+            self._spares[name] = residual
 
     def residual(self, name: str) -> torch.Tensor | None:
-        """The stored residual of ``name`` (None before its first update)."""
-        return self._residuals.get(name)
+        """A copy of the stored residual of ``name`` (None before its first update); the stored
+        tensor itself becomes a work buffer at a later step."""
+        residual = self._residuals.get(name)
+        return None if residual is None else residual.clone()
 
     @property
     def nbytes(self) -> int:
         """Memory held by all residuals, in bytes."""
         return sum(r.numel() * r.element_size() for r in self._residuals.values())
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Memory held by the work buffers ``compensate`` reuses (at most one residual's size per name)."""
+        return sum(r.numel() * r.element_size() for r in self._spares.values())
 
     def names(self) -> list[str]:
         return sorted(self._residuals)
@@ -148,8 +182,14 @@ class ErrorFeedback:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self._residuals = {str(name): r.clone() for name, r in state.items()}
+        self._spares.clear()
         self._warned.clear()
 
     def clear(self) -> None:
         self._residuals.clear()
+        self._spares.clear()
         self._pending = None
+
+
+def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -34,20 +35,24 @@ from zensync.compress.base import Compressed, Compressor, compute_dtype, registe
 __all__ = ["EFSignSGDCompressor", "OneBitCompressor", "SignSGDCompressor"]
 
 _BITS_PER_BYTE = 8
+_ONE_PASS_DTYPES = (torch.float32, torch.float64)
+"""Output dtypes the one-pass decode and residual handle (half types: the compressor's general path)."""
 
 
 class _SignCompressor(Compressor):
     """Shared body: payload 0 is the packed ``x >= 0`` bits, then ``num_scales`` fp32 scales.
 
-    Subclasses give ``_scales`` (what is sent besides the bits) and ``_levels`` (the value of a 0
-    bit and of a 1 bit, from the scales).
+    Subclasses give ``_scales`` (what is sent besides the bits, from ``kernels.sign_encode``'s
+    count and sums) and ``_levels`` (the value of a 0 bit and of a 1 bit, from the scales). One
+    pass encodes (bits and sums together), one decodes every sender into the sum
+    (``decompress_sum``), one computes the residual (``subtract_transmitted``).
     """
 
     num_scales: ClassVar[int]
 
-    def _scales(self, flat: torch.Tensor, nonnegative: torch.Tensor) -> torch.Tensor:
-        """fp32 [num_scales] computed from the flattened input (compute dtype) and its bits."""
-        return torch.empty(0, dtype=torch.float32, device=flat.device)
+    def _scales(self, stats: torch.Tensor, numel: int) -> torch.Tensor:
+        """fp32 [num_scales] from float64 [count of x >= 0, sum of max(x, 0), sum of min(x, 0)]."""
+        return torch.empty(0, dtype=torch.float32, device=stats.device)
 
     def _levels(self, scales: torch.Tensor) -> torch.Tensor:
         """[value of a 0 bit, value of a 1 bit] (fp32)."""
@@ -55,17 +60,35 @@ class _SignCompressor(Compressor):
 
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
         flat = x.reshape(-1).to(compute_dtype(x.dtype))
-        nonnegative = flat >= 0
-        scales = self._scales(flat, nonnegative)
-        packed = kernels.pack_bits(nonnegative, 1)
-        payloads = (packed, scales) if self.num_scales else (packed,)
+        packed, stats = kernels.sign_encode(flat)
+        payloads = (packed, self._scales(stats, flat.numel())) if self.num_scales else (packed,)
         return Compressed(payloads, (x.shape, x.dtype))
+
+    def _part_levels(self, compressed: Compressed, device: torch.device) -> torch.Tensor:
+        """[value of a 0 bit, value of a 1 bit] of one sender (fp32)."""
+        scales = compressed.payloads[1] if self.num_scales else torch.empty(0, dtype=torch.float32, device=device)
+        return self._levels(scales)
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         shape, dtype = compressed.ctx
         packed = compressed.payloads[0]
-        scales = compressed.payloads[1] if self.num_scales else packed.new_empty(0, dtype=torch.float32)
-        return kernels.unpack_bits(packed, 1, shape.numel(), self._levels(scales).to(dtype)).view(shape)
+        levels = self._part_levels(compressed, packed.device).to(dtype)
+        return kernels.unpack_bits(packed, 1, shape.numel(), levels).view(shape)
+
+    def decompress_sum(self, parts: Sequence[Compressed], out: torch.Tensor) -> torch.Tensor:
+        """Every sender's bits decoded and summed in one pass over ``out`` (``kernels.sign_decode_sum``)."""
+        if out.dtype not in _ONE_PASS_DTYPES or not out.is_contiguous() or not parts:
+            return super().decompress_sum(parts, out)
+        levels = torch.stack([self._part_levels(p, out.device) for p in parts]).to(out.dtype)
+        kernels.sign_decode_sum([p.payloads[0] for p in parts], levels, out.view(-1))
+        return out
+
+    def subtract_transmitted(self, x: torch.Tensor, compressed: Compressed) -> torch.Tensor:
+        """x minus the level of its own bit, in one pass (``kernels.sign_residual``)."""
+        if x.dtype not in _ONE_PASS_DTYPES or not x.is_contiguous():
+            return super().subtract_transmitted(x, compressed)
+        kernels.sign_residual(x.view(-1), self._part_levels(compressed, x.device).to(x.dtype))
+        return x
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return math.ceil(numel / _BITS_PER_BYTE) + 4 * self.num_scales
@@ -98,8 +121,8 @@ class EFSignSGDCompressor(_SignCompressor):
     needs_error_feedback = True
     num_scales = 1
 
-    def _scales(self, flat: torch.Tensor, nonnegative: torch.Tensor) -> torch.Tensor:
-        mean_magnitude = flat.abs().sum() / max(flat.numel(), 1)
+    def _scales(self, stats: torch.Tensor, numel: int) -> torch.Tensor:
+        mean_magnitude = (stats[1] - stats[2]) / max(numel, 1)
         return mean_magnitude.to(torch.float32).reshape(1)
 
     def _levels(self, scales: torch.Tensor) -> torch.Tensor:
@@ -121,11 +144,9 @@ class OneBitCompressor(_SignCompressor):
     needs_error_feedback = True
     num_scales = 2
 
-    def _scales(self, flat: torch.Tensor, nonnegative: torch.Tensor) -> torch.Tensor:
-        num_nonnegative = torch.count_nonzero(nonnegative)
-        counts = torch.stack([num_nonnegative, flat.numel() - num_nonnegative]).clamp_(min=1)
-        sums = torch.stack([flat.clamp(min=0).sum(), flat.clamp(max=0).sum()])
-        return (sums / counts).to(torch.float32)  # [mean of x >= 0, mean of x < 0]
+    def _scales(self, stats: torch.Tensor, numel: int) -> torch.Tensor:
+        counts = torch.stack([stats[0], numel - stats[0]]).clamp_(min=1)
+        return (stats[1:] / counts).to(torch.float32)  # [mean of x >= 0, mean of x < 0]
 
     def _levels(self, scales: torch.Tensor) -> torch.Tensor:
         return scales.flip(0)

@@ -71,17 +71,31 @@ class SelectedValues(Compressor):
         """Fraction of the elements sent."""
 
     @abc.abstractmethod
-    def select(self, magnitudes: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
-        """Sorted int64 positions of the k elements sent, from the 1-D ``magnitudes``."""
+    def select(self, flat: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
+        """Sorted int64 positions of the k elements sent, from the 1-D values ``flat`` (signed: the
+        kernels order their absolute values without an ``abs`` pass)."""
 
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
         flat = x.reshape(-1)
-        indices = self.select(flat.abs(), name=name, step=step)
+        indices = self.select(flat, name=name, step=step)
         return Compressed((flat[indices], indices.to(index_dtype(flat.numel()))), x.shape)
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         values, indices = compressed.payloads
         return scatter_values(values, indices, compressed.ctx)
+
+    def decompress_add(self, compressed: Compressed, out: torch.Tensor) -> torch.Tensor:
+        """The k values added at their positions: k read-modify-writes, nothing of out's size allocated."""
+        values, indices = compressed.payloads
+        out.view(-1).index_add_(0, indices, values.to(out.dtype))
+        return out
+
+    def subtract_transmitted(self, x: torch.Tensor, compressed: Compressed) -> torch.Tensor:
+        """The k sent positions set to zero: each sent value is x's own there, and x - x is +0 for
+        every finite x (a non-finite one makes the step's output non-finite, and the step's residual
+        is dropped: ``zensync.compress.error_feedback``)."""
+        x.view(-1).index_fill_(0, compressed.payloads[1].long(), 0)
+        return x
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return selected_count(self.ratio, numel) * (dtype.itemsize + index_dtype(numel).itemsize)
@@ -127,5 +141,5 @@ class TopKCompressor(SelectedValues):
     def ratio(self) -> float:
         return self.config.ratio
 
-    def select(self, magnitudes: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
-        return topk_indices(magnitudes, selected_count(self.config.ratio, magnitudes.numel()))
+    def select(self, flat: torch.Tensor, *, name: str, step: int) -> torch.Tensor:
+        return kernels.topk_abs(flat, selected_count(self.config.ratio, flat.numel()))

@@ -1,4 +1,5 @@
-"""numba CPU kernels for decompression and low-bit codes: ``scatter_add``, ``pack_bits``, ``unpack_bits``.
+"""numba CPU kernels for decompression and low-bit codes: ``scatter_add``, ``pack_bits``, ``unpack_bits``,
+and the sign family's fused passes (``sign_encode``, ``sign_decode_sum``, ``sign_residual``).
 
 Same signatures and bit-identical results as ``reference`` (the tests compare them with
 ``torch.equal``). ``scatter_add`` accumulates in input order on one thread, as ``index_add_`` does,
@@ -10,6 +11,8 @@ thread count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numba
 import numpy as np
 import torch
@@ -17,7 +20,7 @@ import torch
 from zensync.kernels import reference
 from zensync.kernels.cpu import _chunk_size, _jit, _kernel, _use_parallel
 
-__all__ = ["pack_bits", "scatter_add", "unpack_bits"]
+__all__ = ["pack_bits", "scatter_add", "sign_decode_sum", "sign_encode", "sign_residual", "unpack_bits"]
 
 _PARALLEL_MIN_CODES = 1 << 18
 """Fewest codes for the parallel pack/unpack: a byte-per-iteration loop is a few ns per code, so
@@ -25,9 +28,12 @@ smaller inputs finish before a thread launch pays off."""
 _MIN_CHUNK_BYTES = 1 << 14
 """Fewest packed bytes per parallel chunk."""
 _SUM_DTYPES = (torch.float32, torch.float64)
+"""dtypes numba adds natively; others (float16, bfloat16, integers) run the reference."""
 _TABLE_DTYPES = (torch.float32, torch.float64, torch.uint8)
 """dtypes of an ``unpack_bits`` levels table that numba handles (float16/bfloat16 run the reference)."""
-"""dtypes numba adds natively; others (float16, bfloat16, integers) run the reference."""
+_SIGN_CHUNK = 1 << 16
+"""Elements per chunk of ``sign_encode``, whatever the thread count: its float64 partial sums are
+added in chunk order, so the sums do not depend on how many threads ran."""
 
 
 @_jit
@@ -186,3 +192,170 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tenso
     if numel > full * per_byte:
         out[full * per_byte :] = byte_table[src[full], : numel - full * per_byte]
     return torch.from_numpy(out)
+
+
+# ---------------------------------------------------------------- the sign family's fused passes
+
+
+@_jit
+def _sign_slot(v: float, s: int) -> tuple[int, float, float]:
+    """(bit s of the byte if v >= 0, max(v, 0), min(v, 0)) in float64, with no branch (random signs
+    would mispredict one at every element); a NaN gives NaN for both, as ``clamp`` does."""
+    wide = np.float64(v)
+    return np.int64(v >= 0) << s, max(wide, 0.0), min(wide, 0.0)
+
+
+@_kernel
+def _sign_encode(x: np.ndarray, chunk: int, out: np.ndarray, partial: np.ndarray) -> None:
+    """out: packed x >= 0 bits; partial[c] = (count, sum of max(x, 0), sum of min(x, 0)) of chunk c.
+
+    Each byte's eight elements go to four pairs of float64 accumulators (slot s to pair s % 4),
+    scalars the compiler keeps in registers, so the additions do not wait on one another; the
+    pairs are added in a fixed order at the end of the chunk.
+    """
+    n = x.shape[0]
+    for c in numba.prange(partial.shape[0]):
+        lo = c * chunk
+        hi = min(n, lo + chunk)
+        count = 0
+        a0 = a1 = a2 = a3 = 0.0
+        b0 = b1 = b2 = b3 = 0.0
+        full = lo + (hi - lo) // 8 * 8
+        for first in range(lo, full, 8):
+            m0, p, q = _sign_slot(x[first], 0)
+            a0 += p
+            b0 += q
+            m1, p, q = _sign_slot(x[first + 1], 1)
+            a1 += p
+            b1 += q
+            m2, p, q = _sign_slot(x[first + 2], 2)
+            a2 += p
+            b2 += q
+            m3, p, q = _sign_slot(x[first + 3], 3)
+            a3 += p
+            b3 += q
+            m4, p, q = _sign_slot(x[first + 4], 4)
+            a0 += p
+            b0 += q
+            m5, p, q = _sign_slot(x[first + 5], 5)
+            a1 += p
+            b1 += q
+            m6, p, q = _sign_slot(x[first + 6], 6)
+            a2 += p
+            b2 += q
+            m7, p, q = _sign_slot(x[first + 7], 7)
+            a3 += p
+            b3 += q
+            byte = m0 | m1 | m2 | m3 | m4 | m5 | m6 | m7
+            out[first // 8] = byte
+            count += _ones(byte)
+        if full < hi:
+            byte = 0
+            for i in range(full, hi):
+                m, p, q = _sign_slot(x[i], i - full)
+                byte |= m
+                a0 += p
+                b0 += q
+            out[full // 8] = byte
+            count += _ones(byte)
+        partial[c, 0] = count
+        partial[c, 1] = (a0 + a1) + (a2 + a3)
+        partial[c, 2] = (b0 + b1) + (b2 + b3)
+
+
+@_jit
+def _ones(byte: int) -> int:
+    """Set bits of a byte."""
+    byte = (byte & 0x55) + ((byte >> 1) & 0x55)
+    byte = (byte & 0x33) + ((byte >> 2) & 0x33)
+    return (byte & 0x0F) + (byte >> 4)
+
+
+def sign_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed ``x >= 0`` bits and their float64 stats in one pass; see ``reference.sign_encode``."""
+    reference._check_sign_input("sign_encode", x)
+    if x.dtype not in _SUM_DTYPES or x.device.type != "cpu":
+        return reference.sign_encode(x)
+    src = x.detach().contiguous().numpy()
+    n = src.shape[0]
+    out = np.empty(-(-n // 8), dtype=np.uint8)
+    partial = np.zeros((max(1, -(-n // _SIGN_CHUNK)), 3), dtype=np.float64)
+    _sign_encode.pick(_use_parallel(n, _PARALLEL_MIN_CODES))(src, _SIGN_CHUNK, out, partial)
+    stats = np.zeros(3, dtype=np.float64)
+    for row in partial:  # chunk order
+        stats += row
+    return torch.from_numpy(out), torch.from_numpy(stats)
+
+
+@_kernel
+def _sign_decode_sum(packed: np.ndarray, tables: np.ndarray, chunk: int, out: np.ndarray) -> None:
+    """out[8j + s] = sum over r of tables[r, packed[r, j], s], from 0 in rank order (whole bytes only).
+
+    Eight scalar accumulators (one per bit slot), which the compiler keeps in one vector register.
+    """
+    full = out.shape[0] // 8
+    senders = packed.shape[0]
+    zero = out.dtype.type(0)
+    for c in numba.prange(-(-full // chunk)):
+        for j in range(c * chunk, min(full, (c + 1) * chunk)):
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
+            for r in range(senders):
+                row = tables[r, packed[r, j]]
+                a0 += row[0]
+                a1 += row[1]
+                a2 += row[2]
+                a3 += row[3]
+                a4 += row[4]
+                a5 += row[5]
+                a6 += row[6]
+                a7 += row[7]
+            first = 8 * j
+            out[first] = a0
+            out[first + 1] = a1
+            out[first + 2] = a2
+            out[first + 3] = a3
+            out[first + 4] = a4
+            out[first + 5] = a5
+            out[first + 6] = a6
+            out[first + 7] = a7
+
+
+def sign_decode_sum(packed: Sequence[torch.Tensor], levels: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Every sender's signs decoded and summed in one pass over ``out``; see ``reference.sign_decode_sum``."""
+    reference._check_sign_sum(packed, levels, out)
+    if out.dtype not in _SUM_DTYPES or out.device.type != "cpu" or not out.is_contiguous() or not packed:
+        return reference.sign_decode_sum(packed, levels, out)
+    numel = out.numel()
+    table = levels.detach().contiguous().numpy()
+    tables = np.ascontiguousarray(np.stack([_byte_table(pair, 1) for pair in table]))  # [senders, 256, 8]
+    rows = torch.stack([p.detach() for p in packed]).numpy()
+    dst = out.detach().numpy()
+    full = numel // 8
+    parallel = _use_parallel(numel, _PARALLEL_MIN_CODES)
+    _sign_decode_sum.pick(parallel)(rows, tables, _chunk_size(full, _MIN_CHUNK_BYTES, parallel), dst)
+    if numel > full * 8:  # the last, partial byte
+        tail = np.zeros(numel - full * 8, dtype=dst.dtype)
+        for r in range(rows.shape[0]):
+            tail += tables[r, rows[r, full], : numel - full * 8]
+        dst[full * 8 :] = tail
+    return out
+
+
+@_kernel
+def _sign_residual(x: np.ndarray, negative: float, nonnegative: float, chunk: int) -> None:
+    for c in numba.prange(-(-x.shape[0] // chunk)):
+        for i in range(c * chunk, min(x.shape[0], (c + 1) * chunk)):
+            v = x[i]
+            x[i] = v - (nonnegative if v >= 0 else negative)
+
+
+def sign_residual(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """In place, x minus its sign code's level, in one pass; see ``reference.sign_residual``."""
+    reference._check_sign_input("sign_residual", x)
+    if x.dtype not in _SUM_DTYPES or x.device.type != "cpu" or not x.is_contiguous() or levels.shape != (2,):
+        return reference.sign_residual(x, levels)
+    pair = levels.to(x.dtype).tolist()
+    dst = x.detach().numpy()
+    parallel = _use_parallel(x.numel(), _PARALLEL_MIN_CODES)
+    _sign_residual.pick(parallel)(dst, pair[0], pair[1], _chunk_size(x.numel(), _MIN_CHUNK_BYTES, parallel))
+    return x

@@ -30,7 +30,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 from zensync.kernels import reference
 from zensync.kernels.cpu import _WORD_BITS, _chunk_size, _jit, _kernel, _offsets, _use_parallel
 
-__all__ = ["sampled_topk", "topk"]
+__all__ = ["sampled_topk", "sampled_topk_abs", "topk", "topk_abs"]
 
 _PARALLEL_MIN_SELECT = 1 << 17
 """Fewest keys (input or candidates) for the parallel version of a pass."""
@@ -56,6 +56,8 @@ _KEY_BITS = {
 """dtype -> (integer view of the same width, mask of the magnitude bits, magnitude bits of +inf)."""
 _NO_POSITIONS = np.empty(0, dtype=np.int64)
 """``positions`` argument meaning 'key i is at position i' (the whole input)."""
+_Spec = tuple[int, int, bool]
+"""(mask of the magnitude bits, key of +inf, signed): ``signed`` False orders by absolute value."""
 _Chunking = tuple[bool, int, int]
 """(parallel, keys per chunk, number of chunks) of a pass."""
 
@@ -64,28 +66,27 @@ _Chunking = tuple[bool, int, int]
 
 
 @_jit
-def _key(bits: int, absmask: int, inf_key: int) -> int:
-    """Order-preserving int64 key of a float's bits: -|b| .. |b|, -0.0 -> 0, every NaN -> inf_key + 1."""
+def _key(bits: int, absmask: int, inf_key: int, signed: bool) -> int:
+    """Order-preserving int64 key of a float's bits: -|b| .. |b| (``signed``) or |b| (the order of
+    the absolute values), -0.0 -> 0, every NaN -> inf_key + 1."""
     magnitude = np.int64(bits) & absmask
-    key = -magnitude if bits < 0 else magnitude
+    key = -magnitude if signed and bits < 0 else magnitude
     return inf_key + 1 if magnitude > inf_key else key
 
 
 @_jit
-def _digits(block: np.ndarray, spec: tuple[int, int], lo: int, hi: int, shift: int, digits: np.ndarray) -> None:
+def _digits(block: np.ndarray, spec: _Spec, lo: int, hi: int, shift: int, digits: np.ndarray) -> None:
     """digits[i] = (key >> shift) - (lo >> shift) for keys in [lo, hi], else the discard bin (len(bins) - 1)."""
-    absmask, inf_key = spec
+    absmask, inf_key, signed = spec
     base = lo >> shift
     discard = ((hi >> shift) - base) + 1
     for i in range(block.shape[0]):  # branch-free, so LLVM vectorizes it
-        key = _key(block[i], absmask, inf_key)
+        key = _key(block[i], absmask, inf_key, signed)
         digits[i] = (key >> shift) - base if lo <= key and key <= hi else discard
 
 
 @_kernel
-def _histogram(
-    bits: np.ndarray, spec: tuple[int, int], lo: int, hi: int, shift: int, chunk: int, hist: np.ndarray
-) -> None:
+def _histogram(bits: np.ndarray, spec: _Spec, lo: int, hi: int, shift: int, chunk: int, hist: np.ndarray) -> None:
     """hist[c, (key >> shift) - (lo >> shift)] = keys of chunk c in that bin; keys outside [lo, hi] in hist[c, -1].
 
     Digits are computed a block at a time (vectorized), then tallied into _TALLIES copies.
@@ -104,29 +105,29 @@ def _histogram(
 
 
 @_kernel
-def _count_at_least(bits: np.ndarray, spec: tuple[int, int], lo: int, chunk: int, counts: np.ndarray) -> None:
+def _count_at_least(bits: np.ndarray, spec: _Spec, lo: int, chunk: int, counts: np.ndarray) -> None:
     """counts[c] = keys of chunk c that are >= lo."""
-    absmask, inf_key = spec
+    absmask, inf_key, signed = spec
     for c in numba.prange(counts.shape[0]):
         block = bits[c * chunk : min(bits.shape[0], (c + 1) * chunk)]
         total = 0
         for i in range(block.shape[0]):
-            total += _key(block[i], absmask, inf_key) >= lo
+            total += _key(block[i], absmask, inf_key, signed) >= lo
         counts[c] = total
 
 
 @_jit
-def _word_at_least(bits: np.ndarray, first: int, last: int, spec: tuple[int, int], lo: int) -> int:
+def _word_at_least(bits: np.ndarray, first: int, last: int, spec: _Spec, lo: int) -> int:
     """Bit i - first of the result = key of bits[i] >= lo, for i in [first, last) (at most 64)."""
-    absmask, inf_key = spec
+    absmask, inf_key, signed = spec
     block = bits[first:last]  # a slice indexes from 0: no wraparound checks, so LLVM vectorizes
     word = np.int64(0)
     if last - first == _WORD_BITS:
         for b in range(_WORD_BITS):
-            word |= np.int64(_key(block[b], absmask, inf_key) >= lo) << b
+            word |= np.int64(_key(block[b], absmask, inf_key, signed) >= lo) << b
     else:
         for b in range(last - first):
-            word |= np.int64(_key(block[b], absmask, inf_key) >= lo) << b
+            word |= np.int64(_key(block[b], absmask, inf_key, signed) >= lo) << b
     return word
 
 
@@ -134,7 +135,7 @@ def _word_at_least(bits: np.ndarray, first: int, last: int, spec: tuple[int, int
 def _compact(
     bits: np.ndarray,
     positions: np.ndarray,
-    spec: tuple[int, int],
+    spec: _Spec,
     lo: int,
     chunk: int,
     offsets: np.ndarray,
@@ -160,7 +161,7 @@ def _compact(
 def _write_selected(
     bits: np.ndarray,
     positions: np.ndarray,
-    spec: tuple[int, int],
+    spec: _Spec,
     kth: int,
     chunk: int,
     above_offsets: np.ndarray,
@@ -172,7 +173,7 @@ def _write_selected(
     Ties wanted: k - (keys > kth) overall, the lowest positions first; chunk c starts after
     above_offsets[c] + min(tie_offsets[c], wanted) earlier positions.
     """
-    absmask, inf_key = spec
+    absmask, inf_key, signed = spec
     identity = positions.shape[0] == 0
     wanted = out.shape[0] - above_offsets[-1]
     for c in numba.prange(above_offsets.shape[0] - 1):
@@ -184,7 +185,7 @@ def _write_selected(
             while word != 0:
                 i = first + trailing_zeros(word)
                 word &= word - 1
-                if _key(bits[i], absmask, inf_key) == kth:
+                if _key(bits[i], absmask, inf_key, signed) == kth:
                     if ties >= wanted:
                         continue
                     ties += 1
@@ -195,12 +196,20 @@ def _write_selected(
 # ---------------------------------------------------------------- host-side steps
 
 
-def _bits_of(magnitudes: torch.Tensor) -> tuple[np.ndarray, tuple[int, int]] | None:
-    """(raw bits as a numpy integer array, (absmask, inf_key)); None where the reference must run."""
-    if magnitudes.dim() != 1 or magnitudes.dtype not in _KEY_BITS or magnitudes.device.type != "cpu":
+def _bits_of(values: torch.Tensor, *, signed: bool = True) -> tuple[np.ndarray, _Spec] | None:
+    """(raw bits as a numpy integer array, its key spec); None where the reference must run.
+
+    ``signed`` False: the keys order the absolute values (the sign bit is ignored, no ``abs`` pass).
+    """
+    if values.dim() != 1 or values.dtype not in _KEY_BITS or values.device.type != "cpu":
         return None
-    view_dtype, absmask, inf_key = _KEY_BITS[magnitudes.dtype]
-    return magnitudes.detach().contiguous().view(view_dtype).numpy(), (absmask, inf_key)
+    view_dtype, absmask, inf_key = _KEY_BITS[values.dtype]
+    return values.detach().contiguous().view(view_dtype).numpy(), (absmask, inf_key, signed)
+
+
+def _lowest(spec: _Spec) -> int:
+    """The smallest key of a number under ``spec`` (-inf's, or 0 for absolute values)."""
+    return -spec[1] if spec[2] else 0
 
 
 def _threshold_key(threshold: float, dtype: torch.dtype) -> int:
@@ -231,7 +240,7 @@ def _narrow(hist: np.ndarray, above: np.ndarray, k: int) -> tuple[int, np.ndarra
 
 
 def _compacted(
-    bits: np.ndarray, positions: np.ndarray, spec: tuple[int, int], lo: int, counts: np.ndarray, chunking: _Chunking
+    bits: np.ndarray, positions: np.ndarray, spec: _Spec, lo: int, counts: np.ndarray, chunking: _Chunking
 ) -> tuple[np.ndarray, np.ndarray]:
     """The keys >= lo (raw bits, positions) in position order; counts[c] of them in chunk c."""
     parallel, chunk, _ = chunking
@@ -242,7 +251,7 @@ def _compacted(
     return out_bits, out_positions
 
 
-def _select(bits: np.ndarray, positions: np.ndarray, spec: tuple[int, int], k: int, lo: int) -> np.ndarray:
+def _select(bits: np.ndarray, positions: np.ndarray, spec: _Spec, k: int, lo: int) -> np.ndarray:
     """Ascending positions of the k largest keys (0 < k <= len(bits)); every key is >= lo.
 
     Step 1: histogram the top bits of the keys in [lo, hi] and narrow [lo, hi] to the bucket of the
@@ -299,12 +308,30 @@ def topk(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     view = _bits_of(magnitudes)
     if view is None:
         return reference.topk(magnitudes, k)
+    return _topk_of(view, k)
+
+
+def topk_abs(values: torch.Tensor, k: int) -> torch.Tensor:
+    """``topk(values.abs(), k)`` with no ``abs`` pass: the keys ignore the sign bit; see ``reference.topk_abs``.
+
+    Example::
+
+        topk_abs(torch.tensor([1.0, -3.0, 2.0, 3.0, -2.0]), 3)  # tensor([1, 2, 3])
+    """
+    reference._check_k(k)
+    view = _bits_of(values, signed=False)
+    if view is None:
+        return reference.topk_abs(values, k)
+    return _topk_of(view, k)
+
+
+def _topk_of(view: tuple[np.ndarray, _Spec], k: int) -> torch.Tensor:
     bits, spec = view
     if k >= bits.shape[0]:
         return torch.arange(bits.shape[0])
     if k == 0:
         return torch.empty(0, dtype=torch.int64)
-    return torch.from_numpy(_select(bits, _NO_POSITIONS, spec, k, -spec[1]))  # every key >= -inf_key
+    return torch.from_numpy(_select(bits, _NO_POSITIONS, spec, k, _lowest(spec)))  # every key >= the lowest
 
 
 def sampled_topk(
@@ -337,14 +364,31 @@ def sampled_topk(
     view = _bits_of(magnitudes)
     if view is None:
         return reference.sampled_topk(magnitudes, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+    return _sampled_of(view, magnitudes.dtype, k, threshold, relax_factor, max_tries)
+
+
+def sampled_topk_abs(
+    values: torch.Tensor, k: int, threshold: float, *, relax_factor: float = 0.8, max_tries: int = 10
+) -> torch.Tensor:
+    """``sampled_topk(values.abs(), ...)`` with no ``abs`` pass; see ``reference.sampled_topk_abs``."""
+    reference._check_sampled(k, relax_factor)
+    view = _bits_of(values, signed=False)
+    if view is None:
+        return reference.sampled_topk_abs(values, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+    return _sampled_of(view, values.dtype, k, threshold, relax_factor, max_tries)
+
+
+def _sampled_of(
+    view: tuple[np.ndarray, _Spec], dtype: torch.dtype, k: int, threshold: float, relax_factor: float, max_tries: int
+) -> torch.Tensor:
     bits, spec = view
     if k == 0 or k >= bits.shape[0]:
-        return topk(magnitudes, k)
+        return _topk_of(view, k)
     chunking = _chunks(bits.shape[0])
     parallel, chunk, num_chunks = chunking
     for _ in range(max_tries):
         # Step 1
-        lo = _threshold_key(threshold, magnitudes.dtype)
+        lo = _threshold_key(threshold, dtype)
         counts = np.zeros(num_chunks, dtype=np.int64)
         _count_at_least.pick(parallel)(bits, spec, lo, chunk, counts)
         num_candidates = int(counts.sum())
@@ -355,4 +399,4 @@ def sampled_topk(
             candidates, positions = _compacted(bits, _NO_POSITIONS, spec, lo, counts, chunking)
             return torch.from_numpy(_select(candidates, positions, spec, k, lo))
         threshold *= relax_factor
-    return torch.from_numpy(_select(bits, _NO_POSITIONS, spec, k, -spec[1]))
+    return _topk_of(view, k)

@@ -25,6 +25,7 @@ import functools
 import importlib
 import os
 import types
+from collections.abc import Sequence
 
 import torch
 
@@ -42,8 +43,13 @@ __all__ = [
     "permute",
     "reset_dispatch_cache",
     "sampled_topk",
+    "sampled_topk_abs",
     "scatter_add",
+    "sign_decode_sum",
+    "sign_encode",
+    "sign_residual",
     "topk",
+    "topk_abs",
     "unpack_bits",
     "unpermute",
 ]
@@ -52,13 +58,18 @@ _VALID_CHOICES = ("auto", "reference", "cpu")
 """``ZENSYNC_KERNELS``: ``auto`` (fastest available; ``cpu`` is an older spelling of it) or ``reference``."""
 _CPU_MODULE = {
     "topk": "cpu_select",
+    "topk_abs": "cpu_select",
     "sampled_topk": "cpu_select",
+    "sampled_topk_abs": "cpu_select",
     "scatter_add": "cpu_codec",
+    "sign_encode": "cpu_codec",
+    "sign_decode_sum": "cpu_codec",
+    "sign_residual": "cpu_codec",
     "pack_bits": "cpu_codec",
     "unpack_bits": "cpu_codec",
 }
 """numba module of each op not in ``cpu``."""
-_CPU_MIN_NUMEL = {"topk": 1 << 15}
+_CPU_MIN_NUMEL = {"topk": 1 << 15, "topk_abs": 1 << 15}
 """Ops whose numba kernel loses to the torch reference on small CPU inputs: below this many elements
 they run the reference (same result). The exact selection makes a few passes, each a numba call plus
 numpy bookkeeping: 27 us at 64 elements against 15 us for the reference (torch.topk and a sort).
@@ -197,6 +208,39 @@ def sampled_topk(
     """See ``reference.sampled_topk``."""
     impl = _impl(magnitudes.device, "sampled_topk", magnitudes.numel())
     return impl.sampled_topk(magnitudes, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+
+
+def topk_abs(values: torch.Tensor, k: int) -> torch.Tensor:
+    """See ``reference.topk_abs``: numba orders the raw bits without the sign (no ``abs`` pass);
+    elsewhere ``topk(values.abs(), k)`` (the CUDA radix select on CUDA tensors)."""
+    if values.device.type != "cpu":
+        return topk(values.abs(), k)
+    return _impl(values.device, "topk_abs", values.numel()).topk_abs(values, k)
+
+
+def sampled_topk_abs(
+    values: torch.Tensor, k: int, threshold: float, *, relax_factor: float = 0.8, max_tries: int = 10
+) -> torch.Tensor:
+    """See ``reference.sampled_topk_abs`` (as ``topk_abs``: no ``abs`` pass on CPU)."""
+    if values.device.type != "cpu":
+        return sampled_topk(values.abs(), k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+    impl = _impl(values.device, "sampled_topk_abs", values.numel())
+    return impl.sampled_topk_abs(values, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+
+
+def sign_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """See ``reference.sign_encode``."""
+    return _impl(x.device, "sign_encode").sign_encode(x)
+
+
+def sign_decode_sum(packed: Sequence[torch.Tensor], levels: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """See ``reference.sign_decode_sum``."""
+    return _impl(out.device, "sign_decode_sum").sign_decode_sum(packed, levels, out)
+
+
+def sign_residual(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """See ``reference.sign_residual``."""
+    return _impl(x.device, "sign_residual").sign_residual(x, levels)
 
 
 def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ non-zero; NaN counts as non-zero and -0.0 as zero, exactly as ``x != 0``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -26,8 +26,13 @@ __all__ = [
     "pack_bits",
     "permute",
     "sampled_topk",
+    "sampled_topk_abs",
     "scatter_add",
+    "sign_decode_sum",
+    "sign_encode",
+    "sign_residual",
     "topk",
+    "topk_abs",
     "unpack_bits",
     "unpermute",
 ]
@@ -240,6 +245,21 @@ def sampled_topk(
     return topk(magnitudes, k)
 
 
+def topk_abs(values: torch.Tensor, k: int) -> torch.Tensor:
+    """``topk(values.abs(), k)``: positions of the k largest absolute values (NaN above every number).
+
+    Example: topk_abs(tensor([1.0, -3.0, 2.0, 3.0, -2.0]), 3) -> tensor([1, 2, 3]).
+    """
+    return topk(values.abs(), k)
+
+
+def sampled_topk_abs(
+    values: torch.Tensor, k: int, threshold: float, *, relax_factor: float = 0.8, max_tries: int = 10
+) -> torch.Tensor:
+    """``sampled_topk(values.abs(), k, threshold, ...)``: equal to ``topk_abs(values, k)``."""
+    return sampled_topk(values.abs(), k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+
+
 def _check_pairs(op: str, indices: torch.Tensor, values: torch.Tensor) -> None:
     """Shapes and index dtype of (index, value) pairs (no host sync)."""
     if indices.dim() != 1 or values.dim() != 1 or indices.numel() != values.numel():
@@ -333,3 +353,74 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tenso
     shifts = torch.arange(per_byte, device=packed.device, dtype=torch.uint8) * bits
     codes = ((packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)).reshape(-1)[:numel].contiguous()
     return codes if levels is None else levels[codes.long()]
+
+
+# ---------------------------------------------------------------- the sign family's passes
+
+
+def _check_sign_input(op: str, x: torch.Tensor) -> None:
+    if x.dim() != 1 or not x.is_floating_point():
+        raise ValueError(f"{op}: x must be a 1-D floating-point tensor, got {x.dtype} of shape {tuple(x.shape)}")
+
+
+def sign_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``pack_bits(x >= 0, 1)``, float64 [count of x >= 0, sum of max(x, 0), sum of min(x, 0)]).
+
+    The scales of the sign compressors come from these (efsignsgd's mean |x| is (second - third) /
+    numel; onebit's means are second / count and third / (numel - count)). A NaN is not >= 0 (bit
+    0) and makes both sums NaN, as ``clamp`` does; +inf makes the second inf. Sums are float64 and
+    an implementation may add in another order (the tests allow float64 rounding).
+
+    Example: sign_encode(tensor([1.0, -2.0, 0.0])) -> (tensor([5]), tensor([2.0, 1.0, -2.0])).
+    """
+    _check_sign_input("sign_encode", x)
+    nonnegative = x >= 0
+    wide = x.double()
+    stats = torch.stack([nonnegative.sum().double(), wide.clamp(min=0).sum(), wide.clamp(max=0).sum()])
+    return pack_bits(nonnegative, 1), stats
+
+
+def _check_sign_sum(packed: Sequence[torch.Tensor], levels: torch.Tensor, out: torch.Tensor) -> None:
+    numel = out.numel()
+    if levels.dim() != 2 or levels.shape != (len(packed), 2) or levels.dtype != out.dtype:
+        raise ValueError(
+            f"sign_decode_sum: levels must be [{len(packed)}, 2] of the output's dtype {out.dtype}, got "
+            f"{levels.dtype} {tuple(levels.shape)}"
+        )
+    if out.dim() != 1 or not out.is_floating_point():
+        raise ValueError(f"sign_decode_sum: out must be 1-D floating point, got {out.dtype} {tuple(out.shape)}")
+    for p in packed:
+        if p.dtype != torch.uint8 or p.dim() != 1 or p.numel() != -(-numel // 8):
+            raise ValueError(
+                f"sign_decode_sum: every packed tensor must be 1-D uint8 of ceil({numel} / 8) bytes, got "
+                f"{p.dtype} {tuple(p.shape)}"
+            )
+
+
+def sign_decode_sum(packed: Sequence[torch.Tensor], levels: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[e] = sum over r, in order from 0, of levels[r, bit e of packed[r]]; returns ``out``.
+
+    One decode of several senders' packed signs (``pack_bits(x >= 0, 1)`` each) into one output,
+    summed from +0 in rank order in ``out``'s dtype, as adding each decoded sender in turn to a
+    zero tensor does.
+
+    Example: sign_decode_sum([tensor([1]), tensor([3])], tensor([[-1.0, 1.0], [-2.0, 2.0]]), empty(2))
+    -> tensor([3.0, 1.0]).
+    """
+    _check_sign_sum(packed, levels, out)
+    out.zero_()
+    for p, pair in zip(packed, levels, strict=True):
+        out += unpack_bits(p, 1, out.numel(), pair)
+    return out
+
+
+def sign_residual(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    """In place: x[i] -= levels[1] where x[i] >= 0, else levels[0] (what a sign code dropped); returns x.
+
+    Example: sign_residual(tensor([3.0, -1.0]), tensor([-2.0, 2.0])) -> tensor([1.0, 1.0]).
+    """
+    _check_sign_input("sign_residual", x)
+    if levels.shape != (2,):
+        raise ValueError(f"sign_residual: levels must hold 2 values, got shape {tuple(levels.shape)}")
+    pair = levels.to(x.dtype)
+    return x.sub_(torch.where(x >= 0, pair[1], pair[0]))

@@ -20,9 +20,10 @@ import hypothesis.strategies as st
 import torch
 from hypothesis import HealthCheck, example, given, settings
 
-from tests.strategies import DENSE_DTYPES, examples
+from tests.strategies import DENSE_DTYPES, assert_identical, examples
 from zensync.compress import build
 from zensync.compress.base import fp32_round_up
+from zensync.compress.collectives.base import sum_in_rank_order
 
 SPECS = (
     "none",
@@ -140,3 +141,33 @@ def test_unbiased_estimators(spec, x):
     slack = ROUNDING_SLACK * float(x.abs().max())
     deviation = (draws.mean(0) - x).abs().reshape(-1)
     assert (deviation <= tolerance + slack).all(), (deviation - tolerance).max()
+
+
+@FAST
+@given(
+    spec=st.sampled_from(SPECS),
+    x=tensors(),
+    senders=st.integers(1, 5),
+    step=st.integers(0, 10**6),
+    special=st.sampled_from([None, math.nan, math.inf, -0.0]),
+)
+def test_decompress_sum_and_subtract_transmitted_equal_their_definitions(spec, x, senders, step, special):
+    """The one-pass sum of several senders (``decompress_sum``) is bit for bit ``sum_in_rank_order`` of
+    the decompressions, and ``subtract_transmitted`` is x - decompress(compress(x)) wherever x is
+    finite (a non-finite x makes the step's output non-finite, and its residual is dropped), up to the
+    sign of a zero."""
+    comp = build(spec)
+    inputs = [x * (r + 1) for r in range(senders)]
+    if special is not None and x.numel():
+        inputs[0].view(-1)[0] = special
+    parts = [comp.compress(t, name="p", step=step) for t in inputs]
+    expected = sum_in_rank_order([comp.decompress(p) for p in parts], x)
+    out = torch.full_like(x, math.nan)
+    assert comp.decompress_sum(parts, out) is out
+    assert_identical(out, expected)
+    residual = inputs[0].clone()
+    assert comp.subtract_transmitted(residual, parts[0]) is residual
+    definition = inputs[0] - comp.decompress(parts[0])
+    finite = inputs[0].isfinite()
+    # Equal values (top-k's zeroed positions may be +0.0 where the subtraction gives -0.0).
+    torch.testing.assert_close(residual[finite], definition[finite], rtol=0, atol=0, equal_nan=True)

@@ -144,3 +144,109 @@ def test_pack_and_unpack_reject_bad_input(impl) -> None:
         impl.unpack_bits(torch.zeros(2, dtype=torch.uint8), 1, 17)
     with pytest.raises(ValueError, match="levels must be 1-D with 2\\*\\*bits = 4 entries"):
         impl.unpack_bits(torch.zeros(2, dtype=torch.uint8), 2, 8, torch.zeros(2))
+
+
+@st.composite
+def _signed(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = _LEVEL_DTYPES) -> torch.Tensor:
+    """1-D values with +-0.0, +-inf and NaN sprinkled in (or none), of any length around byte edges."""
+    numel = draw(st.one_of(st.sampled_from([0, 1, 7, 8, 9, 63, 64, 65]), st.integers(0, 3000)))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    x = torch.randn(numel, generator=g, dtype=torch.float64)
+    specials = torch.tensor([math.nan, math.inf, -math.inf, -0.0, 0.0], dtype=torch.float64)
+    where = torch.rand(numel, generator=g) < draw(st.sampled_from([0.0, 0.0, 0.01, 0.5]))
+    x[where] = specials[torch.randint(0, specials.numel(), (numel,), generator=g)][where]
+    return x.to(draw(st.sampled_from(dtypes)))
+
+
+def _sign_chunks(enabled: bool) -> contextlib.AbstractContextManager[object]:
+    """``_tiny_chunks`` plus sign_encode's fixed sum chunks of 8 or more elements."""
+    if not enabled:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(_tiny_chunks(True))
+    stack.enter_context(mock.patch.object(cpu_codec, "_SIGN_CHUNK", 16))
+    return stack
+
+
+@_SETTINGS
+@given(x=_signed(), many_chunks=st.booleans())
+def test_sign_encode_matches_reference(x: torch.Tensor, many_chunks: bool) -> None:
+    """Bits and count exactly; the float64 sums to float64 rounding (another order), NaN and inf as the reference."""
+    with _sign_chunks(many_chunks):
+        packed, stats = cpu_codec.sign_encode(x)
+    expected_packed, expected = reference.sign_encode(x)
+    assert_identical(packed, expected_packed)
+    assert torch.equal(packed, reference.pack_bits(x >= 0, 1))
+    assert stats.dtype == torch.float64 and stats[0] == expected[0] == int((x >= 0).sum())
+    assert torch.allclose(
+        stats, expected, rtol=1e-12, atol=1e-12 * float(x.double().abs().nan_to_num().sum()), equal_nan=True
+    )
+    assert torch.equal(stats.isnan(), expected.isnan()) and torch.equal(stats.isinf(), expected.isinf())
+
+
+@_SETTINGS
+@given(
+    numel=st.one_of(st.sampled_from([0, 1, 7, 8, 9, 65]), st.integers(0, 3000)),
+    senders=st.integers(1, 6),
+    dtype=st.sampled_from(_LEVEL_DTYPES),
+    seed=st.integers(0, 2**31),
+    many_chunks=st.booleans(),
+)
+def test_sign_decode_sum_matches_reference(
+    numel: int, senders: int, dtype: torch.dtype, seed: int, many_chunks: bool
+) -> None:
+    """The one-pass decode of several senders equals adding each sender's levels[bit] to zeros in order."""
+    g = torch.Generator().manual_seed(seed)
+    packed = [torch.randint(0, 256, (-(-numel // 8),), generator=g, dtype=torch.uint8) for _ in range(senders)]
+    levels = torch.randn(senders, 2, generator=g, dtype=torch.float64).to(dtype)
+    levels[0, 0] = -0.0 if senders > 1 else levels[0, 0]
+    out = torch.full((numel,), math.nan, dtype=dtype)
+    with _tiny_chunks(many_chunks):
+        actual = cpu_codec.sign_decode_sum(packed, levels, out)
+    assert actual is out
+    expected = torch.zeros(numel, dtype=dtype)
+    for p, pair in zip(packed, levels, strict=True):
+        expected += reference.unpack_bits(p, 1, numel, pair)
+    assert_identical(out, expected)
+    assert_identical(out, reference.sign_decode_sum(packed, levels, torch.empty(numel, dtype=dtype)))
+
+
+@_SETTINGS
+@given(x=_signed(), seed=st.integers(0, 2**31), many_chunks=st.booleans())
+def test_sign_residual_matches_reference(x: torch.Tensor, seed: int, many_chunks: bool) -> None:
+    """x minus the level of its own sign bit, in place: what decompress of its sign code drops."""
+    levels = torch.randn(2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(x.dtype)
+    expected = x - reference.unpack_bits(reference.pack_bits(x >= 0, 1), 1, x.numel(), levels)
+    actual = x.clone()
+    with _tiny_chunks(many_chunks):
+        returned = cpu_codec.sign_residual(actual, levels)
+    assert returned is actual
+    assert_identical(actual, expected)
+    assert_identical(reference.sign_residual(x.clone(), levels), expected)
+
+
+@pytest.mark.parametrize("impl", [cpu_codec, reference])
+def test_sign_kernels_reject_bad_input(impl) -> None:
+    with pytest.raises(ValueError, match="1-D floating-point"):
+        impl.sign_encode(torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"levels must be \[2, 2\]"):
+        impl.sign_decode_sum(
+            [torch.zeros(1, dtype=torch.uint8)] * 2, torch.zeros(2, 2, dtype=torch.float64), torch.zeros(8)
+        )
+    with pytest.raises(ValueError, match="ceil"):
+        impl.sign_decode_sum([torch.zeros(2, dtype=torch.uint8)], torch.zeros(1, 2), torch.zeros(8))
+    with pytest.raises(ValueError, match="2 values"):
+        impl.sign_residual(torch.zeros(4), torch.zeros(3))
+
+
+def test_sign_docstring_examples() -> None:
+    packed, stats = kernels.sign_encode(torch.tensor([1.0, -2.0, 0.0]))
+    assert packed.tolist() == [5] and stats.tolist() == [2.0, 1.0, -2.0]
+    out = kernels.sign_decode_sum(
+        [torch.tensor([1], dtype=torch.uint8), torch.tensor([3], dtype=torch.uint8)],
+        torch.tensor([[-1.0, 1.0], [-2.0, 2.0]]),
+        torch.empty(2),
+    )
+    assert out.tolist() == [3.0, 1.0]
+    assert kernels.sign_residual(torch.tensor([3.0, -1.0]), torch.tensor([-2.0, 2.0])).tolist() == [1.0, 1.0]
+    assert kernels.topk_abs(torch.tensor([1.0, -3.0, 2.0, 3.0, -2.0]), 3).tolist() == [1, 2, 3]

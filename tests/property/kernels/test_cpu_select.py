@@ -248,3 +248,30 @@ def test_candidate_paths_match_reference(
     candidate_path = totals[-1] * cpu_select._SHRINK <= numel
     event(f"candidate path: {candidate_path}")
     assert select_spy.sizes[0] == (totals[-1] if candidate_path else numel), (select_spy.sizes, totals)
+
+
+@_SETTINGS
+@given(data=st.data(), x=magnitudes(), many_chunks=st.booleans())
+def test_topk_abs_matches_topk_of_the_absolute_values(data: st.DataObject, x: torch.Tensor, many_chunks: bool) -> None:
+    """Signed inputs (NaNs of either sign, -0.0, -inf): ordering the bits without the sign is |x|'s order."""
+    k = data.draw(_ks(x.numel()))
+    with _many_chunks(many_chunks):
+        actual = cpu_select.topk_abs(x, k)
+    assert torch.equal(actual, reference.topk(x.abs(), k)), (actual, reference.topk(x.abs(), k))
+    assert torch.equal(actual, reference.topk_abs(x, k))
+
+
+@_SETTINGS
+@given(data=st.data(), x=magnitudes(), many_chunks=st.booleans())
+def test_sampled_topk_abs_matches_topk_of_the_absolute_values(
+    data: st.DataObject, x: torch.Tensor, many_chunks: bool
+) -> None:
+    k = data.draw(_ks(x.numel()))
+    relax_factor = data.draw(st.sampled_from([0.5, 0.8, 0.99]))
+    threshold = _threshold(data, x.abs(), k, relax_factor)
+    max_tries = data.draw(st.sampled_from([0, 1, 3, 10]))
+    spy = _CountSpy()
+    with _many_chunks(many_chunks), mock.patch.object(cpu_select, "_count_at_least", spy):
+        actual = cpu_select.sampled_topk_abs(x, k, threshold, relax_factor=relax_factor, max_tries=max_tries)
+    assert torch.equal(actual, reference.topk(x.abs(), k)), (actual, reference.topk(x.abs(), k))
+    assert spy.totals == _reference_totals(x.abs(), k, threshold, relax_factor, max_tries)

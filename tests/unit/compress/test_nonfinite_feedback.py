@@ -276,3 +276,29 @@ def test_step_commits_all_updates_or_none() -> None:
     memory.update("b", x, torch.zeros(4))
     memory.end_step(keep=False)
     assert torch.equal(memory.residual("a"), x) and memory.residual("b") is None
+
+
+def test_compensate_reuses_the_replaced_residual_and_stays_exact() -> None:
+    """From the third step on, compensate writes into the residual the step before replaced (no new
+    tensor of the parameter's size), a dropped step's buffer is reused too, and every step's value
+    equals x + residual computed afresh."""
+    comp, memory = build("topk:0.2"), ErrorFeedback()
+    buffers, expected = [], None
+    for step in range(6):
+        grad = _data(0, step, SHAPE)
+        memory.begin_step()
+        corrected = memory.compensate("w", grad)
+        reference = grad + (expected if expected is not None else torch.zeros_like(grad))
+        assert torch.equal(corrected, reference)
+        buffers.append(corrected.data_ptr())
+        held = memory.residual("w")
+        memory.keep_remainder("w", comp.subtract_transmitted(corrected, comp.compress(corrected)))
+        keep = step != 3  # step 3 is dropped: its residual buffer becomes the spare
+        memory.end_step(keep=keep)
+        if keep:
+            expected = reference - comp.decompress(comp.compress(reference))
+        assert torch.equal(memory.residual("w"), expected)
+        if held is not None:
+            assert held.data_ptr() not in buffers  # residual() hands out a copy
+    assert len(set(buffers)) == 2, buffers  # two buffers alternate: residual and spare
+    assert memory.nbytes == memory.workspace_bytes == expected.numel() * expected.element_size()

@@ -13,13 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from zensync.compress.collectives.base import (
-    Codec,
-    CompressedCollective,
-    register_collective,
-    sum_in_rank_order,
-    unpack,
-)
+from zensync.compress.collectives.base import Codec, CompressedCollective, Own, register_collective, unpack
 from zensync.transport import Transport
 from zensync.transport.packing import pack
 
@@ -28,16 +22,41 @@ __all__ = ["AllGatherCollective"]
 
 @register_collective
 class AllGatherCollective(CompressedCollective):
-    """Compress; gather every rank's packed payloads; decompress each and sum them."""
+    """Compress; gather every rank's packed payloads; decompress them into one sum.
+
+    The sum is decoded straight into ``out`` (``Compressor.decompress_sum``: top-k adds its k values
+    per sender, the sign family decodes every sender in one pass), and this rank's own
+    approximation is returned compressed, for error feedback's residual (``subtract_transmitted``):
+    no tensor of x's size per sender.
+    """
 
     name = "allgather"
 
     async def _reduce(
         self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, Own]:
+        return await self._reduce_into(
+            x, transport, codec, name=name, step=step, want_own=want_own, out=None, scale=1.0
+        )
+
+    async def _reduce_into(
+        self,
+        x: torch.Tensor,
+        transport: Transport,
+        codec: Codec,
+        *,
+        name: str,
+        step: int,
+        want_own: bool,
+        out: torch.Tensor | None,
+        scale: float,
+    ) -> tuple[torch.Tensor, Own]:
         compressor = codec.compressor
-        # Step 1: compress; Step 2: every rank's packed payloads to every rank; Step 3: decompress and sum.
+        # Step 1: compress; Step 2: every rank's packed payloads to every rank; Step 3: decode the sum.
         packed = compressor.compress(x, name=name, step=step)
         gathered = await transport.all_gather_v_async(pack(*packed.payloads))
-        parts = [compressor.decompress(unpack(buf, packed)) for buf in gathered]
-        return sum_in_rank_order(parts, x), parts[transport.rank]
+        # The gathered buffers are the collective's own memory: writing out (which may be x) is safe.
+        parts = [unpack(buf, packed) for buf in gathered]
+        target = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+        compressor.decompress_sum(parts, target)
+        return target, parts[transport.rank] if want_own else None

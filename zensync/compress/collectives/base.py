@@ -39,6 +39,7 @@ __all__ = [
     "COMPRESSED_SCHEMES",
     "Codec",
     "CompressedCollective",
+    "Own",
     "Scheme",
     "build_collective",
     "collective_names",
@@ -46,6 +47,11 @@ __all__ = [
     "sum_in_rank_order",
     "unpack",
 ]
+
+Own = torch.Tensor | Compressed | None
+"""This rank's own transmitted approximation, as a collective returns it: decompressed, still
+compressed (the allgather's own payloads: error feedback subtracts them with
+``Compressor.subtract_transmitted``), or None where the collective cannot separate it."""
 
 Scheme = Literal["allreduce", "allgather", "alltoall_allgather", "gather_broadcast"]
 """The names of the compressed collectives."""
@@ -115,12 +121,13 @@ class CompressedCollective(abc.ABC):
         want_own: bool,
         out: torch.Tensor | None = None,
         scale: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, Own]:
         """(sum over ranks, this rank's own transmitted approximation), both of x's shape and dtype.
 
-        The second is None where the collective cannot separate it (allreduce) and, for the
-        collectives that would decompress for it alone, when ``want_own`` is False (no error
-        feedback needs it). The sum is the same on every rank. With ``out`` (x's shape and dtype;
+        The second may come compressed (``Own``); it is None where the collective cannot separate
+        it (allreduce) and, for the collectives that would decompress for it alone, when
+        ``want_own`` is False (no error feedback needs it). The sum is the same on every rank. With
+        ``out`` (x's shape and dtype;
         it may be ``x`` itself, which is read before ``out`` is written) the sum is written there
         and ``out`` is returned as it. ``scale`` (only where ``folds_scale``): the sum of the
         approximations of ``scale * x``.
@@ -145,7 +152,7 @@ class CompressedCollective(abc.ABC):
         want_own: bool,
         out: torch.Tensor | None,
         scale: float,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, Own]:
         """``_reduce`` with its sum copied into ``out`` when given (collectives that can write there override it)."""
         summed, own = await self._reduce(x, transport, codec, name=name, step=step, want_own=want_own)
         if out is None or summed is out:
@@ -155,7 +162,7 @@ class CompressedCollective(abc.ABC):
     @abc.abstractmethod
     async def _reduce(
         self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, Own]:
         """``reduce`` on a world of any size (awaiting only ``*_async`` collectives)."""
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from zensync.compress.base import Compressor, all_finite, build
+from zensync.compress.base import Compressed, Compressor, all_finite, build
 from zensync.compress.collectives.base import COMPRESSED_SCHEMES, Codec, build_collective
 from zensync.compress.collectives.two_level import Hierarchy, two_level
 from zensync.compress.error_feedback import ErrorFeedback
@@ -176,7 +176,9 @@ class CompressedSync:
             # Linear (allreduce) schemes cannot separate this rank's share of the result: the residual
             # is then the rank's part of the total loss, compensated - out / n, which sums to it exactly.
             # compensate made the compensated tensor for this call: the residual is computed in it.
-            if own is not None:
+            if isinstance(own, Compressed):  # the allgather's own payloads: the residual in one pass
+                self.worker_memory.keep_remainder(name, self.compressor.subtract_transmitted(compensated, own))
+            elif own is not None:
                 self.worker_memory.update(name, compensated, own, consume=True)
             else:
                 # In x's units: summed is of scale * compensated, so this rank's share is summed / (n scale).
