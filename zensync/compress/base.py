@@ -104,6 +104,11 @@ class Compressor(abc.ABC):
     """Whether ``allreduce_sync(scale=s)`` sums s * x without a pass over x for the product
     (PowerSGD scales its small factor): the DDP hook's division by the world size then costs
     nothing of its own."""
+    fuses: ClassVar[bool] = True
+    """Whether compressing the concatenation of several tensors is the compressor's own operation on
+    a longer vector (elementwise codes, a selection over the whole, one scale): the DDP hook then
+    compresses a bucket's parameters as one (with one residual). PowerSGD, which factors each
+    matrix, does not."""
     keeps_state: ClassVar[bool] = False
     """Whether ``compress``/``allreduce_sync`` keep state across steps; such compressors override
     ``begin_step``/``end_step`` so that a dropped step leaves that state as it was."""

@@ -47,7 +47,10 @@ import torch
 
 from zensync.compress.base import all_finite
 
-__all__ = ["ErrorFeedback"]
+__all__ = ["ErrorFeedback", "Layout"]
+
+Layout = tuple[tuple[str, int], ...]
+"""A fused residual's pieces: (parameter name, numel) in the order they are concatenated."""
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ class ErrorFeedback:
     holds its residual and one spare of the same size (``workspace_bytes``).
     """
 
-    __slots__ = ("_pending", "_residuals", "_spares", "_warned")
+    __slots__ = ("_layouts", "_moved", "_pending", "_residuals", "_retired", "_spares", "_warned")
 
     def __init__(self) -> None:
         self._residuals: dict[str, torch.Tensor] = {}
@@ -72,7 +75,76 @@ class ErrorFeedback:
         """The open step's new residuals, None when no step is open."""
         self._spares: dict[str, torch.Tensor] = {}
         """Per name, a tensor of the residual's size that no one else holds: ``compensate``'s output."""
+        self._layouts: dict[str, Layout] = {}
+        """Per fused key, the (parameter name, numel) pieces of its residual, in order (``regroup``)."""
+        self._retired: dict[str, tuple[Layout, torch.Tensor]] = {}
+        """Residuals replaced by ``regroup`` whose pieces other groups have not all taken yet."""
+        self._moved: dict[str, set[str]] = {}
+        """Per source group of ``regroup``, the pieces already taken into another group."""
         self._warned: set[str] = set()
+
+    def regroup(self, key: str, layout: Layout) -> None:
+        """Make ``key``'s residual the concatenation of ``layout``'s pieces, wherever they are now.
+
+        A fused group (a DDP bucket's parameters compressed as one) is keyed by its first name; when
+        DDP rebuilds its buckets the groups change, and each parameter's part of the residual moves
+        to its new group here instead of being lost: pieces come from the groups stored so far and
+        from those replaced earlier (a piece no group holds starts at zero); a replaced group is
+        kept until every piece of it has moved, and a stored group whose pieces have all moved
+        elsewhere is dropped. An unchanged layout costs a comparison. Call it outside a step.
+        """
+        known = self._layouts.get(key)
+        if known == layout:
+            return
+        residual = self._residuals.get(key)
+        if known is None and residual is not None and residual.numel() == _total(layout):
+            self._layouts[key] = layout  # a residual loaded from a checkpoint, before any layout
+            return
+        sources = {k: (self._layouts[k], r) for k, r in self._residuals.items() if k in self._layouts}
+        sources.update({f"{k}\0retired": entry for k, entry in self._retired.items()})
+        if known is not None and residual is not None:
+            self._retired[key] = (known, residual)  # other groups may still take pieces of it
+            retired_key = f"{key}\0retired"
+            sources[retired_key] = sources.pop(key)
+            if key in self._moved:
+                self._moved[retired_key] = self._moved.pop(key)
+        merged: torch.Tensor | None = None
+        taken: set[str] = set()
+        for source, (source_layout, source_residual) in sources.items():
+            flat, offset = source_residual.reshape(-1), 0
+            for name, numel in source_layout:
+                target = _offset_of(layout, name, numel)
+                if target is not None and name not in taken:
+                    if merged is None:
+                        merged = source_residual.new_zeros(_total(layout))
+                    merged[target : target + numel] = flat[offset : offset + numel]
+                    taken.add(name)
+                    self._moved.setdefault(source, set()).add(name)
+                offset += numel
+        self._layouts[key] = layout
+        self._spares.pop(key, None)
+        if merged is None:
+            self._residuals.pop(key, None)
+        else:
+            self._residuals[key] = merged  # flat: compensate views it as the group's tensor
+        self._drop_moved(key)
+        logger.debug("error feedback: %s regrouped, %d of %d pieces carried over", key, len(taken), len(layout))
+
+    def _drop_moved(self, current: str) -> None:
+        """Forget groups (stored or replaced) every piece of which now lives in another group."""
+        for source in list(self._moved):
+            retired = source.endswith("\0retired")
+            name = source.removesuffix("\0retired")
+            layout = self._retired[name][0] if retired and name in self._retired else self._layouts.get(name)
+            if layout is None or self._moved[source] < {n for n, _ in layout}:
+                continue
+            del self._moved[source]
+            if retired:
+                self._retired.pop(name, None)
+            elif name != current:
+                self._residuals.pop(name, None)
+                self._spares.pop(name, None)
+                self._layouts.pop(name, None)
 
     def begin_step(self) -> None:
         """Hold back every ``update`` until ``end_step``."""
@@ -99,6 +171,8 @@ class ErrorFeedback:
     def compensate(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """``x`` plus the residual stored under ``name`` (a tensor of its own; ``x`` is not modified)."""
         residual = self._residuals.get(name)
+        if residual is not None and residual.shape != x.shape and residual.numel() == x.numel():
+            residual = self._residuals[name] = residual.view(x.shape)  # regroup's flat residual
         spare = self._spares.pop(name, None)
         if spare is not None and not _alike(spare, x):
             spare = None
@@ -183,12 +257,32 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self._residuals = {str(name): r.clone() for name, r in state.items()}
         self._spares.clear()
+        self._layouts.clear()
+        self._retired.clear()
+        self._moved.clear()
         self._warned.clear()
 
     def clear(self) -> None:
         self._residuals.clear()
         self._spares.clear()
+        self._layouts.clear()
+        self._retired.clear()
+        self._moved.clear()
         self._pending = None
+
+
+def _total(layout: Layout) -> int:
+    return sum(numel for _, numel in layout)
+
+
+def _offset_of(layout: Layout, name: str, numel: int) -> int | None:
+    """Where ``name``'s piece starts in ``layout``'s concatenation; None if absent or of another size."""
+    offset = 0
+    for other, size in layout:
+        if other == name:
+            return offset if size == numel else None
+        offset += size
+    return None
 
 
 def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -75,6 +75,7 @@ class PowerSGDCompressor(Compressor):
     """
 
     name = "powersgd"
+    fuses = False  # it factors each matrix: a concatenation has no matrix shape
     allreduce_compatible = True
     needs_error_feedback = True
     keeps_state = True

@@ -189,10 +189,11 @@ class Decider:
         if strategy.kind == "compress":
             assert strategy.compressor is not None
             collective = self.config.compressed_scheme
-            error_feedback = self.memory.compressed_sync(strategy.compressor, collective).error_feedback
-            # Compressors without error feedback fuse the whole bucket; the others run per parameter,
-            # so their memory is keyed by the parameter's name and survives bucket rebuilds.
-            fusion = name if error_feedback else "bucket"
+            compressor = self.memory.compressed_sync(strategy.compressor, collective).compressor
+            # Elementwise and selecting compressors take the whole bucket as one vector (one
+            # compression, one collective, one residual, which the executor regroups by parameter
+            # name when DDP rebuilds its buckets); PowerSGD factors each matrix on its own.
+            fusion = "bucket" if compressor.fuses else name
             return Decision.compressed(strategy.compressor, collective, self._level(), fusion=fusion)
         plan = strategy.plan
         if plan is None or not plan.has(name):

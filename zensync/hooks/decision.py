@@ -54,8 +54,8 @@ class Decision:
     """COMPRESSED: flat or two-level."""
     fusion: str | None = None
     """COMPRESSED: parameters of one bucket with equal decisions and equal fusion key share one
-    collective (a plan's fusion group, "bucket" for compressors without error feedback, else the
-    parameter's own name)."""
+    collective (a plan's fusion group, "bucket" for compressors that fuse, else the parameter's own
+    name: PowerSGD)."""
 
     @classmethod
     def sparse(cls, scheme: str) -> Decision:

@@ -185,9 +185,11 @@ class BucketExecutor:
     async def _compressed(self, work: BucketWork) -> None:
         """One compressed collective per (decision, fusion group), in order of first appearance.
 
-        A fused group's error-feedback memory is keyed by its alphabetically first parameter's
-        name and laid out in name order, both independent of the order DDP lists a bucket's
-        parameters in (it changes at the rebuild), so each residual stays on its own elements.
+        A group is compressed in the bucket's own order, so its parameters usually lie back to back
+        and the sum is written straight into the bucket. Its error-feedback memory is keyed by its
+        alphabetically first parameter's name and regrouped by parameter name
+        (``ErrorFeedback.regroup``) when the group's layout changes (DDP's bucket rebuild), so each
+        residual stays on its own elements.
         """
         views, decisions, names = work.views, work.decisions, work.names
         groups: dict[tuple[str, str | None], list[int]] = {}
@@ -195,8 +197,8 @@ class BucketExecutor:
             if decision.kind is DecisionKind.COMPRESSED:
                 groups.setdefault(decision.group_key, []).append(i)
         for members in groups.values():
-            members.sort(key=lambda i: names[i])
-            ef_name = names[members[0]] if len(members) == 1 else "fused:" + names[members[0]]
+            first = min(names[i] for i in members)
+            ef_name = first if len(members) == 1 else "fused:" + first
             await self._compressed_group(
                 decisions[members[0]],
                 [names[i] for i in members],
@@ -220,8 +222,8 @@ class BucketExecutor:
         scale = 1 / transport.world_size if self.divides_itself(decision) else 1.0
         log = TrafficLog()
         start = time.perf_counter()
-        # The group's own stretch of the bucket where its views lie back to back in name order (or
-        # in any order, for a compressor whose result does not depend on the order: no error
+        # The group's own stretch of the bucket where its views lie back to back in bucket order
+        # (or in any order, for a compressor whose result does not depend on the order: no error
         # feedback, no state): the sum is then written straight into it. Otherwise a copy.
         # A single parameter keeps its shape (PowerSGD sees the matrix).
         if len(views) == 1:
@@ -231,6 +233,8 @@ class BucketExecutor:
             order_free = not (sync.error_feedback or sync.compressor.keeps_state)
             span = contiguous_span(views, any_order=order_free)
             flat = span if span is not None else torch.cat([v.reshape(-1) for v in views])
+        if sync.error_feedback:
+            sync.worker_memory.regroup(ef_name, tuple((n, v.numel()) for n, v in zip(names, views, strict=True)))
         with transport.recording(log):
             summed = await sync.sync_async(
                 flat, transport, name=ef_name, step=step, hierarchy=levels, out=span, scale=scale

@@ -302,3 +302,35 @@ def test_compensate_reuses_the_replaced_residual_and_stays_exact() -> None:
             assert held.data_ptr() not in buffers  # residual() hands out a copy
     assert len(set(buffers)) == 2, buffers  # two buffers alternate: residual and spare
     assert memory.nbytes == memory.workspace_bytes == expected.numel() * expected.element_size()
+
+
+def test_regroup_carries_each_parameters_residual_to_its_new_group() -> None:
+    """DDP's rebuild turns groups {a, b} and {c} into {a} and {b, c}: each piece keeps its values,
+    a new parameter starts at zero, and the old groups are dropped once all their pieces moved."""
+    memory = ErrorFeedback()
+    memory.regroup("fused:a", (("a", 2), ("b", 3)))
+    memory.regroup("c", (("c", 4),))
+    memory.update("fused:a", torch.arange(5.0), torch.zeros(5))
+    memory.update("c", torch.arange(10.0, 14.0), torch.zeros(4))
+    memory.regroup("a", (("a", 2),))
+    memory.regroup("fused:b", (("b", 3), ("c", 4), ("d", 1)))
+    assert torch.equal(memory.residual("a"), torch.tensor([0.0, 1.0]))
+    assert torch.equal(memory.residual("fused:b"), torch.tensor([2.0, 3.0, 4.0, 10.0, 11.0, 12.0, 13.0, 0.0]))
+    assert memory.names() == ["a", "fused:b"]
+    assert torch.equal(memory.compensate("a", torch.ones(1, 2)), torch.tensor([[1.0, 2.0]]))  # viewed as the tensor
+    memory.regroup("a", (("a", 2),))  # unchanged: nothing moves
+    assert memory.names() == ["a", "fused:b"]
+
+
+def test_regroup_in_the_other_order_and_a_changed_size() -> None:
+    """The replaced group regroups first: its other pieces wait for their new group; a piece of
+    another size starts at zero."""
+    memory = ErrorFeedback()
+    memory.regroup("fused:a", (("a", 2), ("b", 3)))
+    memory.update("fused:a", torch.arange(5.0), torch.zeros(5))
+    memory.regroup("fused:a", (("a", 2), ("x", 1)))
+    memory.regroup("b", (("b", 3),))
+    assert torch.equal(memory.residual("fused:a"), torch.tensor([0.0, 1.0, 0.0]))
+    assert torch.equal(memory.residual("b"), torch.tensor([2.0, 3.0, 4.0]))
+    memory.regroup("fused:a", (("a", 5),))
+    assert memory.residual("fused:a") is None  # nothing of that size anywhere
