@@ -60,6 +60,7 @@ __all__ = [
     "register_compressor",
     "selected_count",
     "shared_generator",
+    "sum_in_rank_order",
     "to_bool",
     "to_float",
     "to_int",
@@ -137,16 +138,13 @@ class Compressor(abc.ABC):
         """The sum in order of ``decompress(part)`` over ``parts``, written into ``out``; returns ``out``.
 
         ``out`` has the input's shape and dtype; the sum is accumulated as
-        ``collectives.sum_in_rank_order`` does (from zero, in float32 for half types). The default
+        ``sum_in_rank_order`` does (from zero, in float32 for half types). The default
         zeroes ``out`` and adds each part (``decompress_add``); a half-precision ``out`` goes
         through a float32 sum first. Compressors that decode several senders in one pass over
         ``out`` (the sign family) override it.
         """
         if accumulation_dtype(out.dtype) != out.dtype or not out.is_contiguous():
-            total = torch.zeros(out.shape, dtype=accumulation_dtype(out.dtype), device=out.device)
-            for part in parts:
-                total += self.decompress(part).reshape(out.shape).to(total.dtype)
-            return out.copy_(total)
+            return out.copy_(sum_in_rank_order([self.decompress(p) for p in parts], out))
         out.zero_()
         for part in parts:
             self.decompress_add(part, out)
@@ -438,3 +436,12 @@ def shared_generator(
     generator = torch.Generator(device=device)
     generator.manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
     return generator
+
+
+def sum_in_rank_order(parts: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Sum in rank order, accumulated in float32 for half types; shape and dtype of ``like``."""
+    acc_dtype = accumulation_dtype(like.dtype)
+    total = torch.zeros(like.shape, dtype=acc_dtype, device=like.device)
+    for part in parts:
+        total += part.reshape(like.shape).to(acc_dtype)
+    return total.to(like.dtype)

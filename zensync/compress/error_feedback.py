@@ -67,7 +67,7 @@ class ErrorFeedback:
     holds its residual and one spare of the same size (``workspace_bytes``).
     """
 
-    __slots__ = ("_layouts", "_moved", "_pending", "_residuals", "_retired", "_spares", "_warned")
+    __slots__ = ("_layouts", "_pending", "_residuals", "_retired", "_spares", "_warned")
 
     def __init__(self) -> None:
         self._residuals: dict[str, torch.Tensor] = {}
@@ -76,11 +76,10 @@ class ErrorFeedback:
         self._spares: dict[str, torch.Tensor] = {}
         """Per name, a tensor of the residual's size that no one else holds: ``compensate``'s output."""
         self._layouts: dict[str, Layout] = {}
-        """Per fused key, the (parameter name, numel) pieces of its residual, in order (``regroup``)."""
+        """Per fused key, the (parameter name, numel) pieces of its residual, in order (``regroup``);
+        keys in the order of their last regroup."""
         self._retired: dict[str, tuple[Layout, torch.Tensor]] = {}
-        """Residuals replaced by ``regroup`` whose pieces other groups have not all taken yet."""
-        self._moved: dict[str, set[str]] = {}
-        """Per source group of ``regroup``, the pieces already taken into another group."""
+        """Residuals replaced by ``regroup`` whose pieces do not all have a group again yet."""
         self._warned: set[str] = set()
 
     def regroup(self, key: str, layout: Layout) -> None:
@@ -100,17 +99,14 @@ class ErrorFeedback:
         if known is None and residual is not None and residual.numel() == _total(layout):
             self._layouts[key] = layout  # a residual loaded from a checkpoint, before any layout
             return
-        sources = {k: (self._layouts[k], r) for k, r in self._residuals.items() if k in self._layouts}
-        sources.update({f"{k}\0retired": entry for k, entry in self._retired.items()})
+        sources = [(self._layouts[k], r) for k, r in self._residuals.items() if k in self._layouts and k != key]
+        sources += self._retired.values()
         if known is not None and residual is not None:
             self._retired[key] = (known, residual)  # other groups may still take pieces of it
-            retired_key = f"{key}\0retired"
-            sources[retired_key] = sources.pop(key)
-            if key in self._moved:
-                self._moved[retired_key] = self._moved.pop(key)
+            sources.append((known, residual))
         merged: torch.Tensor | None = None
         taken: set[str] = set()
-        for source, (source_layout, source_residual) in sources.items():
+        for source_layout, source_residual in sources:
             flat, offset = source_residual.reshape(-1), 0
             for name, numel in source_layout:
                 target = _offset_of(layout, name, numel)
@@ -119,32 +115,32 @@ class ErrorFeedback:
                         merged = source_residual.new_zeros(_total(layout))
                     merged[target : target + numel] = flat[offset : offset + numel]
                     taken.add(name)
-                    self._moved.setdefault(source, set()).add(name)
                 offset += numel
-        self._layouts[key] = layout
+        self._layouts.pop(key, None)
+        self._layouts[key] = layout  # last: the most recently regrouped
         self._spares.pop(key, None)
         if merged is None:
             self._residuals.pop(key, None)
         else:
             self._residuals[key] = merged  # flat: compensate views it as the group's tensor
-        self._drop_moved(key)
+        self._drop_moved()
         logger.debug("error feedback: %s regrouped, %d of %d pieces carried over", key, len(taken), len(layout))
 
-    def _drop_moved(self, current: str) -> None:
-        """Forget groups (stored or replaced) every piece of which now lives in another group."""
-        for source in list(self._moved):
-            retired = source.endswith("\0retired")
-            name = source.removesuffix("\0retired")
-            layout = self._retired[name][0] if retired and name in self._retired else self._layouts.get(name)
-            if layout is None or self._moved[source] < {n for n, _ in layout}:
-                continue
-            del self._moved[source]
-            if retired:
-                self._retired.pop(name, None)
-            elif name != current:
-                self._residuals.pop(name, None)
-                self._spares.pop(name, None)
-                self._layouts.pop(name, None)
+    def _drop_moved(self) -> None:
+        """Forget the groups every piece of which now lives in a newer group: a stored group whose
+        parameters all belong to groups regrouped after it, a replaced one whose parameters all
+        have a group again."""
+        keys = list(self._layouts)  # in the order of their last regroup
+        names = [{name for name, _ in self._layouts[key]} for key in keys]
+        everywhere = set().union(*names)
+        for key, (layout, _) in list(self._retired.items()):
+            if all(name in everywhere for name, _ in layout):
+                del self._retired[key]
+        for index, key in enumerate(keys):
+            if names[index] <= set().union(*names[index + 1 :]):
+                self._residuals.pop(key, None)
+                self._spares.pop(key, None)
+                del self._layouts[key]
 
     def begin_step(self) -> None:
         """Hold back every ``update`` until ``end_step``."""
@@ -259,7 +255,6 @@ class ErrorFeedback:
         self._spares.clear()
         self._layouts.clear()
         self._retired.clear()
-        self._moved.clear()
         self._warned.clear()
 
     def clear(self) -> None:
@@ -267,7 +262,6 @@ class ErrorFeedback:
         self._spares.clear()
         self._layouts.clear()
         self._retired.clear()
-        self._moved.clear()
         self._pending = None
 
 

@@ -222,31 +222,23 @@ def _sign_encode(x: np.ndarray, chunk: int, out: np.ndarray, partial: np.ndarray
         b0 = b1 = b2 = b3 = 0.0
         full = lo + (hi - lo) // 8 * 8
         for first in range(lo, full, 8):
-            m0, p, q = _sign_slot(x[first], 0)
-            a0 += p
-            b0 += q
-            m1, p, q = _sign_slot(x[first + 1], 1)
-            a1 += p
-            b1 += q
-            m2, p, q = _sign_slot(x[first + 2], 2)
-            a2 += p
-            b2 += q
-            m3, p, q = _sign_slot(x[first + 3], 3)
-            a3 += p
-            b3 += q
-            m4, p, q = _sign_slot(x[first + 4], 4)
-            a0 += p
-            b0 += q
-            m5, p, q = _sign_slot(x[first + 5], 5)
-            a1 += p
-            b1 += q
-            m6, p, q = _sign_slot(x[first + 6], 6)
-            a2 += p
-            b2 += q
-            m7, p, q = _sign_slot(x[first + 7], 7)
-            a3 += p
-            b3 += q
-            byte = m0 | m1 | m2 | m3 | m4 | m5 | m6 | m7
+            byte = 0
+            for s in range(8):  # unrolled by the compiler, which also resolves the lane branches
+                m, p, q = _sign_slot(x[first + s], s)
+                byte |= m
+                lane = s & 3
+                if lane == 0:
+                    a0 += p
+                    b0 += q
+                elif lane == 1:
+                    a1 += p
+                    b1 += q
+                elif lane == 2:
+                    a2 += p
+                    b2 += q
+                else:
+                    a3 += p
+                    b3 += q
             out[first // 8] = byte
             count += _ones(byte)
         if full < hi:

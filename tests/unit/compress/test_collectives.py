@@ -179,6 +179,17 @@ def test_registry_holds_every_scheme_in_order() -> None:
     assert CompressedSync("topk:0.1", "gather_broadcast").collective.name == "gather_broadcast"
 
 
+def test_a_collective_must_override_one_of_the_reduce_methods() -> None:
+    """``_reduce`` and ``_reduce_into`` each default to the other: a collective with neither is refused."""
+
+    class Neither(CompressedCollective):
+        name = "neither"
+
+    with pytest.raises(TypeError, match="Neither must override _reduce or _reduce_into"):
+        register_collective(Neither)
+    assert "neither" not in collective_names()
+
+
 def test_unknown_collective_name_lists_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="unknown compressed collective 'ring'") as caught:
         build_collective("ring")

@@ -32,13 +32,6 @@ class AllGatherCollective(CompressedCollective):
 
     name = "allgather"
 
-    async def _reduce(
-        self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
-    ) -> tuple[torch.Tensor, Own]:
-        return await self._reduce_into(
-            x, transport, codec, name=name, step=step, want_own=want_own, out=None, scale=1.0
-        )
-
     async def _reduce_into(
         self,
         x: torch.Tensor,

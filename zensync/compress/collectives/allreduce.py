@@ -38,13 +38,6 @@ class AllReduceCollective(CompressedCollective):
                 f"(its payloads cannot be summed): use allgather, alltoall_allgather or gather_broadcast"
             )
 
-    async def _reduce(
-        self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return await self._reduce_into(
-            x, transport, codec, name=name, step=step, want_own=want_own, out=None, scale=1.0
-        )
-
     async def _reduce_into(
         self,
         x: torch.Tensor,

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
 from typing import ClassVar, Literal, get_args
 
 import torch
 
-from zensync.compress.base import Compressed, Compressor
+from zensync.compress.base import Compressed, Compressor, sum_in_rank_order
 from zensync.compress.error_feedback import ErrorFeedback
 from zensync.transport import Transport
 from zensync.transport.packing import ByteReader
-from zensync.types import accumulation_dtype
 
 __all__ = [
     "COMPRESSED_SCHEMES",
@@ -159,18 +157,32 @@ class CompressedCollective(abc.ABC):
             return summed, own
         return out.copy_(summed.view(out.shape)), own
 
-    @abc.abstractmethod
     async def _reduce(
         self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
     ) -> tuple[torch.Tensor, Own]:
-        """``reduce`` on a world of any size (awaiting only ``*_async`` collectives)."""
+        """``reduce`` on a world of any size (awaiting only ``*_async`` collectives).
+
+        Each collective overrides this or, where it writes the sum into ``out`` itself,
+        ``_reduce_into`` (``register_collective`` checks one of them is); this default is then
+        ``_reduce_into`` with no ``out``.
+        """
+        return await self._reduce_into(
+            x, transport, codec, name=name, step=step, want_own=want_own, out=None, scale=1.0
+        )
 
 
 _REGISTRY: dict[str, type[CompressedCollective]] = {}
 
 
 def register_collective(cls: type[CompressedCollective]) -> type[CompressedCollective]:
-    """Class decorator: make ``cls`` buildable by its ``name``."""
+    """Class decorator: make ``cls`` buildable by its ``name``.
+
+    Raises:
+        TypeError: If ``cls`` overrides neither ``_reduce`` nor ``_reduce_into`` (each default calls the other).
+    """
+    base = CompressedCollective
+    if cls._reduce is base._reduce and cls._reduce_into is base._reduce_into:
+        raise TypeError(f"compressed collective {cls.__name__} must override _reduce or _reduce_into")
     if cls.name in _REGISTRY:
         raise ValueError(f"compressed collective {cls.name!r} registered twice")
     _REGISTRY[cls.name] = cls
@@ -204,12 +216,3 @@ def unpack(buf: torch.Tensor, like: Compressed) -> Compressed:
             f"({like.nbytes} bytes): compressors must produce sizes that depend only on the tensor size"
         )
     return Compressed(payloads, like.ctx)
-
-
-def sum_in_rank_order(parts: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """Sum in rank order, accumulated in float32 for half types; shape and dtype of ``like``."""
-    acc_dtype = accumulation_dtype(like.dtype)
-    total = torch.zeros(like.shape, dtype=acc_dtype, device=like.device)
-    for part in parts:
-        total += part.reshape(like.shape).to(acc_dtype)
-    return total.to(like.dtype)
