@@ -127,7 +127,7 @@ def worker(args: argparse.Namespace) -> None:
         state = _register(ddp, args.strategy)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
-        times, cpu, losses = [], [], []
+        times, cpu, losses, split = [], [], [], []
         tx0 = 0
         for step in range(args.warmup + args.steps):
             x, y = batch(rank, step, args.batch)
@@ -137,30 +137,31 @@ def worker(args: argparse.Namespace) -> None:
             dist.barrier()
             start, start_cpu = time.perf_counter(), cpu_seconds()
             opt.zero_grad(set_to_none=False)
-            if args.strategy == "nosync":
-                with ddp.no_sync():
-                    loss = loss_fn(ddp(x), y)
-                    loss.backward()
-            else:
+            with ddp.no_sync() if args.strategy == "nosync" else contextlib.nullcontext():
                 loss = loss_fn(ddp(x), y)
+                forward_end = time.perf_counter()
                 loss.backward()
+            backward_end = time.perf_counter()
             opt.step()
             if step >= args.warmup:
-                times.append(time.perf_counter() - start)
+                end = time.perf_counter()
+                times.append(end - start)
                 cpu.append(cpu_seconds() - start_cpu)
+                split.append([forward_end - start, backward_end - forward_end, end - backward_end])
             losses.append(float(loss))
         dist.barrier()
         barrier_tx = tx_bytes(args.iface)
         dist.barrier()
         barrier_tx = tx_bytes(args.iface) - barrier_tx  # one barrier's bytes, to subtract
         tx = tx_bytes(args.iface) - tx0 - barrier_tx * (2 * args.steps + 3)
-        report.update(times=times, cpu=cpu, losses=losses, tx_per_step=max(0.0, tx / args.steps))
+        report.update(times=times, cpu=cpu, losses=losses, split=split, tx_per_step=max(0.0, tx / args.steps))
         if state is not None:
             history = state.history[-args.steps :]
             report["zensync"] = {
                 "comm_time_s": [h["comm_time_s"] for h in history],
                 "bytes_sent": [h["bytes_sent"] for h in history],
                 "schemes": sorted({p["scheme"] for h in history for p in h["params"].values()}),
+                "phases_s": [h["phases_s"] for h in history],
             }
     except Exception as exc:  # noqa: BLE001 - reported per strategy (torch's PowerSGD hook can fail on gloo)
         report["error"] = f"{type(exc).__name__}: {exc}"
@@ -183,12 +184,23 @@ def _summary(strategy: str, ranks: list[dict[str, Any]], rate_bits: int | None) 
         "wire_bytes_per_step": tx,
         "wire_s_at_rate": tx * 8 / rate_bits if rate_bits else None,
         "final_loss": statistics.mean(r["losses"][-1] for r in ranks),
+        # Forward, backward (with the hook: DDP waits for its buckets there) and optimizer, each
+        # the median over steps of the mean over ranks.
+        "split_s": [
+            statistics.median(statistics.mean(r["split"][i][k] for r in ranks) for i in range(steps)) for k in range(3)
+        ],
     }
     z = ranks[0].get("zensync")
     if z:
         out["zensync_comm_s"] = statistics.median(z["comm_time_s"]) if z["comm_time_s"] else None
         out["zensync_bytes_sent"] = statistics.median(z["bytes_sent"]) if z["bytes_sent"] else None
         out["zensync_schemes"] = z["schemes"]
+        per_rank = [r["zensync"]["phases_s"] for r in ranks]
+        names = sorted({k for steps_of in per_rank for h in steps_of for k in h})
+        out["zensync_phases_s"] = {
+            k: statistics.median(statistics.mean(p[i].get(k, 0.0) for p in per_rank) for i in range(steps))
+            for k in names
+        }
     return out
 
 
@@ -221,8 +233,38 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "",
         "nosync: DDP's no_sync (no communication): the compute floor of the step. CPU ms: user + system "
         f"time of one rank's process per step (all threads); {meta['hosts']} ranks share {meta['cpus']} cores.",
+        "",
+        *_phase_table(rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+_PHASE_ORDER = ("queued", "detect", "divide", "error_feedback", "compress", "codec", "decompress", "finite_check")
+
+
+def _phase_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each strategy's step went: forward / backward (with the hook) / optimizer for every
+    strategy, and, for zensync's, the hook's sections and its waits in each collective phase."""
+    ok = [r for r in rows if "error" not in r]
+    waits = sorted({k for r in ok for k in r.get("zensync_phases_s", {}) if k.startswith("wait:")})
+    columns = [*_PHASE_ORDER, *waits]
+    lines = [
+        "## Where the step goes (ms, median over steps of the mean over ranks)",
+        "",
+        "forward, backward (DDP waits for the hook's buckets at its end) and optimizer for every strategy; "
+        "for zensync's, the hook's own sections (the local passes over the bucket) and `wait:<phase>`, the "
+        "time inside the collectives of each phase from call to completion (the wire, the rounds and the "
+        "slower ranks: on 2 shared cores, also the other ranks' CPU). Blank: the section did not run.",
+        "",
+        "| strategy | forward | backward | optimizer | " + " | ".join(columns) + " |",
+        "|---|---|---|---|" + "---|" * len(columns),
+    ]
+    for r in ok:
+        phases = r.get("zensync_phases_s", {})
+        cells = [f"{phases[c] * 1e3:.1f}" if c in phases else "" for c in columns]
+        fwd, bwd, opt = (f"{v * 1e3:.1f}" for v in r["split_s"])
+        lines.append(f"| {r['strategy']} | {fwd} | {bwd} | {opt} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

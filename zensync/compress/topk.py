@@ -87,7 +87,7 @@ class SelectedValues(Compressor):
     def decompress_add(self, compressed: Compressed, out: torch.Tensor) -> torch.Tensor:
         """The k values added at their positions: k read-modify-writes, nothing of out's size allocated."""
         values, indices = compressed.payloads
-        out.view(-1).index_add_(0, indices, values.to(out.dtype))
+        kernels.index_add(out.view(-1), indices, values.to(out.dtype))
         return out
 
     def subtract_transmitted(self, x: torch.Tensor, compressed: Compressed) -> torch.Tensor:

@@ -9,6 +9,7 @@ message; a bucket that fails makes the step's remaining buckets on that rank ski
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any, Protocol
 
@@ -112,7 +113,8 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     elif dense_only and plain and runtime.dense_transport is not runtime.transport:
         job = async_dense(state, buffer, [p.numel() for p in params], names)
     else:
-        job = state.submit(bucket_job(state, buffer, [p.shape for p in params], names, dense_only))
+        submitted_s = time.perf_counter()
+        job = state.submit(bucket_job(state, buffer, [p.shape for p in params], names, dense_only, submitted_s))
     if not is_last:
         return job.to_torch_future()
     # The last bucket: DDP has queued every other bucket of the step before it, and backward has no

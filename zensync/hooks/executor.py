@@ -235,7 +235,7 @@ class BucketExecutor:
             flat = span if span is not None else torch.cat([v.reshape(-1) for v in views])
         if sync.error_feedback:
             sync.worker_memory.regroup(ef_name, tuple((n, v.numel()) for n, v in zip(names, views, strict=True)))
-        with transport.recording(log):
+        with transport.recording(log), transport.phase("compressed"):
             summed = await sync.sync_async(
                 flat, transport, name=ef_name, step=step, hierarchy=levels, out=span, scale=scale
             )

@@ -69,18 +69,32 @@ def param_views(buffer: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torc
 
 async def check_step_job(state: ZenSyncState) -> torch.Tensor:
     """A step's first job: ``check_agreement``; its failure is noted for the step's other jobs."""
+    transport = state.runtime.transport
+    log = TrafficLog()
     try:
-        await state.check_agreement()
+        with transport.recording(log):
+            await state.check_agreement()
     except BaseException as exc:
         state.note_failure(exc)
         raise
+    finally:
+        with state.lock:
+            state.log.note_phases(log)
     return torch.empty(0)
 
 
 async def bucket_job(
-    state: ZenSyncState, buffer: torch.Tensor, shapes: Sequence[torch.Size], names: Sequence[str], dense_only: bool
+    state: ZenSyncState,
+    buffer: torch.Tensor,
+    shapes: Sequence[torch.Size],
+    names: Sequence[str],
+    dense_only: bool,
+    submitted_s: float,
 ) -> torch.Tensor:
     """One bucket's sync (the module docstring's steps); the averaged bucket.
+
+    ``submitted_s``: ``time.perf_counter()`` when the hook put the job on the lane (the wait for
+    the lane is the step log's ``queued`` phase).
 
     After a job of this step failed on this rank, the step's later buckets skip their collectives
     and fail with the same exception (their peers fail in the group's timeout).
@@ -88,14 +102,19 @@ async def bucket_job(
     if state.step_error is not None:
         raise state.step_error
     try:
-        return await _sync_bucket(state, buffer, shapes, names, dense_only)
+        return await _sync_bucket(state, buffer, shapes, names, dense_only, submitted_s)
     except BaseException as exc:
         state.note_failure(exc)
         raise
 
 
 async def _sync_bucket(
-    state: ZenSyncState, buffer: torch.Tensor, shapes: Sequence[torch.Size], names: Sequence[str], dense_only: bool
+    state: ZenSyncState,
+    buffer: torch.Tensor,
+    shapes: Sequence[torch.Size],
+    names: Sequence[str],
+    dense_only: bool,
+    submitted_s: float,
 ) -> torch.Tensor:
     start = time.perf_counter()
     runtime, step = state.runtime, state.step
@@ -103,6 +122,7 @@ async def _sync_bucket(
     n = transport.world_size
     views = param_views(buffer, shapes)
     log = TrafficLog()
+    log.work_s["queued"] = start - submitted_s
     with transport.recording(log):
         items: list[torch.Tensor | None]
         if dense_only:
@@ -112,25 +132,27 @@ async def _sync_bucket(
             items = [None] * len(views)
             pushes: list[PreparedPush | None] = [None] * len(views)
         else:
-            decisions, items, pushes = await _detect_and_decide(state, names, views)
+            with transport.timed("detect"):
+                decisions, items, pushes = await _detect_and_decide(state, names, views)
         # Step 1: average first, as DDP does (no fp16 overflow): the whole buffer when every
         # parameter goes dense, else each parameter's view, except where the sync divides itself:
         # Zen divides the non-zero records alone (no pass over a sparse parameter), and PowerSGD
         # folds the division into its small (m, r) factor.
         divided = [state.executor.divides_itself(d) for d in decisions]
-        if not any(divided):
-            buffer.div_(n)
-        else:
-            for view, skip in zip(views, divided, strict=True):
-                if not skip:
-                    view.div_(n)
+        with transport.timed("divide"):
+            if not any(divided):
+                buffer.div_(n)
+            else:
+                for view, skip in zip(views, divided, strict=True):
+                    if not skip:
+                        view.div_(n)
         # Every result goes back into the bucket buffer, which DDP reads the gradients from: in
         # place for the dense allreduce and for the sparse schemes (which write only the union's
         # items: the others are zero already), copied in for the compressed groups.
         work = BucketWork(buffer, views, decisions, names, step, items=items, pushes=pushes)
         await state.executor.run(work)
     with state.lock:
-        state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)
+        state.log.note_traffic(time.perf_counter() - start, log)
     return buffer
 
 
@@ -292,7 +314,7 @@ async def _sync_sparse_gradient(state: ZenSyncState, grad: torch.Tensor, name: s
         record.scheme = scheme
         record.mean_density = stats.mean_density  # from every rank's counts: the same on every rank
         state.executor.note_sparse(name, scheme, stats)
-        state.log.note_traffic(time.perf_counter() - start, log.total_sent, log.total_recv)
+        state.log.note_traffic(time.perf_counter() - start, log)
     return result
 
 
@@ -316,7 +338,7 @@ def async_dense(
         elapsed = time.perf_counter() - start
         with state.lock:
             state.executor.note_dense(names, numels, elapsed)
-            state.log.note_traffic(elapsed, log.total_sent, log.total_recv)
+            state.log.note_traffic(elapsed, log)
         return out
 
     chained = handle.then(done)

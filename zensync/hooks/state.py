@@ -307,6 +307,7 @@ class ZenSyncState:
             self.runtime.transport,
             [digest, self._load_mark, step],
             compared=2,
+            phase="agree",
             device=self.runtime.control_device(),
         )
         if comparison.differing:

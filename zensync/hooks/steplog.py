@@ -14,6 +14,8 @@ import dataclasses
 import json
 from typing import Any
 
+from zensync.transport import TrafficLog
+
 __all__ = ["ParamStep", "StepLog", "StepRecord"]
 
 
@@ -63,6 +65,13 @@ class StepRecord:
     """Payload plus control bytes sent over all buckets."""
     bytes_recv: int = 0
     params: dict[str, ParamStep] = dataclasses.field(default_factory=dict)
+    phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Where the step's sync time went on this rank, summed over buckets: each timed section of
+    local work by name (``detect``, ``divide``, ``compress``, ``decompress``, ``error_feedback``,
+    ``finite_check``, ``queued``: a bucket waiting for the lane) and ``wait:<phase>``, the time
+    spent inside the collectives of each traffic phase (``dense``, ``detect``, ``compressed``,
+    ``agree``...), from the call to completion. Sections overlap where a bucket's work overlaps
+    another's collective."""
     failed: str | None = None
     """``"<Type>: <message>"`` of the step's first failure on this rank."""
 
@@ -73,6 +82,7 @@ class StepRecord:
             "bytes_sent": self.bytes_sent,
             "bytes_recv": self.bytes_recv,
             "params": {name: p.as_dict() for name, p in self.params.items()},
+            "phases_s": dict(self.phases_s),
         }
         if self.failed is not None:
             out["failed"] = self.failed
@@ -100,12 +110,22 @@ class StepLog:
         """Record parameter ``name``'s sync in the open step."""
         self.current.params[name] = param
 
-    def note_traffic(self, elapsed_s: float, bytes_sent: int, bytes_recv: int) -> None:
-        """Add one bucket's sync time and bytes to the open step."""
+    def note_traffic(self, elapsed_s: float, log: TrafficLog) -> None:
+        """Add one bucket's sync time, bytes and phase times (``log``) to the open step."""
         record = self.current
         record.comm_time_s += elapsed_s
-        record.bytes_sent += bytes_sent
-        record.bytes_recv += bytes_recv
+        record.bytes_sent += log.total_sent
+        record.bytes_recv += log.total_recv
+        self.note_phases(log)
+
+    def note_phases(self, log: TrafficLog) -> None:
+        """Add ``log``'s timed sections and per-phase collective time to the open step's ``phases_s``."""
+        phases = self.current.phases_s
+        for name, seconds in log.work_s.items():
+            phases[name] = phases.get(name, 0.0) + seconds
+        for phase, traffic in log.phases.items():
+            key = "wait:" + phase
+            phases[key] = phases.get(key, 0.0) + traffic.comm_time_s
 
     def finish(self, failure: BaseException | None) -> StepRecord:
         """Close the open step (with its failure, if any), keep it, write its JSON line, open the next."""

@@ -20,7 +20,7 @@ import torch
 from zensync.kernels import reference
 from zensync.kernels.cpu import _chunk_size, _jit, _kernel, _use_parallel
 
-__all__ = ["pack_bits", "scatter_add", "sign_decode_sum", "sign_encode", "sign_residual", "unpack_bits"]
+__all__ = ["index_add", "pack_bits", "scatter_add", "sign_decode_sum", "sign_encode", "sign_residual", "unpack_bits"]
 
 _PARALLEL_MIN_CODES = 1 << 18
 """Fewest codes for the parallel pack/unpack: a byte-per-iteration loop is a few ns per code, so
@@ -73,6 +73,20 @@ def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torc
     if bad >= 0:
         raise ValueError(f"scatter_add: indices must lie in [0, {numel}), got {int(indices[bad])} at position {bad}")
     return torch.from_numpy(out)
+
+
+def index_add(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """In place, each value added at its index, in order; see ``reference.index_add``.
+
+    One serial pass over the pairs (torch's CPU ``index_add_`` costs about 2 ms per 84K pairs,
+    this about 0.3 ms: top-k's decode of 4 senders into an 8.4M bucket).
+    """
+    if out.dtype not in _SUM_DTYPES or out.device.type != "cpu":
+        return reference.index_add(out, indices, values)
+    reference._check_index_add(out, indices, values)  # bounds first: a bad call adds nothing
+    bad = _accumulate(indices.detach().contiguous().numpy(), values.detach().contiguous().numpy(), out.detach().numpy())
+    assert bad < 0, "indices were checked"
+    return out
 
 
 @_kernel
@@ -334,11 +348,13 @@ def sign_decode_sum(packed: Sequence[torch.Tensor], levels: torch.Tensor, out: t
 
 
 @_kernel
-def _sign_residual(x: np.ndarray, negative: float, nonnegative: float, chunk: int) -> None:
+def _sign_residual(x: np.ndarray, levels: np.ndarray, chunk: int) -> None:
+    """x[i] -= levels[x[i] >= 0]: the level is loaded by index, with no branch (random signs would
+    mispredict one at every element: 66 ms for 8.4M elements, against 5 ms)."""
     for c in numba.prange(-(-x.shape[0] // chunk)):
         for i in range(c * chunk, min(x.shape[0], (c + 1) * chunk)):
             v = x[i]
-            x[i] = v - (nonnegative if v >= 0 else negative)
+            x[i] = v - levels[np.int64(v >= 0)]
 
 
 def sign_residual(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
@@ -346,8 +362,8 @@ def sign_residual(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
     reference._check_sign_input("sign_residual", x)
     if x.dtype not in _SUM_DTYPES or x.device.type != "cpu" or not x.is_contiguous() or levels.shape != (2,):
         return reference.sign_residual(x, levels)
-    pair = levels.to(x.dtype).tolist()
+    pair = levels.detach().to(x.dtype).contiguous().numpy()
     dst = x.detach().numpy()
     parallel = _use_parallel(x.numel(), _PARALLEL_MIN_CODES)
-    _sign_residual.pick(parallel)(dst, pair[0], pair[1], _chunk_size(x.numel(), _MIN_CHUNK_BYTES, parallel))
+    _sign_residual.pick(parallel)(dst, pair, _chunk_size(x.numel(), _MIN_CHUNK_BYTES, parallel))
     return x

@@ -38,6 +38,7 @@ __all__ = [
     "bitmap_encode",
     "bucket_nonzero",
     "implementation_for",
+    "index_add",
     "nonzero_items",
     "pack_bits",
     "permute",
@@ -62,6 +63,7 @@ _CPU_MODULE = {
     "sampled_topk": "cpu_select",
     "sampled_topk_abs": "cpu_select",
     "scatter_add": "cpu_codec",
+    "index_add": "cpu_codec",
     "sign_encode": "cpu_codec",
     "sign_decode_sum": "cpu_codec",
     "sign_residual": "cpu_codec",
@@ -246,6 +248,11 @@ def sign_residual(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
 def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:
     """See ``reference.scatter_add``."""
     return _impl(values.device, "scatter_add").scatter_add(indices, values, numel)
+
+
+def index_add(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """See ``reference.index_add``."""
+    return _impl(out.device, "index_add").index_add(out, indices, values)
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:

@@ -22,6 +22,7 @@ __all__ = [
     "bitmap_decode",
     "bitmap_encode",
     "bucket_nonzero",
+    "index_add",
     "nonzero_items",
     "pack_bits",
     "permute",
@@ -285,6 +286,27 @@ def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torc
     _check_indices("scatter_add", indices, values, numel)
     out = torch.zeros(numel, dtype=values.dtype, device=values.device)
     return out.index_add_(0, indices.long(), values)
+
+
+def index_add(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """In place, ``out[indices[t]] += values[t]`` for each t in order (duplicates summed); returns ``out``.
+
+    ``out`` is 1-D and contiguous; ``values`` has its dtype. Decompression into a buffer: top-k's
+    k values of each sender added into the sum.
+
+    Example: index_add(tensor([1.0, 0.0, 0.0]), tensor([2, 0, 2]), tensor([1.0, 2.0, 3.0])) -> tensor([3.0, 0.0, 4.0]).
+    """
+    _check_index_add(out, indices, values)
+    return out.index_add_(0, indices.long(), values)
+
+
+def _check_index_add(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    _check_indices("index_add", indices, values, out.numel())
+    if out.dim() != 1 or not out.is_contiguous() or values.dtype != out.dtype:
+        raise ValueError(
+            f"index_add: out must be 1-D, contiguous and of the values' dtype, got {out.dtype} of shape "
+            f"{tuple(out.shape)} (contiguous: {out.is_contiguous()}) and {values.dtype} values"
+        )
 
 
 PACK_WIDTHS = (1, 2, 4, 8)

@@ -80,10 +80,13 @@ _ACCOUNTING_LOCK = threading.Lock()
 class TrafficLog:
     """Per-phase traffic of one rank, filled by the transport while it is installed."""
 
-    __slots__ = ("phases",)
+    __slots__ = ("phases", "work_s")
 
     def __init__(self) -> None:
         self.phases: dict[str, PhaseTraffic] = {}
+        self.work_s: dict[str, float] = {}
+        """Wall seconds of the sections timed with ``Transport.timed``, by name (local work:
+        compression, error feedback, detection scans; a section awaiting a collective includes it)."""
 
     def get(self, phase: str) -> PhaseTraffic:
         """The record for ``phase``, created empty on first use."""
@@ -146,6 +149,35 @@ class Transport(abc.ABC):
             yield
         finally:
             self._phase = previous
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Add the enclosed section's wall time to ``work_s[name]`` of every installed log.
+
+        Costs two clock reads where a log is installed, nothing otherwise: the DDP hook times its
+        phases (detection, division, compression, error feedback) every step with it.
+        """
+        if not self._logs:
+            yield
+            return
+        logs = list(self._logs)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._note_time(logs, name, time.perf_counter() - start)
+
+    def note_time(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to ``work_s[name]`` of every installed log (a section ``timed`` cannot
+        enclose: one interleaved with waits the caller subtracts)."""
+        if self._logs:
+            self._note_time(list(self._logs), name, seconds)
+
+    @staticmethod
+    def _note_time(logs: list[TrafficLog], name: str, seconds: float) -> None:
+        with _ACCOUNTING_LOCK:
+            for log in logs:
+                log.work_s[name] = log.work_s.get(name, 0.0) + seconds
 
     @contextlib.contextmanager
     def recording(self, log: TrafficLog) -> Iterator[TrafficLog]:

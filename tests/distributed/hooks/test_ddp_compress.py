@@ -87,6 +87,8 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
             "fc1_bytes": state.history[-1]["params"]["fc1.weight"].get("bytes_sent"),
             "memory": state.compression_memory_bytes,
             "losses": losses,
+            "phases": state.history[-1]["phases_s"],
+            "comm_time_s": state.history[-1]["comm_time_s"],
         }
         state.close()
     out["fc1_shape"] = list(_Net().fc1.weight.shape)
@@ -146,6 +148,30 @@ class TestCompressedStrategies:
             assert record["diff_ddp_first2"] <= FLOAT32_ATOL
             assert all(s == "dense" for s in record["schemes"][0].values())
             assert any(s.startswith("compress:") for s in record["schemes"][-1].values())
+
+    @pytest.mark.parametrize(
+        ("case", "sections"),
+        [
+            ("topk", {"compress", "decompress", "error_feedback", "finite_check", "wait:compressed"}),
+            ("topk-alltoall", {"compress", "decompress", "error_feedback", "finite_check", "wait:compressed"}),
+            ("efsignsgd-gather", {"compress", "decompress", "error_feedback", "finite_check", "wait:compressed"}),
+            ("powersgd", {"codec", "error_feedback", "finite_check", "wait:compressed"}),
+            ("fp16", {"codec", "wait:compressed"}),
+        ],
+    )
+    def test_step_log_says_where_the_time_went(
+        self, results: list[dict[str, Any]], case: str, sections: set[str]
+    ) -> None:
+        """Each compressed step's phases: the compressor's and error feedback's passes, the waits in
+        its collectives, the detection the embedding needs, the lane's queue and the step's check."""
+        for per_rank in results:
+            phases = per_rank[case]["phases"]
+            expected = sections | {"detect", "divide", "queued", "wait:detect", "wait:agree"}
+            assert expected <= set(phases), sorted(phases)
+            assert all(seconds >= 0 for seconds in phases.values()), phases
+            # The sections run inside the buckets' syncs, whose wall time is comm_time_s.
+            local = sum(phases[k] for k in sections if not k.startswith("wait:")) + phases["detect"]
+            assert local <= per_rank[case]["comm_time_s"], (phases, per_rank[case]["comm_time_s"])
 
     @pytest.mark.parametrize("case", ["topk", "topk-alltoall", "powersgd", "efsignsgd-gather"])
     def test_lossy_runs_stay_near_ddp(self, results: list[dict[str, Any]], case: str) -> None:

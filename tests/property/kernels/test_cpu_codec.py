@@ -225,6 +225,43 @@ def test_sign_residual_matches_reference(x: torch.Tensor, seed: int, many_chunks
     assert_identical(reference.sign_residual(x.clone(), levels), expected)
 
 
+@_SETTINGS
+@given(
+    numel=st.integers(1, 300),
+    pairs=st.integers(0, 400),
+    seed=st.integers(0, 2**31),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    index_dtype=st.sampled_from([torch.int32, torch.int64]),
+)
+def test_index_add_matches_a_float64_loop(
+    numel: int, pairs: int, seed: int, dtype: torch.dtype, index_dtype: torch.dtype
+) -> None:
+    """Each value added at its index, in order, into what ``out`` held (duplicates summed in order)."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randn(numel, generator=g, dtype=dtype)
+    indices = torch.randint(0, numel, (pairs,), generator=g).to(index_dtype)
+    values = torch.randn(pairs, generator=g, dtype=dtype)
+    expected = start.clone()
+    for i, v in zip(indices.tolist(), values, strict=True):  # in order, in out's dtype
+        expected[i] += v
+    for impl in (cpu_codec, reference):
+        out = start.clone()
+        assert impl.index_add(out, indices, values) is out
+        assert_identical(out, expected)
+
+
+@pytest.mark.parametrize("impl", [cpu_codec, reference])
+def test_index_add_rejects_bad_input(impl) -> None:
+    out = torch.zeros(4)
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 4\)"):
+        impl.index_add(out, torch.tensor([1, 4]), torch.ones(2))
+    with pytest.raises(ValueError, match="of the values' dtype"):
+        impl.index_add(out, torch.tensor([1]), torch.ones(1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="1-D, contiguous"):
+        impl.index_add(torch.zeros(4, 2)[:, 0], torch.tensor([1]), torch.ones(1))
+    assert torch.equal(out, torch.zeros(4))  # a bad call adds nothing
+
+
 @pytest.mark.parametrize("impl", [cpu_codec, reference])
 def test_sign_kernels_reject_bad_input(impl) -> None:
     with pytest.raises(ValueError, match="1-D floating-point"):

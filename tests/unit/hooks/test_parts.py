@@ -18,6 +18,7 @@ from zensync.hooks.strategy import resolve_strategy
 from zensync.planner import Plan, builtin_profile, plan
 from zensync.planner.cluster import ClusterSpec
 from zensync.sync.base import item_view
+from zensync.transport import TrafficLog
 
 GBIT = CostModel(latency_s=50e-6, bandwidth_bytes_per_s=1.25e8)
 
@@ -35,14 +36,23 @@ def test_decision_labels_are_the_step_records_scheme_strings() -> None:
 
 
 # -- StepLog ------------------------------------------------------------------------------------------
+def _traffic(phase: str, *, sent: int, recv: int, comm_s: float, work: dict[str, float]) -> TrafficLog:
+    """A bucket's log: ``sent`` / ``recv`` payload bytes and ``comm_s`` in ``phase``, ``work`` timed."""
+    log = TrafficLog()
+    record = log.get(phase)
+    record.bytes_sent, record.bytes_recv, record.comm_time_s = sent, recv, comm_s
+    log.work_s.update(work)
+    return log
+
+
 def test_step_log_records_steps_and_writes_json_lines(tmp_path) -> None:
     path = tmp_path / "steps.jsonl"
     log = StepLog(history_size=2, jsonl_path=str(path))
     for step in range(3):
         log.note("w", ParamStep(scheme="zen", density=0.5, gamma=None, bytes_sent=10 * step, measured_s=0.1))
         log.note("b", ParamStep(scheme="dense", density=1.0))
-        log.note_traffic(0.25, 100, 50)
-        log.note_traffic(0.25, 1, 2)
+        log.note_traffic(0.25, _traffic("dense", sent=100, recv=50, comm_s=0.125, work={"divide": 0.5}))
+        log.note_traffic(0.25, _traffic("compressed", sent=1, recv=2, comm_s=0.25, work={"divide": 0.25}))
         record = log.finish(ValueError("boom") if step == 2 else None)
         assert record.step == step
     assert log.step == 3 and log.current.step == 3 and not log.current.params
@@ -60,6 +70,7 @@ def test_step_log_records_steps_and_writes_json_lines(tmp_path) -> None:
             "w": {"scheme": "zen", "density": 0.5, "bytes_sent": 0, "measured_s": 0.1},
             "b": {"scheme": "dense", "density": 1.0},
         },
+        "phases_s": {"divide": 0.75, "wait:dense": 0.125, "wait:compressed": 0.25},
     }
     assert lines[2]["failed"] == "ValueError: boom" and "failed" not in lines[1]
     assert kept[-1].as_dict() == lines[2]

@@ -185,3 +185,26 @@ def test_a_failing_byte_count_fails_the_call_not_the_transport(monkeypatch: pyte
 
     (out,) = world.run(body)
     assert torch.equal(out[0], torch.ones(2))
+
+
+def test_timed_sections_go_to_every_installed_log() -> None:
+    """``timed`` adds a section's wall time to each installed log (nested ones too), only while
+    installed; ``note_time`` adds a given time the same way."""
+    sleep_s = 0.02
+
+    def body(t: Transport) -> tuple[TrafficLog, TrafficLog]:
+        outer, inner = TrafficLog(), TrafficLog()
+        with t.timed("ignored"):  # no log installed: nothing to add to
+            pass
+        with t.recording(outer):
+            with t.timed("compress"):
+                time.sleep(sleep_s)
+            with t.recording(inner), t.timed("compress"):
+                time.sleep(sleep_s)
+            t.note_time("codec", 0.5)
+        return outer, inner
+
+    (outer, inner), *_ = SimulatedWorld(2, timeout_s=30).run(body)
+    assert set(outer.work_s) == {"compress", "codec"} and set(inner.work_s) == {"compress"}
+    assert outer.work_s["compress"] >= 2 * sleep_s and sleep_s <= inner.work_s["compress"] < outer.work_s["compress"]
+    assert outer.work_s["codec"] == 0.5

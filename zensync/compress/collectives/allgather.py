@@ -46,10 +46,13 @@ class AllGatherCollective(CompressedCollective):
     ) -> tuple[torch.Tensor, Own]:
         compressor = codec.compressor
         # Step 1: compress; Step 2: every rank's packed payloads to every rank; Step 3: decode the sum.
-        packed = compressor.compress(x, name=name, step=step)
-        gathered = await transport.all_gather_v_async(pack(*packed.payloads))
+        with transport.timed("compress"):
+            packed = compressor.compress(x, name=name, step=step)
+            payload = pack(*packed.payloads)
+        gathered = await transport.all_gather_v_async(payload)
         # The gathered buffers are the collective's own memory: writing out (which may be x) is safe.
-        parts = [unpack(buf, packed) for buf in gathered]
-        target = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
-        compressor.decompress_sum(parts, target)
+        with transport.timed("decompress"):
+            parts = [unpack(buf, packed) for buf in gathered]
+            target = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
+            compressor.decompress_sum(parts, target)
         return target, parts[transport.rank] if want_own else None

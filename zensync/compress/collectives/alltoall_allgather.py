@@ -40,20 +40,25 @@ class AllToAllAllGatherCollective(CompressedCollective):
         compressor, n, r = codec.compressor, transport.world_size, transport.rank
         chunks = list(x.reshape(-1).tensor_split(n))
         # Step 1: compress each chunk; chunk j goes to its owner, rank j.
-        packed = [compressor.compress(c, name=f"{name}#{j}", step=step) for j, c in enumerate(chunks)]
-        buffers = [pack(*p.payloads) for p in packed]
+        with transport.timed("compress"):
+            packed = [compressor.compress(c, name=f"{name}#{j}", step=step) for j, c in enumerate(chunks)]
+            buffers = [pack(*p.payloads) for p in packed]
         received, counts = await transport.all_to_all_v_async(torch.cat(buffers), [b.numel() for b in buffers])
         # Step 2: the owner decompresses and sums its chunk from every rank, adds its server error,
         # and re-compresses the sum.
-        mine = [compressor.decompress(unpack(buf, packed[r])) for buf in received.split(counts)]
-        own = None
-        if want_own:
-            own = torch.cat([compressor.decompress(p).reshape(-1) for p in packed]).view(x.shape)
-        server = codec.server_recompress(sum_in_rank_order(mine, chunks[r]), f"{name}#{r}", step)
+        with transport.timed("decompress"):
+            mine = [compressor.decompress(unpack(buf, packed[r])) for buf in received.split(counts)]
+            own = None
+            if want_own:
+                own = torch.cat([compressor.decompress(p).reshape(-1) for p in packed]).view(x.shape)
+        with transport.timed("compress"):
+            server = codec.server_recompress(sum_in_rank_order(mine, chunks[r]), f"{name}#{r}", step)
         # Step 3: everyone gathers the re-compressed chunks.
         gathered = await transport.all_gather_v_async(pack(*server.payloads))
-        like = [
-            server if j == r else codec.server_layout(c, packed[j], f"{name}#{j}", step) for j, c in enumerate(chunks)
-        ]
-        summed = [compressor.decompress(unpack(buf, like[j])).reshape(-1) for j, buf in enumerate(gathered)]
-        return torch.cat(summed).view(x.shape), own
+        with transport.timed("decompress"):
+            like = [
+                server if j == r else codec.server_layout(c, packed[j], f"{name}#{j}", step)
+                for j, c in enumerate(chunks)
+            ]
+            summed = [compressor.decompress(unpack(buf, like[j])).reshape(-1) for j, buf in enumerate(gathered)]
+            return torch.cat(summed).view(x.shape), own

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from zensync.compress.base import Compressed, Compressor, all_finite, build
-from zensync.compress.collectives.base import COMPRESSED_SCHEMES, Codec, build_collective
+from zensync.compress.collectives.base import COMPRESSED_SCHEMES, Codec, Own, build_collective
 from zensync.compress.collectives.two_level import Hierarchy, two_level
 from zensync.compress.error_feedback import ErrorFeedback
 from zensync.transport import Transport
@@ -141,7 +141,8 @@ class CompressedSync:
         try:
             summed = await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale)
             # Step 4. host-device sync; the same output, so the same decision, on every rank.
-            keep = bool(all_finite(summed))
+            with transport.timed("finite_check"):
+                keep = bool(all_finite(summed))
         finally:
             self._end_step(keep=keep)
         return summed
@@ -159,7 +160,11 @@ class CompressedSync:
     ) -> torch.Tensor:
         """Steps 1-3 of ``sync_async``."""
         # Step 1: add the residual.
-        compensated = self.worker_memory.compensate(name, x) if self.error_feedback else x
+        if self.error_feedback:
+            with transport.timed("error_feedback"):
+                compensated = self.worker_memory.compensate(name, x)
+        else:
+            compensated = x
         # Step 2: the registered collective, flat or two-level.
         codec = Codec(self.compressor, self.server_memory if self.error_feedback else None)
         if hierarchy is None:
@@ -173,18 +178,26 @@ class CompressedSync:
                 summed = out.copy_(summed.view(out.shape))
         # Step 3: the new residual.
         if self.error_feedback:
-            # Linear (allreduce) schemes cannot separate this rank's share of the result: the residual
-            # is then the rank's part of the total loss, compensated - out / n, which sums to it exactly.
-            # compensate made the compensated tensor for this call: the residual is computed in it.
-            if isinstance(own, Compressed):  # the allgather's own payloads: the residual in one pass
-                self.worker_memory.keep_remainder(name, self.compressor.subtract_transmitted(compensated, own))
-            elif own is not None:
-                self.worker_memory.update(name, compensated, own, consume=True)
-            else:
-                # In x's units: summed is of scale * compensated, so this rank's share is summed / (n scale).
-                share = 1 / (transport.world_size * scale)
-                self.worker_memory.update(name, compensated, summed, scale=share, consume=True)
+            with transport.timed("error_feedback"):
+                self._keep_residual(name, compensated, summed, own, transport.world_size * scale)
         return summed
+
+    def _keep_residual(
+        self, name: str, compensated: torch.Tensor, summed: torch.Tensor, own: Own, n_scale: float
+    ) -> None:
+        """Step 3 of ``sync_async``: what compression dropped from ``compensated`` becomes the residual.
+
+        compensate made the compensated tensor for this call: the residual is computed in it.
+        """
+        if isinstance(own, Compressed):  # the allgather's own payloads: the residual in one pass
+            self.worker_memory.keep_remainder(name, self.compressor.subtract_transmitted(compensated, own))
+        elif own is not None:
+            self.worker_memory.update(name, compensated, own, consume=True)
+        else:
+            # Linear (allreduce) schemes cannot separate this rank's share of the result: the residual
+            # is then the rank's part of the total loss, compensated - out / n, which sums to it
+            # exactly. summed is of scale * compensated, so this rank's share is summed / (n scale).
+            self.worker_memory.update(name, compensated, summed, scale=1 / n_scale, consume=True)
 
     def _begin_step(self) -> None:
         """Hold back the residual updates and compressor state changes of this call (Step 4)."""

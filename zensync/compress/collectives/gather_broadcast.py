@@ -39,20 +39,23 @@ class GatherBroadcastCollective(CompressedCollective):
         self, x: torch.Tensor, transport: Transport, codec: Codec, *, name: str, step: int, want_own: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         compressor, n = codec.compressor, transport.world_size
-        packed = compressor.compress(x, name=name, step=step)
-        buf = pack(*packed.payloads)
+        with transport.timed("compress"):
+            packed = compressor.compress(x, name=name, step=step)
+            buf = pack(*packed.payloads)
         # Step 1: gather to the root (an all-to-all whose only non-empty chunks go to the root).
         counts = [buf.numel() if j == ROOT else 0 for j in range(n)]
         received, recv_counts = await transport.all_to_all_v_async(buf, counts)
-        own = compressor.decompress(packed) if want_own else None
         key = f"{name}#root"
-        if transport.rank == ROOT:
-            parts = [compressor.decompress(unpack(b, packed)) for b in received.split(recv_counts)]
-            like = codec.server_recompress(sum_in_rank_order(parts, x), key, step)
-            out_buf = pack(*like.payloads)
-        else:
-            like = codec.server_layout(x, packed, key, step)
-            out_buf = torch.empty(like.nbytes, dtype=torch.uint8, device=x.device)
+        with transport.timed("decompress"):
+            own = compressor.decompress(packed) if want_own else None
+            if transport.rank == ROOT:
+                parts = [compressor.decompress(unpack(b, packed)) for b in received.split(recv_counts)]
+                like = codec.server_recompress(sum_in_rank_order(parts, x), key, step)
+                out_buf = pack(*like.payloads)
+            else:
+                like = codec.server_layout(x, packed, key, step)
+                out_buf = torch.empty(like.nbytes, dtype=torch.uint8, device=x.device)
         # Step 2: the root broadcasts the re-compressed sum.
         out_buf = await transport.broadcast_async(out_buf, ROOT)
-        return compressor.decompress(unpack(out_buf, like)), own
+        with transport.timed("decompress"):
+            return compressor.decompress(unpack(out_buf, like)), own
