@@ -23,6 +23,10 @@ from zensync.compress.base import Compressed, Compressor, register_compressor
 
 __all__ = ["BF16Compressor", "FP16Compressor", "IdentityCompressor"]
 
+_SCALE_CHUNK = 1 << 17
+"""Elements per chunk of the CPU scale-and-cast: a 512 KB float32 scratch stays in cache (a
+16K chunk pays 20 us of per-call overhead per chunk, 23 ms for 8.4M elements; 128K: 6.8 ms)."""
+
 
 @register_compressor
 class IdentityCompressor(Compressor):
@@ -55,12 +59,34 @@ class _CastCompressor(Compressor):
 
     wire_dtype: ClassVar[torch.dtype]
     allreduce_compatible = True
-    # folds_scale stays False: torch.mul(x, s, out=<fp16>) takes a slow mixed-dtype path on CPU
-    # (40 ms for 8.4M float32 on one thread, against 8 ms for x.div_(s) then the cast), and casting
-    # first, as torch's hook does, would overflow above 65504 before the division.
+    folds_scale = True
+    """The DDP hook's division by the world size is applied in the cast's own pass (scaled in x's
+    precision first, so no value overflows the wire dtype that the division brings back in range,
+    as casting first, torch's hook's order, would above 65504)."""
 
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
         return Compressed((x.to(self.wire_dtype, memory_format=torch.contiguous_format),), x.dtype)
+
+    def compress_scaled(self, x: torch.Tensor, scale: float, *, name: str = "", step: int = 0) -> Compressed:
+        """``scale * x`` in x's precision, cast to the wire dtype, in one pass over x.
+
+        On CPU, torch.mul(x, s, out=<fp16>) takes a slow mixed-dtype path (40 ms for 8.4M float32
+        on one thread) and x * s then a cast is two passes (9 ms): the product goes through a
+        cache-sized scratch chunk by chunk instead (6.8 ms). Elsewhere one mixed-dtype ``mul``.
+        """
+        if scale == 1.0:
+            return self.compress(x, name=name, step=step)
+        flat = x.reshape(-1)
+        wire = torch.empty(flat.numel(), dtype=self.wire_dtype, device=x.device)
+        if x.device.type != "cpu":
+            torch.mul(flat, scale, out=wire)
+        else:
+            scratch = torch.empty(min(flat.numel(), _SCALE_CHUNK), dtype=x.dtype)
+            for lo in range(0, flat.numel(), _SCALE_CHUNK):
+                hi = min(flat.numel(), lo + _SCALE_CHUNK)
+                part = torch.mul(flat[lo:hi], scale, out=scratch[: hi - lo])
+                wire[lo:hi].copy_(part)
+        return Compressed((wire.view(x.shape),), x.dtype)
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         return compressed.payloads[0].to(compressed.ctx)

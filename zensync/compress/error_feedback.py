@@ -164,8 +164,9 @@ class ErrorFeedback:
         if previous is not None and previous is not residual:
             self._spares[name] = previous
 
-    def compensate(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """``x`` plus the residual stored under ``name`` (a tensor of its own; ``x`` is not modified)."""
+    def compensate(self, name: str, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+        """``scale * x`` plus the residual stored under ``name`` (a tensor of its own; ``x`` is not
+        modified), in one pass: the DDP hook's division by the world size costs no pass of its own."""
         residual = self._residuals.get(name)
         if residual is not None and residual.shape != x.shape and residual.numel() == x.numel():
             residual = self._residuals[name] = residual.view(x.shape)  # regroup's flat residual
@@ -186,8 +187,12 @@ class ErrorFeedback:
             del self._residuals[name]
             residual = None
         if residual is None:
+            if scale != 1.0:
+                return torch.mul(x, scale) if spare is None else torch.mul(x, scale, out=spare)
             return x.clone() if spare is None else spare.copy_(x)
-        return torch.add(x, residual) if spare is None else torch.add(x, residual, out=spare)
+        if spare is None:
+            return torch.add(residual, x, alpha=scale)
+        return torch.add(residual, x, alpha=scale, out=spare)
 
     def update(
         self,

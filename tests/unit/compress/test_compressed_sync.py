@@ -109,9 +109,9 @@ def test_out_the_input_itself_gives_the_new_tensor_result(spec: str, scheme: str
 
 
 @pytest.mark.parametrize("scale", [0.25, 1 / 3])
-@pytest.mark.parametrize("spec", ["powersgd:2", "powersgd:1"])
+@pytest.mark.parametrize("spec", ["powersgd:2", "powersgd:1", "fp16", "bf16"])
 def test_folded_scale_equals_scaling_first(spec: str, scale: float) -> None:
-    """``sync(x, scale=s)`` (the hook's division folded into PowerSGD's factor) delivers
+    """``sync(x, scale=s)`` (the hook's division folded into PowerSGD's factor, or into the cast) delivers
     what ``sync(s * x)`` does, step after step with PowerSGD's error feedback and warm start; the
     residual stays in x's units (1/s times the other's)."""
 
@@ -135,23 +135,65 @@ def test_folded_scale_equals_scaling_first(spec: str, scale: float) -> None:
             torch.testing.assert_close(folded_res * scale, first_res, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [0.25, 1 / 3])
+@pytest.mark.parametrize(
+    ("spec", "scheme", "two_level"),
+    [
+        ("topk:0.2", "allgather", False),
+        ("dgc:0.2", "allgather", False),
+        ("efsignsgd", "allgather", False),
+        ("onebit", "alltoall_allgather", False),
+        ("topk:0.2", "allgather", True),
+        ("powersgd:2", "allreduce", True),
+    ],
+)
+def test_error_feedback_folds_the_scale_into_its_compensation(
+    spec: str, scheme: str, two_level: bool, scale: float
+) -> None:
+    """With error feedback, ``sync(x, scale=s)`` compensates ``s * x`` in the pass that adds the
+    residual, and delivers what ``sync(s * x)`` does, step after step, with the same residual
+    (in the units of ``s * x``); two-level too, where no collective folds a scale."""
+
+    def body(t):  # type: ignore[no-untyped-def]
+        levels = hierarchy(t, 2) if two_level else None
+        folded, first = CompressedSync(spec, scheme), CompressedSync(spec, scheme)
+        assert folded.folds_scale(hierarchical=two_level)
+        out = []
+        for step in range(3):
+            # Distinct magnitudes (integer data has ties, which an ulp of rounding may reorder).
+            x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1000 * step + t.rank))
+            buf = x.clone()
+            got = folded.sync(buf, t, name="w", step=step, hierarchy=levels, out=buf, scale=scale)
+            out.append((got.clone(), first.sync(x * scale, t, name="w", step=step, hierarchy=levels)))
+        return out, folded.worker_memory.residual("w"), first.worker_memory.residual("w")
+
+    # s * x + r and r + s * x (torch.add's alpha, perhaps fused) may round apart by an ulp: the
+    # compressors see the same tensor up to that, and select the same of these distinct magnitudes.
+    tol = 1e-5
+    for pairs, folded_res, first_res in SimulatedWorld(4).run(body):
+        for got, expected in pairs:
+            torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+        torch.testing.assert_close(folded_res, first_res, rtol=tol, atol=tol)
+
+
 def test_scale_is_refused_where_it_cannot_be_folded() -> None:
     def body(t):  # type: ignore[no-untyped-def]
         errors = []
-        cases = [
+        cases = [  # no error feedback, so no compensation pass to fold the scale into
             ("topk:0.2", "allgather", None),
-            ("fp16", "allreduce", None),
+            ("fp16", "allgather", None),
+            ("randomk:0.3", "allreduce", None),
             ("powersgd:2", "allreduce", hierarchy(t, 2)),
         ]
         for spec, scheme, levels in cases:
-            sync = CompressedSync(spec, scheme)
+            sync = CompressedSync(spec, scheme, error_feedback=False)
             assert not sync.folds_scale(hierarchical=levels is not None)
             with pytest.raises(ValueError, match="does not fold a scale"):
                 sync.sync(_data(t.rank), t, name="w", step=0, hierarchy=levels, scale=0.5)
             errors.append(True)
         return errors
 
-    assert SimulatedWorld(4).run(body) == [[True, True, True]] * 4
+    assert SimulatedWorld(4).run(body) == [[True] * 4] * 4
 
 
 def test_powersgd_allreduce_is_exact_on_a_shared_low_rank_sum() -> None:

@@ -187,6 +187,24 @@ def test_casts(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spec", ["fp16", "bf16"])
+def test_cast_folds_a_scale_into_its_pass(spec, dtype):
+    """compress_scaled(x, s) is compress(x * s), bit for bit: over several scratch chunks (the last
+    one partial), on a non-contiguous x, and where casting first would overflow fp16 (the division
+    brings 1e5 back in range)."""
+    base = randn(2 * (1 << 17) + 125, dtype, seed=5) * 100  # a multiple of 3
+    if torch.finfo(dtype).max > 1e5:  # an fp16 input cannot hold it
+        base[7] = 1e5
+    comp = build(spec)
+    for x, scale in ((base, 0.25), (base, 1 / 3), (base.view(-1, 3)[:, 1], 0.5), (base[:10], 1.0)):
+        payload = comp.compress_scaled(x, scale).payloads[0]
+        expected = comp.compress(x * scale).payloads[0]
+        assert payload.shape == x.shape and payload.dtype == comp.wire_dtype
+        assert torch.equal(payload, expected), (spec, scale)
+    assert bool(torch.isfinite(comp.compress_scaled(base, 0.25).payloads[0]).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_topk_and_dgc_match_reference_topk(dtype):
     for numel, ratio in ((1, 0.5), (7, 0.3), (1000, 0.01), (40_000, 0.01), (70_001, 0.003)):
         x = randn(numel, dtype, seed=numel)

@@ -93,8 +93,12 @@ class CompressedSync:
         )
 
     def folds_scale(self, *, hierarchical: bool) -> bool:
-        """Whether ``sync_async(scale=...)`` applies the scale with no pass of its own over x (flat
-        allreduce of a compressor that folds it: PowerSGD)."""
+        """Whether ``sync_async(scale=...)`` applies the scale with no pass of its own over x: error
+        feedback's compensation (``scale * x + residual``, one pass it makes anyway), or the flat
+        allreduce of a compressor that folds it (PowerSGD)."""
+        return self.error_feedback or self._collective_folds(hierarchical=hierarchical)
+
+    def _collective_folds(self, *, hierarchical: bool) -> bool:
         return not hierarchical and self.collective.folds_scale and self.compressor.folds_scale
 
     async def sync_async(
@@ -124,7 +128,9 @@ class CompressedSync:
                 hook passes its bucket: fp16's sum is then decoded straight into it, with no new
                 tensor of x's size); None: a new tensor.
             scale: Multiply x by this first, where ``folds_scale`` (the DDP hook's division by the
-                world size, folded into PowerSGD's factor). The residuals stay in x's units.
+                world size). PowerSGD folds it into its small factor and keeps its residuals in x's
+                units; the other error-feedback compressors compensate ``scale * x`` and keep them
+                in its units (those of the averaged gradient, as when the caller divides first).
 
         Returns:
             The sum (``out`` when given), the same on every rank.
@@ -159,10 +165,14 @@ class CompressedSync:
         scale: float,
     ) -> torch.Tensor:
         """Steps 1-3 of ``sync_async``."""
-        # Step 1: add the residual.
+        # Step 1: add the residual (to scale * x, unless the collective folds the scale itself).
         if self.error_feedback:
+            if not self._collective_folds(hierarchical=hierarchy is not None):
+                x_scale, scale = scale, 1.0
+            else:
+                x_scale = 1.0
             with transport.timed("error_feedback"):
-                compensated = self.worker_memory.compensate(name, x)
+                compensated = self.worker_memory.compensate(name, x, scale=x_scale)
         else:
             compensated = x
         # Step 2: the registered collective, flat or two-level.
