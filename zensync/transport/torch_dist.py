@@ -324,10 +324,15 @@ def _destroy_created_groups() -> None:
     finished. Groups the program destroyed already (``destroy_process_group()`` ends them all) are
     skipped.
     """
+    if not dist.is_available() or not dist.is_initialized():
+        # The program destroyed them (or never initialized): the references stay until the
+        # interpreter is gone. Dropped here, the last one could be a coroutine's on a gloo worker
+        # thread still finishing a step's callback, and a ProcessGroup destroyed on its own
+        # worker thread joins itself ("terminate called ... Resource deadlock avoided", SIGABRT,
+        # about one torchrun exit in ten).
+        return
     groups, _CREATED_GROUPS[:] = list(_CREATED_GROUPS), []
     _TRANSPORTS.clear()
-    if not dist.is_available() or not dist.is_initialized():
-        return
     for group in groups:
         try:
             dist.destroy_process_group(group)
