@@ -2,7 +2,8 @@
 
 The hook turns each bucket into a step job (``hooks.pipeline``: views, detection, decision,
 execution) on the state's lane and returns its future; DDP waits for the futures at the end of
-backward. The step's first job compares the ranks' engine states (``check_agreement``). The last
+backward. The step opens with a comparison of the ranks' engine states (``check_agreement``),
+which runs beside the buckets' local work and gates their collectives (``open_step``). The last
 bucket's hook waits for the step, so a failure reaches ``backward()`` with its own type and
 message; a bucket that fails makes the step's remaining buckets on that rank skip their collectives.
 """
@@ -95,11 +96,10 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     """DDP comm hook: ``ddp_model.register_comm_hook(state, zensync_hook)``; see the module docstring."""
     if not state.step_open:
         # The step's first bucket: the ranks compare their engine state (a checkpoint loaded on one
-        # rank only fails every rank at this step instead of hanging later). The check is the lane's
-        # first job of the step, so it overlaps backward and precedes every collective of the step
-        # on zensync's group; a failure fails the step's remaining buckets on every rank.
-        state.step_open = True
-        state.submit(check_step_job(state))
+        # rank only fails every rank at this step instead of hanging later). The check's gather is
+        # the step's first collective on zensync's group, and it runs beside the buckets' local
+        # work: their collectives wait for it, and fail with its exception on every rank.
+        state.open_step(check_step_job(state))
     buffer = bucket.buffer()
     params = list(bucket.parameters())
     names = [state.name_of(p) for p in params]

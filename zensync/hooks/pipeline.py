@@ -43,7 +43,7 @@ from zensync.sync.coo import CooItems
 from zensync.sync.partition import make_partition
 from zensync.sync.run import run_agreed_async
 from zensync.sync.zen import PreparedPush, bucket_records
-from zensync.transport import Handle, TrafficLog
+from zensync.transport import Handle, Task, TrafficLog
 from zensync.types import SyncStats, index_dtype
 
 __all__ = [
@@ -68,12 +68,17 @@ def param_views(buffer: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torc
 
 
 async def check_step_job(state: ZenSyncState) -> torch.Tensor:
-    """A step's first job: ``check_agreement``; its failure is noted for the step's other jobs."""
-    transport = state.runtime.transport
+    """A step's agreement check (``check_agreement``; ``ZenSyncState.open_step`` runs it beside the
+    lane); its failure is noted for the step's jobs.
+
+    Its gather is issued under a log of its own, which is uninstalled before the wait: the buckets'
+    jobs run meanwhile, and their traffic is theirs.
+    """
     log = TrafficLog()
+    with state.runtime.transport.recording(log):
+        check = Task(state.check_agreement()).start()  # runs to its gather's wait: issued now
     try:
-        with transport.recording(log):
-            await state.check_agreement()
+        await check
     except BaseException as exc:
         state.note_failure(exc)
         raise

@@ -75,10 +75,11 @@ class ZenSyncState:
         "log",
         "decider",
         "executor",
-        # The open step: its first failure, whether it began, its async dense buckets.
+        # The open step: its first failure, whether it began, its check, its async dense buckets.
         "lock",
         "step_error",
         "step_open",
+        "_check",
         "_pending",
         "_load_mark",
         # Row hints of the model's embeddings.
@@ -121,7 +122,9 @@ class ZenSyncState:
         self.step_error: BaseException | None = None
         """The first exception of the current step on this rank (``note_failure``); cleared by ``finish_step``."""
         self.step_open = False
-        """Whether the current step's first bucket has been seen (``check_agreement`` is queued)."""
+        """Whether the current step's first bucket has been seen (its check runs: ``open_step``)."""
+        self._check: Handle[torch.Tensor] | None = None
+        """The open step's agreement check (``open_step``)."""
         self._load_mark = 0
         """Digest of the last loaded checkpoint (0: none); part of what ranks must agree on."""
         self.hints: RowHints | None = None
@@ -255,6 +258,19 @@ class ZenSyncState:
         return name
 
     # -- the step ------------------------------------------------------------------------------------
+    def open_step(self, check: Coroutine[Any, Any, torch.Tensor]) -> None:
+        """Start the step's agreement ``check`` now, beside the lane, and hold the hook's transport on it.
+
+        The check's all-gather is issued here, on the hook's thread, before any other collective of
+        the step on the hook's group. The buckets' jobs then start at once: their local passes
+        (detection, compensation, compression) overlap the check's round, and their collectives
+        start when it has passed, or fail with its exception on every rank (``Transport.hold``).
+        """
+        self.step_open = True
+        task = Task(check, self.runtime.segment_context()).start()
+        self._check = task
+        self.runtime.transport.hold(task)
+
     def submit(self, job: Coroutine[Any, Any, torch.Tensor]) -> Task[torch.Tensor]:
         """Run a step job on the lane, on the caller's CUDA stream (captured now, on the hook's thread)."""
         return self.runtime.lane.submit(job, self.runtime.segment_context())
@@ -280,6 +296,10 @@ class ZenSyncState:
         Returns:
             The step's first failure with its original type (``note_failure``), or None.
         """
+        check, self._check = self._check, None
+        if check is not None:
+            check.wait_done()  # a failure was noted; its collective is done on every rank, either way
+            self.runtime.transport.release()
         with self.lock:
             pending, self._pending = self._pending, []
         if self.step_error is None:

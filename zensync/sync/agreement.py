@@ -117,8 +117,9 @@ async def gather_descriptors_async(
         The gathered descriptors as Python ints, identical on every rank.
     """
     local = torch.tensor(list(descriptor), dtype=torch.int64, device=device or transport.control_device)
-    with transport.phase(phase):
-        gathered = await transport.all_gather_async(local)
+    with transport.phase(phase):  # issued under the phase, awaited outside it (the phase is the transport's)
+        handle = transport.all_gather_async(local)
+    gathered = await handle
     return [row.tolist() for row in gathered]  # host-device sync
 
 
@@ -140,7 +141,8 @@ async def gather_messages_async(
     """
     payload = torch.frombuffer(bytearray(message), dtype=torch.uint8) if message else torch.empty(0, dtype=torch.uint8)
     with transport.phase(phase):
-        gathered = await transport.all_gather_v_async(payload.to(device or transport.control_device))
+        handle = transport.all_gather_v_async(payload.to(device or transport.control_device))
+    gathered = await handle
     return [bytes(m.cpu().tolist()).decode(errors="replace") for m in gathered]  # host-device sync
 
 

@@ -130,7 +130,9 @@ class Transport(abc.ABC):
             collections.deque()
         )
         self._in_flight = False
-        """Whether a multi-call collective holds the issue slot (``_issue``)."""
+        """Whether a multi-call collective (or a ``hold``) holds the issue slot (``_issue``)."""
+        self._stopped: BaseException | None = None
+        """A failed ``hold``'s exception: every collective fails with it instead of starting, until ``release``."""
         self._driver = threading.local()
         """Per thread: how deep this thread is in ``run`` on this transport."""
 
@@ -511,10 +513,39 @@ class Transport(abc.ABC):
 
         return lambda: Task(after_barrier()).start()
 
+    def hold(self, guard: Handle[Any]) -> None:
+        """Collectives issued from now on start when ``guard`` completes, in their order.
+
+        If ``guard`` fails, they fail with its exception (its original type) instead of starting,
+        as does every collective issued later, until ``release``. A guard that every rank
+        evaluates alike (an agreement check: one small all-gather and a comparison) thus runs
+        beside the work that follows it, and no collective of that work leaves any rank unless
+        it passed. ``guard`` must have issued its own collectives before this call (they would
+        otherwise wait for it).
+        """
+        gate: Handle[None] = Handle()
+
+        def settle(done: Handle[Any]) -> None:
+            if done.error is not None:
+                with self._issue_lock:
+                    self._stopped = done.error
+            gate.set_result(None)  # the slot is freed either way; ``_stopped`` carries the failure
+
+        self._issue(lambda: gate, None, None, blocking=False, multi_stage=True)
+        guard.add_done_callback(settle)
+
+    def release(self) -> None:
+        """Let collectives start again after a failed ``hold`` (the next step's)."""
+        with self._issue_lock:
+            self._stopped = None
+
     def _launch(
         self, start_op: Callable[[], Handle[Any]], multi_stage: bool, finish: Callable[[Handle[Any]], None]
     ) -> None:
+        stopped = self._stopped
         try:
+            if stopped is not None:
+                raise stopped
             inner = start_op()
         except BaseException as exc:  # noqa: BLE001 - the collective's failure, kept in its handle
             inner = Handle()

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from zensync.transport import SimulatedWorld, TrafficLog, Transport, WorldAborted
+from zensync.transport import Handle, SimulatedWorld, TrafficLog, Transport, WorldAborted
 
 WORLD_SIZES = [1, 2, 3, 5, 8]
 
@@ -208,3 +208,50 @@ def test_timed_sections_go_to_every_installed_log() -> None:
     assert set(outer.work_s) == {"compress", "codec"} and set(inner.work_s) == {"compress"}
     assert outer.work_s["compress"] >= 2 * sleep_s and sleep_s <= inner.work_s["compress"] < outer.work_s["compress"]
     assert outer.work_s["codec"] == 0.5
+
+
+def test_hold_starts_later_collectives_when_the_guard_passes() -> None:
+    """Collectives issued after ``hold`` wait for the guard, then run in their order."""
+
+    def body(t: Transport) -> tuple[bool, list[torch.Tensor]]:
+        guard: Handle[None] = Handle()
+        t.hold(guard)
+        first = t.all_reduce_async(torch.full((3,), float(t.rank + 1)))
+        second = t.all_gather_async(torch.tensor([t.rank]))
+        time.sleep(0.05)
+        waited = not first.done() and not second.done()
+        guard.set_result(None)
+        return waited, [first.wait(), torch.cat(second.wait())]
+
+    n = 3
+    for waited, (summed, gathered) in SimulatedWorld(n, timeout_s=30).run(body):
+        assert waited
+        assert torch.equal(summed, torch.full((3,), n * (n + 1) / 2))
+        assert torch.equal(gathered, torch.arange(n))
+
+
+def test_a_failed_hold_fails_every_later_collective_until_release() -> None:
+    """A failed guard's exception (its own type and message) fails the collectives that waited
+    and those issued later, none of which starts; after ``release`` they run again."""
+
+    class CheckFailed(ValueError):
+        pass
+
+    def body(t: Transport) -> tuple[list[str], torch.Tensor]:
+        guard: Handle[None] = Handle()
+        t.hold(guard)
+        waiting = t.all_reduce_async(torch.ones(2))
+        guard.set_exception(CheckFailed("ranks [1] hold another engine state"))
+        later = t.all_gather_async(torch.tensor([t.rank]))
+        errors = []
+        for handle in (waiting, later):
+            with pytest.raises(CheckFailed, match="another engine state") as caught:
+                handle.wait()
+            errors.append(type(caught.value).__name__)
+        t.release()
+        return errors, t.all_reduce(torch.ones(2))
+
+    n = 2
+    for errors, summed in SimulatedWorld(n, timeout_s=30).run(body):
+        assert errors == ["CheckFailed", "CheckFailed"]
+        assert torch.equal(summed, torch.full((2,), float(n)))
