@@ -121,7 +121,7 @@ class RandomKCompressor(Compressor):
         flat = x.reshape(-1)
         indices = self.indices(flat.numel(), name=name, step=step, device=x.device)
         # A non-finite element must reach the output even when it was not drawn (module docstring).
-        values = flat[indices].masked_fill_(~all_finite(flat), math.nan)
+        values = flat.index_select(0, indices).masked_fill_(~all_finite(flat), math.nan)
         return Compressed((values,), _Context(x.shape, indices))
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:

@@ -78,7 +78,10 @@ class SelectedValues(Compressor):
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
         flat = x.reshape(-1)
         indices = self.select(flat, name=name, step=step)
-        return Compressed((flat[indices], indices.to(index_dtype(flat.numel()))), x.shape)
+        # index_select, not flat[indices]: torch's advanced-indexing kernel takes 3.5 ms for 84K
+        # of 8.4M elements on one CPU thread, index_select 0.24 ms.
+        values = flat.index_select(0, indices)
+        return Compressed((values, indices.to(index_dtype(flat.numel()))), x.shape)
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         values, indices = compressed.payloads

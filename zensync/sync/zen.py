@@ -249,7 +249,7 @@ class ZenScheme(SyncScheme):
             values = reader.take(view.x2d.dtype, positions.numel() * view.item_numel).view(-1, view.item_numel)
             if out is None and encoding == "dense":  # a sparse result holds the union only
                 positions = kernels.nonzero_items(values)
-                values = values[positions]
+                values = values.index_select(0, positions)
             items = kernels.unpermute(positions + base, part)
             if out is None:
                 parts.append((items, values))
