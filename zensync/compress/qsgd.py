@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from zensync import kernels
 from zensync.compress.base import (
     Compressed,
     Compressor,
@@ -106,17 +107,19 @@ class QSGDCompressor(Compressor):
         compute = compute_dtype(x.dtype)
         flat = x.reshape(-1).to(compute)
         numel = flat.numel()
-        buckets = _bucketed(flat, bucket)  # (num_buckets, bucket), a zero-padded copy
-        # Step 1: one L2 norm per bucket, rounded up to its fp32 wire value (so |x| / norm <= 1).
-        norms = fp32_round_up(buckets.norm(dim=1))
-        # Step 2: |x| / norm * s, dithered and floored; a zero norm gives level 0.
+        # Step 1: one L2 norm per bucket, rounded up to its fp32 wire value (so |x| / norm <= 1):
+        # the whole buckets as rows of a view, the last, shorter one apart (no padded copy).
+        whole = numel // bucket * bucket
+        norms = flat[:whole].view(-1, bucket).norm(dim=1)
+        if whole < numel:
+            norms = torch.cat([norms, flat[whole:].norm().reshape(1)])
+        norms = fp32_round_up(norms)
+        # Step 2: |x| / norm * s, dithered and floored; a zero norm gives level 0. Step 3: the
+        # sign goes into the int8 (0 stays 0 whatever the sign). One pass (kernels.quantize_levels).
         levels_per_norm = torch.where(norms > 0, s / norms.to(compute), 0.0)
-        scaled = buckets.abs_().mul_(levels_per_norm.unsqueeze(1)).view(-1)[:numel]
         generator = shared_generator(self.config.seed, name, step, purpose="qsgd", device=x.device)
         dither = torch.rand(numel, generator=generator, dtype=compute, device=x.device)
-        level = scaled.add_(dither).floor_().clamp_(0, s)
-        # Step 3: the sign goes into the int8 (0 stays 0 whatever the sign).
-        signed = level.mul_(flat.sign()).to(torch.int8)
+        signed = kernels.quantize_levels(flat, levels_per_norm, dither, bucket, s)
         return Compressed((signed, norms), (x.shape, x.dtype))
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
@@ -128,6 +131,16 @@ class QSGDCompressor(Compressor):
             (norms.to(compute) / self.config.levels)[:, None]
         )
         return values.view(-1)[: signed.numel()].to(dtype).view(shape)
+
+    def decompress_add(self, compressed: Compressed, out: torch.Tensor) -> torch.Tensor:
+        """``out += decompress(compressed)`` in one pass (``kernels.dequantize_add``: the same
+        products, norm / s times sign * level in the compute dtype, and the same addition)."""
+        signed, norms = compressed.payloads
+        if out.dtype != compute_dtype(out.dtype) or not out.is_contiguous():
+            return super().decompress_add(compressed, out)
+        scales = norms.to(out.dtype) / self.config.levels
+        kernels.dequantize_add(out.view(-1), signed, scales, self.config.bucket)
+        return out
 
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         return numel + 4 * math.ceil(numel / self.config.bucket)

@@ -67,7 +67,8 @@ class StepRecord:
     params: dict[str, ParamStep] = dataclasses.field(default_factory=dict)
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
     """Where the step's sync time went on this rank, summed over buckets: each timed section of
-    local work by name (``detect``, ``divide``, ``compress``, ``decompress``, ``error_feedback``,
+    local work by name (``detect``, which includes its gather's ``wait:detect``; ``divide``,
+    ``compress``, ``codec``: an allreduce compressor's own passes, ``decompress``, ``error_feedback``,
     ``finite_check``, ``queued``: a bucket waiting for the lane) and ``wait:<phase>``, the time
     spent inside the collectives of each traffic phase (``dense``, ``detect``, ``compressed``,
     ``agree``...), from the call to completion. Sections overlap where a bucket's work overlaps

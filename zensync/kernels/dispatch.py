@@ -37,11 +37,13 @@ __all__ = [
     "bitmap_decode",
     "bitmap_encode",
     "bucket_nonzero",
+    "dequantize_add",
     "implementation_for",
     "index_add",
     "nonzero_items",
     "pack_bits",
     "permute",
+    "quantize_levels",
     "reset_dispatch_cache",
     "sampled_topk",
     "sampled_topk_abs",
@@ -64,6 +66,8 @@ _CPU_MODULE = {
     "sampled_topk_abs": "cpu_select",
     "scatter_add": "cpu_codec",
     "index_add": "cpu_codec",
+    "dequantize_add": "cpu_codec",
+    "quantize_levels": "cpu_codec",
     "sign_encode": "cpu_codec",
     "sign_decode_sum": "cpu_codec",
     "sign_residual": "cpu_codec",
@@ -248,6 +252,18 @@ def sign_residual(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
 def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:
     """See ``reference.scatter_add``."""
     return _impl(values.device, "scatter_add").scatter_add(indices, values, numel)
+
+
+def dequantize_add(out: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """See ``reference.dequantize_add``."""
+    return _impl(out.device, "dequantize_add").dequantize_add(out, codes, scales, group)
+
+
+def quantize_levels(
+    x: torch.Tensor, scales: torch.Tensor, dither: torch.Tensor, group: int, levels: int
+) -> torch.Tensor:
+    """See ``reference.quantize_levels``."""
+    return _impl(x.device, "quantize_levels").quantize_levels(x, scales, dither, group, levels)
 
 
 def index_add(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

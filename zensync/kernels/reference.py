@@ -22,10 +22,12 @@ __all__ = [
     "bitmap_decode",
     "bitmap_encode",
     "bucket_nonzero",
+    "dequantize_add",
     "index_add",
     "nonzero_items",
     "pack_bits",
     "permute",
+    "quantize_levels",
     "sampled_topk",
     "sampled_topk_abs",
     "scatter_add",
@@ -298,6 +300,71 @@ def index_add(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) ->
     """
     _check_index_add(out, indices, values)
     return out.index_add_(0, indices.long(), values)
+
+
+def dequantize_add(out: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """In place, ``out[i] += codes[i] * scales[i // group]``, the product in out's dtype; returns ``out``.
+
+    ``out`` is 1-D, contiguous, float32 or float64; ``codes`` int8 of its length; ``scales`` of its
+    dtype, one per group of ``group`` consecutive elements (the last group may be shorter). QSGD's
+    decode of one sender into the sum (codes sign * level, scales norm / s).
+
+    Example: dequantize_add(tensor([1.0, 1.0, 1.0]), tensor([2, -1, 4], dtype=int8), tensor([0.5, 2.0]), 2)
+    -> tensor([2.0, 0.5, 9.0]).
+    """
+    _check_dequantize(out, codes, scales, group)
+    rows = scales.repeat_interleave(group)[: out.numel()]
+    return out.add_(codes.to(out.dtype) * rows)
+
+
+def quantize_levels(
+    x: torch.Tensor, scales: torch.Tensor, dither: torch.Tensor, group: int, levels: int
+) -> torch.Tensor:
+    """int8 ``sign(x[i]) * clamp(floor(|x[i]| * scales[i // group] + dither[i]), 0, levels)``, in x's dtype.
+
+    QSGD's stochastic rounding (``scales``: s / norm per group, ``dither``: U[0, 1) draws); a NaN
+    element gives level 0 (its group's NaN norm carries it). ``x`` and ``dither`` are 1-D of one
+    length and dtype (float32 or float64), ``scales`` of that dtype, one per group; levels <= 127.
+
+    Example: quantize_levels(tensor([0.5, -1.0]), tensor([4.0]), tensor([0.25, 0.5]), 2, 4)
+    -> tensor([2, -4], dtype=int8).
+    """
+    _check_quantize(x, scales, dither, group, levels)
+    rows = scales.repeat_interleave(group)[: x.numel()]
+    level = torch.nan_to_num(x.abs().mul_(rows).add_(dither).floor_(), nan=0.0).clamp_(0, levels)
+    return level.mul_(x.sign()).to(torch.int8)
+
+
+def _check_quantize(x: torch.Tensor, scales: torch.Tensor, dither: torch.Tensor, group: int, levels: int) -> None:
+    if x.dim() != 1 or x.dtype not in (torch.float32, torch.float64) or dither.shape != x.shape:
+        raise ValueError(
+            f"quantize_levels: x must be 1-D float32 or float64 with a dither of its shape, got {x.dtype} "
+            f"{tuple(x.shape)} and {tuple(dither.shape)}"
+        )
+    if dither.dtype != x.dtype or scales.dtype != x.dtype:
+        raise ValueError(f"quantize_levels: dither and scales must be {x.dtype}, got {dither.dtype}, {scales.dtype}")
+    if group < 1 or scales.dim() != 1 or scales.numel() != -(-x.numel() // group) or not 0 < levels <= 127:
+        raise ValueError(
+            f"quantize_levels: one scale per group of group={group} >= 1 elements and 1 <= levels={levels} "
+            f"<= 127, got {tuple(scales.shape)} scales"
+        )
+
+
+def _check_dequantize(out: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int) -> None:
+    if out.dim() != 1 or not out.is_contiguous() or out.dtype not in (torch.float32, torch.float64):
+        raise ValueError(
+            f"dequantize_add: out must be 1-D, contiguous, float32 or float64, got {out.dtype} {tuple(out.shape)}"
+        )
+    if codes.shape != out.shape or codes.dtype != torch.int8:
+        raise ValueError(
+            f"dequantize_add: codes must be int8 of out's shape {tuple(out.shape)}, "
+            f"got {codes.dtype} of shape {tuple(codes.shape)}"
+        )
+    if group < 1 or scales.dim() != 1 or scales.dtype != out.dtype or scales.numel() != -(-out.numel() // group):
+        raise ValueError(
+            f"dequantize_add: scales must be 1-D {out.dtype}, one per group of group={group} >= 1 elements "
+            f"({-(-out.numel() // max(group, 1))}), got {scales.dtype} {tuple(scales.shape)}"
+        )
 
 
 def _check_index_add(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:

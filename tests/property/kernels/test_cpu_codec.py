@@ -250,6 +250,74 @@ def test_index_add_matches_a_float64_loop(
         assert_identical(out, expected)
 
 
+@_SETTINGS
+@given(
+    numel=st.integers(1, 3000),
+    group=st.integers(1, 300),
+    seed=st.integers(0, 2**31),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    many_chunks=st.booleans(),
+)
+def test_dequantize_add_matches_reference_and_definition(
+    numel: int, group: int, seed: int, dtype: torch.dtype, many_chunks: bool
+) -> None:
+    """Each code times its group's scale, added into out: bit for bit the reference (whatever the
+    chunking), and the float64 definition up to the two roundings in out's dtype."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randn(numel, generator=g, dtype=dtype)
+    codes = torch.randint(-127, 128, (numel,), generator=g, dtype=torch.int8)
+    scales = torch.rand(-(-numel // group), generator=g, dtype=dtype)
+    actual = start.clone()
+    with _tiny_chunks(many_chunks):
+        assert cpu_codec.dequantize_add(actual, codes, scales, group) is actual
+    expected = reference.dequantize_add(start.clone(), codes, scales, group)
+    assert_identical(actual, expected)
+    definition = start.double() + codes.double() * scales.double().repeat_interleave(group)[:numel]
+    eps = torch.finfo(dtype).eps
+    assert ((actual.double() - definition).abs() <= 2 * eps * (definition.abs() + 127 * scales.max())).all()
+
+
+@_SETTINGS
+@given(
+    x=_signed(),
+    group=st.integers(1, 300),
+    levels=st.integers(1, 127),
+    seed=st.integers(0, 2**31),
+    special=st.sampled_from([None, math.nan, -0.0, math.inf]),
+    many_chunks=st.booleans(),
+)
+def test_quantize_levels_matches_reference(
+    x: torch.Tensor, group: int, levels: int, seed: int, special: float | None, many_chunks: bool
+) -> None:
+    """QSGD's signed levels: bit for bit the reference, whatever the chunking, NaN (level 0), -0.0
+    and infinity (clamped to the top level) included; and within 0..levels in magnitude."""
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()
+    if special is not None and x.numel():
+        x[0] = special
+    g = torch.Generator().manual_seed(seed)
+    scales = (torch.rand(-(-x.numel() // group), generator=g, dtype=torch.float64) * levels).to(x.dtype)
+    dither = torch.rand(x.numel(), generator=g, dtype=torch.float64).to(x.dtype)
+    with _tiny_chunks(many_chunks):
+        actual = cpu_codec.quantize_levels(x, scales, dither, group, levels)
+    expected = reference.quantize_levels(x, scales, dither, group, levels)
+    assert_identical(actual, expected)
+    assert actual.dtype == torch.int8 and bool((actual.abs() <= levels).all())
+
+
+@pytest.mark.parametrize("impl", [cpu_codec, reference])
+def test_dequantize_add_rejects_bad_input(impl) -> None:
+    out = torch.zeros(5)
+    codes = torch.zeros(5, dtype=torch.int8)
+    with pytest.raises(ValueError, match="one per group"):
+        impl.dequantize_add(out, codes, torch.ones(2), 2)  # 5 elements in groups of 2: 3 scales
+    with pytest.raises(ValueError, match="codes must be int8"):
+        impl.dequantize_add(out, codes.float(), torch.ones(3), 2)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        impl.dequantize_add(out.half(), codes, torch.ones(3).half(), 2)
+    assert torch.equal(out, torch.zeros(5))
+
+
 @pytest.mark.parametrize("impl", [cpu_codec, reference])
 def test_index_add_rejects_bad_input(impl) -> None:
     out = torch.zeros(4)
