@@ -49,6 +49,7 @@ __all__ = [
     "AllReduce",
     "Compressed",
     "Compressor",
+    "Parts",
     "all_finite",
     "build",
     "check_ratio",
@@ -67,6 +68,8 @@ __all__ = [
 ]
 
 AllReduce = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
+Parts = tuple[tuple[str, torch.Size], ...]
+"""(name, shape) of each tensor a fused 1-D tensor concatenates, in order (``fuses_named_parts``)."""
 """An awaitable sum over ranks of a tensor (same shape and dtype), as ``allreduce_sync`` takes it."""
 
 
@@ -110,6 +113,11 @@ class Compressor(abc.ABC):
     a longer vector (elementwise codes, a selection over the whole, one scale): the DDP hook then
     compresses a bucket's parameters as one (with one residual). PowerSGD, which factors each
     matrix, does not."""
+    fuses_named_parts: ClassVar[bool] = False
+    """Whether ``allreduce_sync(parts=...)`` compresses a concatenation part by part, each part
+    under its own name and shape, with one round per payload for all of them (PowerSGD: one
+    allreduce of every matrix's P, one of every Q, as torch's hook does per bucket). The DDP hook
+    then fuses a bucket's parameters on the flat allreduce scheme."""
     keeps_state: ClassVar[bool] = False
     """Whether ``compress``/``allreduce_sync`` keep state across steps; such compressors override
     ``begin_step``/``end_step`` so that a dropped step leaves that state as it was."""
@@ -189,8 +197,12 @@ class Compressor(abc.ABC):
         step: int = 0,
         out: torch.Tensor | None = None,
         scale: float = 1.0,
+        parts: Parts | None = None,
     ) -> torch.Tensor:
         """Sum of every rank's approximation of its ``x``, using ``all_reduce`` (sum over ranks of a tensor).
+
+        ``parts``: the (name, shape) of each tensor a 1-D ``x`` concatenates, in order; only
+        compressors with ``fuses_named_parts`` read it (elementwise ones compress the whole alike).
 
         A coroutine: ``all_reduce`` is awaited once per round, in the same order on every rank. The
         default compresses, all-reduces each payload in turn and decompresses the summed payloads:

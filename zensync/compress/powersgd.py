@@ -43,6 +43,7 @@ from zensync.compress.base import (
     AllReduce,
     Compressed,
     Compressor,
+    Parts,
     all_finite,
     compute_dtype,
     format_spec,
@@ -75,7 +76,8 @@ class PowerSGDCompressor(Compressor):
     """
 
     name = "powersgd"
-    fuses = False  # it factors each matrix: a concatenation has no matrix shape
+    fuses = False  # it factors each matrix: a concatenation has no matrix shape...
+    fuses_named_parts = True  # ...but a bucket's matrices share each round (``parts``)
     allreduce_compatible = True
     needs_error_feedback = True
     keeps_state = True
@@ -159,11 +161,14 @@ class PowerSGDCompressor(Compressor):
         q = torch.randn(num_cols, self.config.rank, generator=generator, dtype=torch.float64)
         return _orthogonalize(q).to(dtype)
 
-    def _warm_q(self, name: str, x: torch.Tensor, num_cols: int, dtype: torch.dtype) -> torch.Tensor:
-        """The Q kept for ``name``, or its initial one when there is none or ``x`` changed shape, dtype or device."""
-        shape, q = self._q_memory.get(name, (None, None))
-        if q is None or shape != x.shape or q.dtype != dtype or q.device != x.device:
-            q = self.initial_q(name, num_cols, dtype).to(x.device)
+    def _warm_q(
+        self, name: str, shape: torch.Size, device: torch.device, num_cols: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The Q kept for ``name``, or its initial one when there is none or the tensor changed
+        shape, dtype or device."""
+        kept_shape, q = self._q_memory.get(name, (None, None))
+        if q is None or kept_shape != shape or q.dtype != dtype or q.device != device:
+            q = self.initial_q(name, num_cols, dtype).to(device)
         return q
 
     def compress(self, x: torch.Tensor, *, name: str = "", step: int = 0) -> Compressed:
@@ -171,7 +176,7 @@ class PowerSGDCompressor(Compressor):
         if dims is None:
             return Compressed((x.contiguous(),), x.shape)
         matrix = x.reshape(dims).to(compute_dtype(x.dtype)).contiguous()
-        q = self._warm_q(name, x, dims[1], matrix.dtype)
+        q = self._warm_q(name, x.shape, x.device, dims[1], matrix.dtype)
         p = _orthogonalize(matrix @ q)
         q = matrix.T @ p
         self._keep_q(name, x.shape, q)
@@ -193,6 +198,7 @@ class PowerSGDCompressor(Compressor):
         step: int = 0,
         out: torch.Tensor | None = None,
         scale: float = 1.0,
+        parts: Parts | None = None,
     ) -> torch.Tensor:
         """Rank-r approximation of the sum over ranks of ``x`` (steps 1-4 of the module docstring).
 
@@ -209,16 +215,21 @@ class PowerSGDCompressor(Compressor):
             out: Where to write the result (x's shape and dtype; may be ``x``); None: a new tensor.
             scale: Approximate the sum of ``scale * x``: P is orthonormalized, so only the (m, r)
                 factor Q carries the scale (no pass over x).
+            parts: ``x`` (1-D) concatenates these (name, shape) tensors: each is approximated as
+                when synced alone under its name (the same P, Q, warm start), and the rounds are
+                shared: one allreduce of the parts sent as they are, one of every P, one of every Q.
 
         Returns:
             ``out``, or a new tensor of x's shape and dtype; the same on every rank.
         """
+        if parts is not None:
+            return await self._fused_sync(x, all_reduce, parts, out, scale)
         dims = self.matrix_shape(x.shape)
         if dims is None:
             summed = await all_reduce(x.contiguous() if scale == 1.0 else x * scale)
             return summed if out is None or summed is out else out.copy_(summed.view(out.shape))
         matrix = x.reshape(dims).to(compute_dtype(x.dtype)).contiguous()
-        q = self._warm_q(name, x, dims[1], matrix.dtype)
+        q = self._warm_q(name, x.shape, x.device, dims[1], matrix.dtype)
         # Step 1: P = sum over ranks of M Q, sent in the input dtype.
         p = (await all_reduce((matrix @ q).to(x.dtype))).to(matrix.dtype)
         # Step 2: orthonormal columns.
@@ -235,6 +246,57 @@ class PowerSGDCompressor(Compressor):
             return out
         approx = (p @ q.T).to(x.dtype).view(x.shape)
         return approx if out is None else out.copy_(approx)
+
+    async def _fused_sync(
+        self, x: torch.Tensor, all_reduce: AllReduce, parts: Parts, out: torch.Tensor | None, scale: float
+    ) -> torch.Tensor:
+        """``allreduce_sync`` of a concatenation: steps 1-4 for every matrix at once, three rounds."""
+        sizes = [math.prod(shape) for _, shape in parts]
+        if x.dim() != 1 or sum(sizes) != x.numel():
+            raise ValueError(
+                f"powersgd: parts {[tuple(s) for _, s in parts]} do not make up x of shape {tuple(x.shape)}"
+            )
+        target = torch.empty_like(x) if out is None else out
+        pieces = list(zip(parts, x.split(sizes), target.view(-1).split(sizes), strict=True))
+        compute = compute_dtype(x.dtype)
+        matrices = [
+            (name, shape, dims, piece.reshape(dims).to(compute), into)
+            for (name, shape), piece, into in pieces
+            if (dims := self.matrix_shape(shape)) is not None
+        ]
+        # The parts sent as they are (biases), in one round; scaled here (they are small).
+        plain = [(piece, into) for (_, shape), piece, into in pieces if self.matrix_shape(shape) is None]
+        if plain:
+            summed = await all_reduce(torch.cat([piece for piece, _ in plain]) * scale)
+            for (_, into), part in zip(plain, summed.split([p.numel() for p, _ in plain]), strict=True):
+                into.copy_(part)
+        if not matrices:
+            return target
+        # Step 1: every P = M Q in one round.
+        qs = [self._warm_q(name, shape, x.device, dims[1], m.dtype) for name, shape, dims, m, _ in matrices]
+        local_p = torch.cat([(m @ q).reshape(-1) for (_, _, _, m, _), q in zip(matrices, qs, strict=True)])
+        p_sizes = [dims[0] * self.config.rank for _, _, dims, _, _ in matrices]
+        p_all = (await all_reduce(local_p.to(x.dtype))).to(compute)
+        # Step 2: orthonormal columns, matrix by matrix.
+        ps = [
+            _orthogonalize(p.view(dims[0], self.config.rank))
+            for p, (_, _, dims, _, _) in zip(p_all.split(p_sizes), matrices, strict=True)
+        ]
+        # Step 3: every Q = M^T P in one round; the warm starts of the next step.
+        local_q = torch.cat([(m.T @ p).reshape(-1) for (_, _, _, m, _), p in zip(matrices, ps, strict=True)])
+        if scale != 1.0:
+            local_q.mul_(scale)
+        q_sizes = [dims[1] * self.config.rank for _, _, dims, _, _ in matrices]
+        q_all = (await all_reduce(local_q.to(x.dtype))).to(compute)
+        # Step 4: each rank-r approximation into its part of the output.
+        for (name, shape, dims, _, into), p, q in zip(matrices, ps, q_all.split(q_sizes), strict=True):
+            q = q.view(dims[1], self.config.rank)
+            self._keep_q(name, shape, q)
+            if into.dtype == p.dtype:
+                torch.matmul(p, q.T, out=into.view(dims))
+            else:
+                into.copy_((p @ q.T).reshape(-1))
+        return target
 
     def payload_bytes(
         self, numel: int, dtype: torch.dtype = torch.float32, *, shape: Sequence[int] | None = None

@@ -189,12 +189,14 @@ class Decider:
         if strategy.kind == "compress":
             assert strategy.compressor is not None
             collective = self.config.compressed_scheme
-            compressor = self.memory.compressed_sync(strategy.compressor, collective).compressor
+            sync = self.memory.compressed_sync(strategy.compressor, collective)
             # Elementwise and selecting compressors take the whole bucket as one vector (one
             # compression, one collective, one residual, which the executor regroups by parameter
-            # name when DDP rebuilds its buckets); PowerSGD factors each matrix on its own.
-            fusion = "bucket" if compressor.fuses else name
-            return Decision.compressed(strategy.compressor, collective, self._level(), fusion=fusion)
+            # name when DDP rebuilds its buckets); PowerSGD factors each matrix of the bucket on
+            # its own, all in the same rounds (flat allreduce only).
+            level = self._level()
+            fusion = "bucket" if sync.fuses(hierarchical=level == "hier") else name
+            return Decision.compressed(strategy.compressor, collective, level, fusion=fusion)
         plan = strategy.plan
         if plan is None or not plan.has(name):
             if plan is not None and not self._plan_warned:

@@ -235,9 +235,13 @@ class BucketExecutor:
             flat = span if span is not None else torch.cat([v.reshape(-1) for v in views])
         if sync.error_feedback:
             sync.worker_memory.regroup(ef_name, tuple((n, v.numel()) for n, v in zip(names, views, strict=True)))
+        # A compressor that works part by part (PowerSGD) learns each part's name and shape.
+        parts = None
+        if len(views) > 1 and not sync.compressor.fuses:
+            parts = tuple((n, v.shape) for n, v in zip(names, views, strict=True))
         with transport.recording(log), transport.phase("compressed"):
             summed = await sync.sync_async(
-                flat, transport, name=ef_name, step=step, hierarchy=levels, out=span, scale=scale
+                flat, transport, name=ef_name, step=step, hierarchy=levels, out=span, scale=scale, parts=parts
             )
         if span is None:
             for out, part in zip(views, summed.reshape(-1).split([v.numel() for v in views]), strict=True):

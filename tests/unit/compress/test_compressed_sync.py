@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from zensync.compress import COMPRESSED_SCHEMES, CompressedSync, build, hierarchy
-from zensync.transport import SimulatedWorld
+from zensync.transport import SimulatedWorld, TrafficLog
 
 SHAPE = (37, 5)
 """Neither dimension divides by the world sizes used, so chunks and shards are uneven."""
@@ -319,3 +319,52 @@ def test_auto_scheme_and_memory_report() -> None:
     chunks = torch.zeros(numel).tensor_split(n)
     for rank, nbytes in enumerate(per_rank):
         assert nbytes == 4 * (numel + chunks[rank].numel())  # worker residual + its chunk's server residual
+
+
+_PARTS = (("a.weight", torch.Size([8, 6])), ("a.bias", torch.Size([6])), ("b.weight", torch.Size([5, 7])))
+
+
+@pytest.mark.parametrize("scale", [1.0, 1 / 3])
+def test_powersgd_over_a_concatenation_equals_each_part_alone(scale: float) -> None:
+    """PowerSGD given a bucket's concatenation and its parts approximates each part as when synced
+    alone under its name (same P, Q, warm start, residual), bit for bit, step after step; three
+    rounds in all (the bias, every P, every Q) instead of one per tensor and factor."""
+
+    def body(t):  # type: ignore[no-untyped-def]
+        fused = CompressedSync("powersgd:2", "allreduce")
+        alone = {name: CompressedSync("powersgd:2", "allreduce") for name, _ in _PARTS}
+        assert fused.fuses(hierarchical=False) and not fused.fuses(hierarchical=True)
+        results = []
+        for step in range(3):
+            gen = torch.Generator().manual_seed(100 * step + t.rank)
+            tensors = [torch.randn(shape, generator=gen) for _, shape in _PARTS]
+            flat = torch.cat([x.reshape(-1) for x in tensors])
+            log = TrafficLog()
+            with t.recording(log):
+                got = fused.sync(flat, t, name="fused:a.bias", step=step, scale=scale, parts=_PARTS)
+            rounds = sum(phase.collectives for phase in log.phases.values())
+            expected = [
+                alone[name].sync(x, t, name=name, step=step, scale=scale).reshape(-1)
+                for (name, _), x in zip(_PARTS, tensors, strict=True)
+            ]
+            results.append((got, torch.cat(expected), rounds))
+        residual = fused.worker_memory.residual("fused:a.bias")
+        residuals = torch.cat([alone[name].worker_memory.residual(name).reshape(-1) for name, _ in _PARTS])
+        return results, residual, residuals
+
+    for results, residual, residuals in SimulatedWorld(3).run(body):
+        for got, expected, rounds in results:
+            assert torch.equal(got, expected)
+            assert rounds == 3
+        assert torch.equal(residual, residuals)
+
+
+def test_parts_are_refused_where_nothing_syncs_them_part_by_part() -> None:
+    def body(t):  # type: ignore[no-untyped-def]
+        flat = torch.zeros(sum(s.numel() for _, s in _PARTS))
+        for scheme, levels in (("allreduce", hierarchy(t, 2)), ("allgather", None)):
+            with pytest.raises(ValueError, match="does not sync a concatenation part by part"):
+                CompressedSync("powersgd:2", scheme).sync(flat, t, name="w", step=0, hierarchy=levels, parts=_PARTS)
+        return True
+
+    assert SimulatedWorld(4).run(body) == [True] * 4

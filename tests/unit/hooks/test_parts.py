@@ -131,7 +131,8 @@ def test_decider_compressor_strategy_compresses_what_would_go_dense() -> None:
     assert ef[0] == Decision.sparse("zen")  # naturally sparse: Zen
     assert ef[1] == Decision.compressed("topk:0.01", "auto", "flat", fusion="bucket")  # top-k fuses the bucket
     matrices = _decider("powersgd:2").decide(0, ["emb", "fc"], views, totals, [0, 0], 4, GBIT)
-    assert matrices[1] == Decision.compressed("powersgd:2", "auto", "flat", fusion="fc")  # PowerSGD: per matrix
+    # PowerSGD on the flat allreduce: the bucket, part by part (each matrix its own P and Q, shared rounds).
+    assert matrices[1] == Decision.compressed("powersgd:2", "auto", "flat", fusion="bucket")
     fused = _decider("fp16").decide(0, ["emb", "fc"], None, [], [], 4, None)  # skipped detection
     assert fused == [Decision.compressed("fp16", "auto", "flat", fusion="bucket")] * 2  # casts fuse too
     assert _decider("fp16", warmup_steps=2).decide(1, ["fc"], None, [], [], 4, None) == [DENSE]  # warm-up

@@ -71,7 +71,9 @@ class AllReduceCollective(CompressedCollective):
             return summed.view(t.shape)
 
         start = time.perf_counter()
-        summed = await codec.compressor.allreduce_sync(x, all_reduce, name=name, step=step, out=out, scale=scale)
+        summed = await codec.compressor.allreduce_sync(
+            x, all_reduce, name=name, step=step, out=out, scale=scale, parts=codec.parts
+        )
         # The compressor's own passes (fp16's casts, PowerSGD's products), its rounds' waits apart.
         transport.note_time("codec", time.perf_counter() - start - waited_s)
         return summed, None

@@ -28,7 +28,7 @@ from typing import ClassVar, Literal, get_args
 
 import torch
 
-from zensync.compress.base import Compressed, Compressor, sum_in_rank_order
+from zensync.compress.base import Compressed, Compressor, Parts, sum_in_rank_order
 from zensync.compress.error_feedback import ErrorFeedback
 from zensync.transport import Transport
 from zensync.transport.packing import ByteReader
@@ -67,6 +67,9 @@ class Codec:
 
     compressor: Compressor
     server_memory: ErrorFeedback | None
+    parts: Parts | None = None
+    """The (name, shape) of each tensor a fused 1-D input concatenates, for compressors that
+    compress part by part (``Compressor.fuses_named_parts``; the allreduce scheme passes them on)."""
 
     def roundtrip(self, x: torch.Tensor, name: str, step: int) -> torch.Tensor:
         """decompress(compress(x)): what one rank alone transmits."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from zensync.compress.base import Compressed, Compressor, all_finite, build
+from zensync.compress.base import Compressed, Compressor, Parts, all_finite, build
 from zensync.compress.collectives.base import COMPRESSED_SCHEMES, Codec, Own, build_collective
 from zensync.compress.collectives.two_level import Hierarchy, two_level
 from zensync.compress.error_feedback import ErrorFeedback
@@ -86,11 +86,20 @@ class CompressedSync:
         hierarchy: Hierarchy | None = None,
         out: torch.Tensor | None = None,
         scale: float = 1.0,
+        parts: Parts | None = None,
     ) -> torch.Tensor:
         """``sync_async`` driven to completion on this thread (the blocking form)."""
         return transport.run(
-            self.sync_async(x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale)
+            self.sync_async(x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale, parts=parts)
         )
+
+    def fuses(self, *, hierarchical: bool) -> bool:
+        """Whether several tensors are synced as one 1-D concatenation (the DDP hook's bucket): the
+        compressor's own operation on the longer vector (``Compressor.fuses``), or part by part on
+        the flat allreduce (``Compressor.fuses_named_parts``, with ``sync_async(parts=...)``)."""
+        if self.compressor.fuses:
+            return True
+        return self.compressor.fuses_named_parts and self.scheme == "allreduce" and not hierarchical
 
     def folds_scale(self, *, hierarchical: bool) -> bool:
         """Whether ``sync_async(scale=...)`` applies the scale with no pass of its own over x: error
@@ -111,6 +120,7 @@ class CompressedSync:
         hierarchy: Hierarchy | None = None,
         out: torch.Tensor | None = None,
         scale: float = 1.0,
+        parts: Parts | None = None,
     ) -> torch.Tensor:
         """Sum over ranks of the compressed ``scale * x`` (a new tensor of x's shape and dtype, or ``out``).
 
@@ -131,6 +141,8 @@ class CompressedSync:
                 world size). PowerSGD folds it into its small factor and keeps its residuals in x's
                 units; the other error-feedback compressors compensate ``scale * x`` and keep them
                 in its units (those of the averaged gradient, as when the caller divides first).
+            parts: ``x`` (1-D) concatenates these (name, shape) tensors, which a compressor with
+                ``fuses_named_parts`` compresses part by part on the flat allreduce (``fuses``).
 
         Returns:
             The sum (``out`` when given), the same on every rank.
@@ -140,12 +152,22 @@ class CompressedSync:
                 f"scale={scale}: {self.compressor.spec()!r} over {self.scheme!r}"
                 f"{' two-level' if hierarchy is not None else ''} does not fold a scale (see folds_scale)"
             )
+        if parts is not None and not self.fuses(hierarchical=hierarchy is not None):
+            raise ValueError(
+                f"parts: {self.compressor.spec()!r} over {self.scheme!r}"
+                f"{' two-level' if hierarchy is not None else ''} does not sync a concatenation part by part "
+                f"(see fuses)"
+            )
         if not (self.error_feedback or self.compressor.keeps_state):
-            return await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale)
+            return await self._run(
+                x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale, parts=parts
+            )
         keep = False
         self._begin_step()
         try:
-            summed = await self._run(x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale)
+            summed = await self._run(
+                x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale, parts=parts
+            )
             # Step 4. host-device sync; the same output, so the same decision, on every rank.
             with transport.timed("finite_check"):
                 keep = bool(all_finite(summed))
@@ -163,6 +185,7 @@ class CompressedSync:
         hierarchy: Hierarchy | None,
         out: torch.Tensor | None,
         scale: float,
+        parts: Parts | None,
     ) -> torch.Tensor:
         """Steps 1-3 of ``sync_async``."""
         # Step 1: add the residual (to scale * x, unless the collective folds the scale itself).
@@ -176,7 +199,7 @@ class CompressedSync:
         else:
             compensated = x
         # Step 2: the registered collective, flat or two-level.
-        codec = Codec(self.compressor, self.server_memory if self.error_feedback else None)
+        codec = Codec(self.compressor, self.server_memory if self.error_feedback else None, parts)
         if hierarchy is None:
             summed, own = await self.collective.reduce(
                 compensated, transport, codec, name=name, step=step, want_own=self.error_feedback, out=out, scale=scale
