@@ -230,7 +230,9 @@ def _missing_plan_worker(rank: int, world_size: int, missing: str, present: str)
 
 
 class TestTwoLevelAndErrors:
-    world_size = [4]
+    world_size = [
+        slow_world(4)
+    ]  # two nodes of two ranks; 17 s, in the slow tier (.ci/run) to keep the README's run fast
 
     def test_two_level_ranks_identical(self, world_size: int, tmp_path: Any) -> None:
         results = launch(_two_level_worker, world_size, (), tmp_path)

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.distributed._launch import free_port
 
 SCRIPT = textwrap.dedent(
@@ -47,6 +49,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 13-15 s of process start-up: in the slow tier that .ci/run runs after the README's command
 def test_torchrun_two_processes(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
