@@ -235,9 +235,10 @@ class BucketExecutor:
             flat = span if span is not None else torch.cat([v.reshape(-1) for v in views])
         if sync.error_feedback:
             sync.worker_memory.regroup(ef_name, tuple((n, v.numel()) for n, v in zip(names, views, strict=True)))
-        # A compressor that works part by part (PowerSGD) learns each part's name and shape.
+        # A compressor that works part by part (PowerSGD on the flat allreduce) learns each part's
+        # name and shape; elsewhere (a plan's two-level group) it sees the concatenation, as before.
         parts = None
-        if len(views) > 1 and not sync.compressor.fuses:
+        if len(views) > 1 and not sync.compressor.fuses and sync.fuses(hierarchical=levels is not None):
             parts = tuple((n, v.shape) for n, v in zip(names, views, strict=True))
         with transport.recording(log), transport.phase("compressed"):
             summed = await sync.sync_async(
