@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -53,6 +54,18 @@ from zensync.compress.base import (
 )
 
 __all__ = ["PowerSGDCompressor"]
+
+
+class _MatrixPart(NamedTuple):
+    """One matrix of a concatenation PowerSGD syncs part by part (``allreduce_sync(parts=...)``)."""
+
+    name: str
+    shape: torch.Size
+    dims: tuple[int, int]
+    matrix: torch.Tensor
+    """The (n, m) view of the part in the compute dtype."""
+    into: torch.Tensor
+    """Its stretch of the output."""
 
 
 def _orthogonalize(matrix: torch.Tensor) -> torch.Tensor:
@@ -257,15 +270,16 @@ class PowerSGDCompressor(Compressor):
                 f"powersgd: parts {[tuple(s) for _, s in parts]} do not make up x of shape {tuple(x.shape)}"
             )
         target = torch.empty_like(x) if out is None else out
-        pieces = list(zip(parts, x.split(sizes), target.view(-1).split(sizes), strict=True))
-        compute = compute_dtype(x.dtype)
-        matrices = [
-            (name, shape, dims, piece.reshape(dims).to(compute), into)
-            for (name, shape), piece, into in pieces
-            if (dims := self.matrix_shape(shape)) is not None
-        ]
+        compute, rank = compute_dtype(x.dtype), self.config.rank
+        matrices: list[_MatrixPart] = []
+        plain: list[tuple[torch.Tensor, torch.Tensor]] = []  # (piece, its output): sent as they are
+        for (name, shape), piece, into in zip(parts, x.split(sizes), target.view(-1).split(sizes), strict=True):
+            dims = self.matrix_shape(shape)
+            if dims is None:
+                plain.append((piece, into))
+            else:
+                matrices.append(_MatrixPart(name, shape, dims, piece.reshape(dims).to(compute), into))
         # The parts sent as they are (biases), in one round; scaled here (they are small).
-        plain = [(piece, into) for (_, shape), piece, into in pieces if self.matrix_shape(shape) is None]
         if plain:
             summed = await all_reduce(torch.cat([piece for piece, _ in plain]) * scale)
             for (_, into), part in zip(plain, summed.split([p.numel() for p, _ in plain]), strict=True):
@@ -273,29 +287,26 @@ class PowerSGDCompressor(Compressor):
         if not matrices:
             return target
         # Step 1: every P = M Q in one round.
-        qs = [self._warm_q(name, shape, x.device, dims[1], m.dtype) for name, shape, dims, m, _ in matrices]
-        local_p = torch.cat([(m @ q).reshape(-1) for (_, _, _, m, _), q in zip(matrices, qs, strict=True)])
-        p_sizes = [dims[0] * self.config.rank for _, _, dims, _, _ in matrices]
+        qs = [self._warm_q(m.name, m.shape, x.device, m.dims[1], compute) for m in matrices]
+        local_p = torch.cat([(m.matrix @ q).reshape(-1) for m, q in zip(matrices, qs, strict=True)])
         p_all = (await all_reduce(local_p.to(x.dtype))).to(compute)
         # Step 2: orthonormal columns, matrix by matrix.
-        ps = [
-            _orthogonalize(p.view(dims[0], self.config.rank))
-            for p, (_, _, dims, _, _) in zip(p_all.split(p_sizes), matrices, strict=True)
-        ]
+        p_parts = p_all.split([m.dims[0] * rank for m in matrices])
+        ps = [_orthogonalize(p.view(m.dims[0], rank)) for p, m in zip(p_parts, matrices, strict=True)]
         # Step 3: every Q = M^T P in one round; the warm starts of the next step.
-        local_q = torch.cat([(m.T @ p).reshape(-1) for (_, _, _, m, _), p in zip(matrices, ps, strict=True)])
+        local_q = torch.cat([(m.matrix.T @ p).reshape(-1) for m, p in zip(matrices, ps, strict=True)])
         if scale != 1.0:
             local_q.mul_(scale)
-        q_sizes = [dims[1] * self.config.rank for _, _, dims, _, _ in matrices]
         q_all = (await all_reduce(local_q.to(x.dtype))).to(compute)
         # Step 4: each rank-r approximation into its part of the output.
-        for (name, shape, dims, _, into), p, q in zip(matrices, ps, q_all.split(q_sizes), strict=True):
-            q = q.view(dims[1], self.config.rank)
-            self._keep_q(name, shape, q)
-            if into.dtype == p.dtype:
-                torch.matmul(p, q.T, out=into.view(dims))
+        q_parts = q_all.split([m.dims[1] * rank for m in matrices])
+        for m, p, q in zip(matrices, ps, q_parts, strict=True):
+            q = q.view(m.dims[1], rank)
+            self._keep_q(m.name, m.shape, q)
+            if m.into.dtype == p.dtype:
+                torch.matmul(p, q.T, out=m.into.view(m.dims))
             else:
-                into.copy_((p @ q.T).reshape(-1))
+                m.into.copy_((p @ q.T).reshape(-1))
         return target
 
     def payload_bytes(

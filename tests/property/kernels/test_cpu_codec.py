@@ -233,7 +233,7 @@ def test_sign_residual_matches_reference(x: torch.Tensor, seed: int, many_chunks
     dtype=st.sampled_from([torch.float32, torch.float64]),
     index_dtype=st.sampled_from([torch.int32, torch.int64]),
 )
-def test_index_add_matches_a_float64_loop(
+def test_index_add_matches_an_in_order_loop(
     numel: int, pairs: int, seed: int, dtype: torch.dtype, index_dtype: torch.dtype
 ) -> None:
     """Each value added at its index, in order, into what ``out`` held (duplicates summed in order)."""
