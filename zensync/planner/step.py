@@ -1,0 +1,266 @@
+"""A training step predicted from what its own group measured (``zensync.profiling.profile_group``).
+
+The planner's default inputs describe one idle process and the cluster's nominal links. A step runs
+every rank at once: ranks that share a machine slow each other's compute, the links deliver what the
+collective library gets out of them, and each compressor costs what it costs at the buckets' real
+sizes, on those shared cores. ``StepProfile`` holds those inputs as the group measured them, in a
+separate calibration run:
+
+- ``profile``: forward, backward and per-parameter ready times, every rank running at once;
+- ``other_s``: the rest of the step (optimizer, zeroing the gradients), which no sync overlaps;
+- ``buckets``: DDP's buckets (parameter names), the units the hook syncs and compresses;
+- ``allreduce`` and ``allgather``: alpha (s per collective) and beta (bytes/s) of each, fitted to
+  timed collectives of the group (``latency_s + volume * nbytes / bandwidth``, the volumes of
+  ``zensync.cost.collectives``);
+- ``round_s``: one small all-gather, what the hook's per-step agreement check adds to the comm stream;
+- ``compressor_costs``: each compressor's local work before the first collective (``compress``:
+  error feedback's compensation, the encode) and after it (``decompress``: the decode of every
+  rank's payload, the residual, the finite check), fitted per element.
+
+``predict_step`` runs the planner's timeline simulator on them for one strategy, with DDP's buckets as
+the fusion groups; ``choose_compression`` is "auto"'s choice among compressors on a dense model. In
+the planner's vocabulary the training device's own stream is "gpu" (where compression delays later
+gradients), also when the training device is a CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from zensync.cost import FP16_MODEL, FP32_MODEL, AffineCost, CompressorModel, compressor_model
+from zensync.planner.cluster import ClusterSpec
+from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption
+from zensync.planner.profile import ModelProfile
+from zensync.planner.simulator import SimResult, Strategy, Unit, price_units, simulate_units
+
+__all__ = [
+    "STEP_PROFILE_VERSION",
+    "AutoChoice",
+    "LinkFit",
+    "StepPrediction",
+    "StepProfile",
+    "choose_compression",
+    "predict_step",
+]
+
+STEP_PROFILE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LinkFit:
+    """One collective's alpha-beta: ``latency_s + volume * nbytes / bandwidth_bytes_per_s``."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    sizes: tuple[int, ...] = ()
+    """Bytes per rank of the timed calls."""
+    seconds: tuple[float, ...] = ()
+    """Their median times (mean over ranks)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class StepProfile:
+    """What ``profile_group`` measured (module docstring); JSON via ``to_json`` / ``from_json``."""
+
+    profile: ModelProfile
+    world_size: int
+    other_s: float
+    buckets: tuple[tuple[str, ...], ...]
+    """DDP's buckets in the order they become ready, each its parameters' names (no ``module.``)."""
+    allreduce: LinkFit
+    allgather: LinkFit
+    round_s: float
+    compressor_costs: Mapping[str, Mapping[str, Mapping[str, float]]]
+    """spec -> {"gpu_compress"/"gpu_decompress": ``AffineCost`` fields}: the training device's stream."""
+
+    def __post_init__(self) -> None:
+        names = {t.name for t in self.profile.tensors}
+        bucketed = [n for b in self.buckets for n in b]
+        if sorted(bucketed) != sorted(names):
+            raise ValueError(
+                f"StepProfile: the buckets hold {len(bucketed)} names and the profile {len(names)} tensors; "
+                f"every profiled tensor must be in exactly one bucket"
+            )
+        if self.world_size < 1 or self.other_s < 0 or self.round_s < 0:
+            raise ValueError(
+                f"StepProfile: world_size={self.world_size} must be >= 1, other_s={self.other_s} and "
+                f"round_s={self.round_s} >= 0"
+            )
+
+    def compressor(self, spec: str) -> CompressorModel:
+        """The compressor's model with the costs measured here (fp32: free; the others need a measurement)."""
+        if spec in ("fp32", "none"):
+            return FP32_MODEL
+        key = FP16_MODEL.spec if spec == "fp16" else compressor_model(spec).spec
+        costs = self.compressor_costs.get(key)
+        if costs is None:
+            raise ValueError(
+                f"StepProfile has no measured costs for {spec!r}; measured: {', '.join(sorted(self.compressor_costs))}"
+            )
+        fits: dict[str, Any] = {name: AffineCost(**fit) for name, fit in costs.items()}  # type: ignore[arg-type]
+        if key == FP16_MODEL.spec:
+            return dataclasses.replace(FP16_MODEL, **fits)
+        return compressor_model(spec, fits)
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {
+            "version": STEP_PROFILE_VERSION,
+            "profile": json.loads(self.profile.to_json()),
+            "world_size": self.world_size,
+            "other_s": self.other_s,
+            "buckets": [list(b) for b in self.buckets],
+            "allreduce": dataclasses.asdict(self.allreduce),
+            "allgather": dataclasses.asdict(self.allgather),
+            "round_s": self.round_s,
+            "compressor_costs": {k: {n: dict(f) for n, f in v.items()} for k, v in self.compressor_costs.items()},
+        }
+        return json.dumps(data, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> StepProfile:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("version") != STEP_PROFILE_VERSION:
+            raise ValueError(f"not a step profile of version {STEP_PROFILE_VERSION}")
+        return cls(
+            profile=ModelProfile.from_dict(data["profile"], what="step profile", field="profile"),
+            world_size=int(data["world_size"]),
+            other_s=float(data["other_s"]),
+            buckets=tuple(tuple(b) for b in data["buckets"]),
+            allreduce=_link(data["allreduce"]),
+            allgather=_link(data["allgather"]),
+            round_s=float(data["round_s"]),
+            compressor_costs=data["compressor_costs"],
+        )
+
+
+def _link(data: Mapping[str, Any]) -> LinkFit:
+    return LinkFit(
+        latency_s=float(data["latency_s"]),
+        bandwidth_bytes_per_s=float(data["bandwidth_bytes_per_s"]),
+        sizes=tuple(int(s) for s in data.get("sizes", ())),
+        seconds=tuple(float(s) for s in data.get("seconds", ())),
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class StepPrediction:
+    """``predict_step``'s answer: the step and the simulated iteration it contains."""
+
+    spec: str
+    step_s: float
+    """Forward + backward with the sync + ``other_s``."""
+    result: SimResult
+
+
+def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPrediction:
+    """The step time of syncing every bucket with ``spec`` ("fp32", "fp16" or a compressor spec).
+
+    Steps:
+
+    1. one option for every tensor: the fp32 or fp16 allreduce, or the compressor over its scheme
+       (allreduce when its payloads sum, else allgather), on the training device's stream, flat;
+       DDP's buckets are the fusion groups (the hook compresses a bucket as one vector);
+    2. price the groups with the measured compressor costs, on a cluster whose one link is the
+       collective's measured alpha-beta (allreduce's for allreduce schemes, allgather's otherwise);
+    3. ``hooked``: the zensync hook's agreement round joins the comm stream when the first bucket is
+       ready, ahead of it (its collectives wait for it);
+    4. simulate; the step adds ``other_s``.
+
+    Args:
+        step: The group's measurements.
+        spec: "fp32", "fp16" or a compressor spec measured in ``step`` (``"topk:0.01"``).
+        hooked: Charge the zensync hook's per-step round (False: torch's own hooks, or no hook).
+
+    Returns:
+        The ``StepPrediction``.
+
+    Raises:
+        ValueError: If ``spec`` was not measured, or its payloads are priced by matrix shape (PowerSGD).
+    """
+    # Step 1: the options and groups.
+    model = step.compressor(spec)
+    option: TensorOption
+    if spec in ("fp32", "none"):
+        option, link = FP32_OPTION, step.allreduce
+    elif spec == "fp16":
+        option, link = FP16_OPTION, step.allreduce
+    else:
+        summed = model.allreduce_compatible
+        option = TensorOption(kind="comp", scheme="ar" if summed else "ag", device="gpu", level="flat")
+        link = step.allreduce if summed else step.allgather
+    profile, groups = _bucket_order(step.profile, step.buckets)
+    strategy = Strategy(options=(option,) * len(groups), groups=groups)
+    # Step 2: price with the measured link.
+    cluster = ClusterSpec(
+        nodes=step.world_size,
+        gpus_per_node=1,
+        intra_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+        inter_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+        inter_latency_s=link.latency_s,
+    )
+    fp16 = step.compressor("fp16") if spec == "fp16" else FP16_MODEL
+    units = price_units(profile, cluster, model, strategy, fp16_model=fp16)
+    # Step 3: the agreement round, ahead of the first bucket.
+    if hooked and step.world_size > 1:
+        first = units[0]
+        units.insert(0, Unit(label="agreement", ready_s=first.ready_s, stages=(("comm", step.round_s),)))
+    # Step 4: the timeline.
+    result = simulate_units(units, forward_s=profile.forward_s, backward_s=profile.backward_s)
+    return StepPrediction(spec=spec, step_s=result.iteration_s + step.other_s, result=result)
+
+
+def _bucket_order(profile: ModelProfile, buckets: Sequence[Sequence[str]]) -> tuple[ModelProfile, tuple[int, ...]]:
+    """The profile with each bucket's tensors next to each other, and the group id of each tensor.
+
+    Buckets are ordered by when their last gradient is ready (when DDP hands them to the hook), their
+    tensors by ready time; a tensor's ready time becomes the running maximum, so that a bucket is
+    ready when its last tensor is, as ``price_units`` takes it.
+    """
+    ready = {t.name: t for t in profile.tensors}
+    ranked = sorted(buckets, key=lambda b: (max(ready[n].ready_s for n in b), min(ready[n].ready_s for n in b)))
+    tensors, groups, latest = [], [], 0.0
+    for g, bucket in enumerate(ranked):
+        for name in sorted(bucket, key=lambda n: ready[n].ready_s):
+            latest = max(latest, ready[name].ready_s)
+            tensors.append(dataclasses.replace(ready[name], ready_s=latest))
+            groups.append(g)
+    return dataclasses.replace(profile, tensors=tuple(tensors)), tuple(groups)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AutoChoice:
+    """``choose_compression``'s answer: the spec ("fp32": no compression) and every candidate's prediction."""
+
+    spec: str
+    predicted_s: Mapping[str, float]
+    """Predicted step time of "fp32" and of every candidate, seconds."""
+
+    @property
+    def step_s(self) -> float:
+        """The chosen spec's predicted step time."""
+        return self.predicted_s[self.spec]
+
+
+def choose_compression(step: StepProfile, candidates: Sequence[str], *, margin: float = 0.0) -> AutoChoice:
+    """The candidate ``predict_step`` (hooked) predicts fastest, or "fp32" when none pays.
+
+    A compressor is chosen only if predicted more than ``margin`` (a fraction) faster than the fp32
+    allreduce, also through the hook: a prediction within the model's error of dense is not worth a
+    lossy gradient. Ties go to the earlier candidate. Deterministic: ranks holding the same profile
+    choose the same.
+
+    Raises:
+        ValueError: If a candidate has no measured costs in ``step``, or ``margin`` < 0.
+    """
+    if margin < 0:
+        raise ValueError(f"margin={margin} must be >= 0 (a fraction of the dense step)")
+    predicted = {"fp32": predict_step(step, "fp32").step_s}
+    for spec in candidates:
+        predicted[spec] = predict_step(step, spec).step_s
+    best = min(candidates, key=lambda s: predicted[s], default="fp32")
+    if best == "fp32" or predicted[best] * (1.0 + margin) >= predicted["fp32"]:
+        best = "fp32"
+    return AutoChoice(spec=best, predicted_s=predicted)
