@@ -16,7 +16,15 @@ Example::
 
 from __future__ import annotations
 
-from zensync.compress.base import Compressed, Compressor, build, compressor_names, parse_spec, register_compressor
+from zensync.compress.base import (
+    Compressed,
+    Compressor,
+    all_finite,
+    build,
+    compressor_names,
+    parse_spec,
+    register_compressor,
+)
 from zensync.compress.cast import BF16Compressor, FP16Compressor, IdentityCompressor
 from zensync.compress.collectives import (
     COMPRESSED_SCHEMES,
@@ -59,6 +67,7 @@ __all__ = [
     "SignSGDCompressor",
     "TernGradCompressor",
     "TopKCompressor",
+    "all_finite",
     "build",
     "build_collective",
     "collective_names",

@@ -1,0 +1,333 @@
+"""Measuring a step's inputs inside the group that trains: every rank at once, on its own links.
+
+``profile_group`` is collective (every rank calls it, with the same arguments) and returns the same
+``zensync.planner.StepProfile`` on every rank. Every time in it is the slowest rank's (the elementwise
+maximum over ranks, which is exact): a collective completes when its last rank arrives, so that is
+what a step pays. Ready times, offsets inside the backward, are the mean over ranks as rank 0 holds
+it. It is the calibration run of ``zensync.planner.predict_step``; run it apart from the steps it
+predicts.
+
+Steps:
+
+1. compute: a copy of the DDP model with the same buckets and a hook that communicates nothing
+   runs ``iterations`` steps on every rank at once (after ``warmup``); forward, backward (with the
+   per-parameter ready times and DDP's bucket copies) and the rest of the step (zeroing the
+   gradients, the optimizer) are timed, and DDP's buckets recorded;
+2. the links: allreduces up to the largest bucket and allgathers of compressed-payload sizes, each
+   size timed ``repeats`` times after a barrier; alpha-beta fitted per collective; one small
+   all-gather (the hook's agreement round) timed alone;
+3. each compressor's local work at each bucket's size (and a small size, for the fixed part), every
+   rank at once: ``compress`` is error feedback's compensation and the encode, ``decompress`` the
+   decode of every rank's payload into the bucket, the new residual and the finite check (what the
+   hook's ``CompressedSync`` does around its collective).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from zensync.compress import ErrorFeedback, all_finite, build
+from zensync.cost import compressor_model, fit_affine
+from zensync.planner import LinkFit, ModelProfile, StepProfile, TensorProfile
+from zensync.transport import GradBucket, TorchTransport, Transport
+
+__all__ = ["profile_group"]
+
+_SMALL_NUMEL = 2**16
+"""The small size each compressor is also timed at, for the fixed part of its cost."""
+_ALLREDUCE_BYTES = (4 * 1024, 256 * 1024, 4 * 1024 * 1024)
+_ALLGATHER_BYTES = (4 * 1024, 256 * 1024, 2 * 1024 * 1024)
+_ROUND_ELEMENTS = 3
+"""int64 per rank of the hook's agreement all-gather."""
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def profile_group(
+    ddp: nn.parallel.DistributedDataParallel,
+    make_batch: Callable[[], Batch],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    specs: Sequence[str] = (),
+    iterations: int = 6,
+    warmup: int = 2,
+    repeats: int = 5,
+    name: str = "model",
+    transport: Transport | None = None,
+) -> StepProfile:
+    """Measure the step's compute, links and compressor costs in this group (module docstring).
+
+    Args:
+        ddp: The model as it will train (its module is copied; ``ddp`` itself is not run or changed).
+        make_batch: Returns this rank's (inputs, targets) for one step.
+        loss_fn: (output, targets) -> scalar loss.
+        optimizer: Builds the step's optimizer from parameters (its step is part of ``other_s``).
+        specs: Compressor specs to time ("fp16", "topk:0.01", ...).
+        iterations: Timed steps of step 1 (after ``warmup`` untimed ones).
+        warmup: Untimed steps first (DDP rebuilds its buckets after the first).
+        repeats: Timed calls per collective size and per compressor operation.
+        name: Model name recorded in the profile.
+        transport: The group (default: ``ddp``'s process group).
+
+    Returns:
+        The ``StepProfile``, the same on every rank.
+
+    Raises:
+        ValueError: If ``iterations`` or ``repeats`` < 1, or a spec is invalid.
+    """
+    if iterations < 1 or repeats < 1 or warmup < 1:
+        raise ValueError(
+            f"iterations={iterations} and repeats={repeats} must be >= 1 and warmup={warmup} >= 1 "
+            f"(DDP settles its buckets in the first step)"
+        )
+    transport = transport or TorchTransport(ddp.process_group)
+    for spec in specs:  # a bad spec fails here, on every rank, before minutes of measuring
+        try:
+            build(spec)
+        except ValueError as exc:
+            raise ValueError(f"specs: {spec!r}: {exc}") from None
+    # Step 1: compute, and DDP's buckets.
+    profile, other_s, buckets = _compute(ddp, make_batch, loss_fn, optimizer, iterations, warmup, name, transport)
+    # Step 2: the links.
+    largest_bytes = max(_numel(profile, b) for b in buckets) * profile.dtype_bytes
+    n = transport.world_size
+    allreduce = _fit_link(transport, "allreduce", (*_ALLREDUCE_BYTES, largest_bytes), repeats, 2 * (n - 1) / n)
+    allgather = _fit_link(transport, "allgather", _ALLGATHER_BYTES, repeats, float(n - 1))
+    round_s = _median_s(transport, lambda: transport.all_gather(_round_payload()), repeats)
+    # Step 3: the compressors at the buckets' sizes.
+    sizes = sorted({_SMALL_NUMEL, *(_numel(profile, b) for b in buckets)})
+    costs = {_key(spec): _compressor_costs(transport, spec, sizes, repeats) for spec in specs}
+    return StepProfile(
+        profile=profile,
+        world_size=n,
+        other_s=other_s,
+        buckets=buckets,
+        allreduce=allreduce,
+        allgather=allgather,
+        round_s=round_s,
+        compressor_costs=costs,
+    )
+
+
+def _numel(profile: ModelProfile, bucket: Sequence[str]) -> int:
+    sizes = {t.name: t.numel for t in profile.tensors}
+    return sum(sizes[n] for n in bucket)
+
+
+def _key(spec: str) -> str:
+    return compressor_model(spec).spec
+
+
+def _round_payload() -> torch.Tensor:
+    return torch.zeros(_ROUND_ELEMENTS, dtype=torch.int64)
+
+
+# -- Step 1 ---------------------------------------------------------------------------------------------
+def _compute(
+    ddp: nn.parallel.DistributedDataParallel,
+    make_batch: Callable[[], Batch],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None,
+    iterations: int,
+    warmup: int,
+    name: str,
+    transport: Transport,
+) -> tuple[ModelProfile, float, tuple[tuple[str, ...], ...]]:
+    """Step 1: (profile, other_s, buckets), agreed over ranks."""
+    module = copy.deepcopy(ddp.module)
+    replica = nn.parallel.DistributedDataParallel(
+        module,
+        bucket_cap_mb=ddp.bucket_bytes_cap / 2**20,
+        process_group=ddp.process_group,
+        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+        find_unused_parameters=ddp.find_unused_parameters,
+    )
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    names = {id(p): n for n, p in params}
+    buckets: list[tuple[str, ...]] = []
+    marks: dict[str, float] = {}
+
+    def no_comm(_state: object, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buckets.append(tuple(names[id(p)] for p in bucket.parameters()))
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    # DDP compares the hook's annotations with the real types (this module's are strings).
+    no_comm.__annotations__ = {"_state": object, "bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    replica.register_comm_hook(None, no_comm)
+    handles = [p.register_post_accumulate_grad_hook(_marker(marks, n)) for n, p in params]
+    opt = optimizer(replica.parameters()) if optimizer is not None else None
+    ready: dict[str, list[float]] = {n: [] for n, _ in params}
+    forward, backward, other = [], [], []
+    try:
+        for it in range(warmup + iterations):
+            inputs, targets = make_batch()
+            buckets.clear()
+            transport.barrier()  # every rank computes at once, as in training
+            start = time.perf_counter()
+            replica.zero_grad(set_to_none=False)
+            zeroed = time.perf_counter()
+            loss = loss_fn(replica(inputs), targets)
+            backward_start = time.perf_counter()
+            marks.clear()
+            loss.backward()
+            backward_end = time.perf_counter()
+            if opt is not None:
+                opt.step()
+            end = time.perf_counter()
+            if it < warmup:
+                continue
+            forward.append(backward_start - zeroed)
+            backward.append(backward_end - backward_start)
+            other.append(end - backward_end + zeroed - start)
+            for n, t in marks.items():
+                ready[n].append(t - backward_start)
+    finally:
+        for handle in handles:
+            handle.remove()
+    ordered = sorted(ready)
+    mean_ready = [statistics.fmean(ready[n]) if ready[n] else 0.0 for n in ordered]
+    agreed = _agreed(transport, mean_ready)
+    forward_s, backward_s, other_s = (
+        statistics.fmean(_slowest(transport, times)) for times in (forward, backward, other)
+    )
+    got = {n for b in buckets for n in b}
+    shapes = {n: tuple(p.shape) for n, p in params}
+    tensors = sorted(
+        (TensorProfile(name=n, shape=shapes[n], ready_s=t) for n, t in zip(ordered, agreed, strict=True) if n in got),
+        key=lambda t: (t.ready_s, t.name),
+    )
+    profile = ModelProfile(
+        model=name,
+        tensors=tuple(tensors),
+        forward_s=forward_s,
+        backward_s=max(backward_s, tensors[-1].ready_s),
+        dtype_bytes=params[0][1].element_size(),
+        device=f"measured:{params[0][1].device.type} x{transport.world_size} at once",
+    )
+    return profile, other_s, tuple(buckets)
+
+
+def _marker(marks: dict[str, float], name: str) -> Callable[[torch.Tensor], None]:
+    def mark(_param: torch.Tensor) -> None:
+        marks[name] = time.perf_counter()
+
+    return mark
+
+
+# -- Step 2 ---------------------------------------------------------------------------------------------
+def _fit_link(transport: Transport, op: str, sizes: Sequence[int], repeats: int, volume: float) -> LinkFit:
+    """alpha-beta of ``op`` from its median time at each size (bytes per rank), agreed over ranks."""
+    sizes = sorted(set(sizes))
+    medians = []
+    for nbytes in sizes:
+        payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        call = functools.partial(transport.all_reduce if op == "allreduce" else transport.all_gather, payload)
+        medians.append(_median_s(transport, call, repeats))
+    seconds = medians
+    intercept, slope = fit_affine([volume * s for s in sizes], seconds)
+    return LinkFit(
+        latency_s=max(0.0, intercept),
+        bandwidth_bytes_per_s=1.0 / max(slope, 1e-15),
+        sizes=tuple(sizes),
+        seconds=tuple(seconds),
+    )
+
+
+def _median_s(transport: Transport, call: Callable[[], object], repeats: int) -> float:
+    """Median over ``repeats`` calls (each after a barrier, one warm-up first) of the slowest rank's time."""
+    call()
+    times = []
+    for _ in range(repeats):
+        transport.barrier()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(_slowest(transport, times))
+
+
+def _slowest(transport: Transport, values: Sequence[float]) -> list[float]:
+    """Elementwise maximum over ranks of ``values`` (exact: the same on every rank).
+
+    A collective completes when its slowest rank has arrived, so what a step pays for a section that
+    every rank runs before one is its slowest rank's time, not the mean.
+    """
+    gathered = transport.all_gather(torch.tensor(list(values), dtype=torch.float64))
+    return torch.stack(gathered).amax(dim=0).tolist()
+
+
+def _agreed(transport: Transport, values: Sequence[float]) -> list[float]:
+    """The mean over ranks of ``values``, as rank 0 holds it (bit-identical on every rank)."""
+    summed = transport.all_reduce(torch.tensor(list(values), dtype=torch.float64)) / transport.world_size
+    return transport.broadcast(summed, src=0).tolist()
+
+
+# -- Step 3 ---------------------------------------------------------------------------------------------
+def _compressor_costs(
+    transport: Transport, spec: str, sizes: Sequence[int], repeats: int
+) -> dict[str, dict[str, float]]:
+    """``gpu_compress`` (per element) and ``gpu_decompress`` (per element of decode work) of ``spec``."""
+    comp = build(spec)
+    n = transport.world_size
+    model = compressor_model(spec)
+    allreduce = comp.allreduce_compatible
+    feedback = comp.needs_error_feedback
+    scale = 1.0 / n
+    gen = torch.Generator().manual_seed(transport.rank)
+    enc, dec, work = [], [], []
+    for numel in sizes:
+        x = torch.randn(numel, generator=gen)
+        out = torch.empty_like(x)
+        memory = ErrorFeedback()
+        memory.keep_remainder("b", torch.zeros_like(x))  # a residual exists from the second step on
+        state: dict[str, Any] = {}
+
+        def encode(x: torch.Tensor = x, memory: ErrorFeedback = memory, state: dict[str, Any] = state) -> None:
+            if feedback:
+                state["compensated"] = memory.compensate("b", x, scale=scale)
+                state["payload"] = comp.compress(state["compensated"], name="b")
+            else:
+                state["payload"] = comp.compress_scaled(x, scale, name="b")
+
+        def decode(out: torch.Tensor = out, memory: ErrorFeedback = memory, state: dict[str, Any] = state) -> None:
+            payload = state["payload"]
+            if allreduce:
+                comp.decompress_into(payload, out)
+            else:
+                comp.decompress_sum([payload] * n, out)
+            if feedback:
+                memory.keep_remainder("b", comp.subtract_transmitted(state["compensated"], payload))
+            if feedback or comp.keeps_state:
+                bool(all_finite(out))  # host-device sync
+
+        enc.append(_median_s(transport, encode, repeats))
+        decode()  # a payload exists for the decode's warm-up
+        dec.append(_median_s(transport, decode, repeats))
+        work.append(float(model.aggregate_elements(np.array([float(numel)]), 1 if allreduce else n)[0]))
+    seconds = [*enc, *dec]
+    return {
+        "gpu_compress": _affine(sizes, seconds[: len(sizes)]),
+        "gpu_decompress": _affine(work, seconds[len(sizes) :]),
+    }
+
+
+def _affine(x: Sequence[float], seconds: Sequence[float]) -> dict[str, float]:
+    """``AffineCost`` fields of the least-squares line, clamped to non-negative coefficients."""
+    fixed, per = fit_affine(list(x), list(seconds))
+    if per < 0:
+        fixed, per = statistics.fmean(seconds), 0.0
+    if fixed < 0:
+        per = sum(a * b for a, b in zip(x, seconds, strict=True)) / sum(a * a for a in x)
+        fixed = 0.0
+    return {"fixed_s": fixed, "per_element_s": per, "knee_elements": 0}
