@@ -4,6 +4,7 @@ Public API::
 
     zensync.sparse_allreduce(tensor, group=None, *, scheme="zen", average=False) -> Tensor
     zensync.register(ddp_model, strategy="auto")  # DDP comm hook, one line
+    zensync.profile_group(ddp_model, make_batch, loss_fn)  # a step profile for auto / predict_step
     zensync.SimulatedWorld(num_ranks).run(fn)     # p logical ranks in one process
     zensync.SyncStats, zensync.SyncOptions, zensync.SCHEMES
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from zensync.api import sparse_allreduce
 from zensync.hooks import HookConfig, ZenSyncState, register, zensync_hook
+from zensync.profiling import profile_group
 from zensync.sync import SCHEMES, SyncOptions
 from zensync.transport import SimulatedWorld, TorchTransport, Transport
 from zensync.types import PhaseTraffic, SyncStats
@@ -26,6 +28,7 @@ __all__ = [
     "TorchTransport",
     "Transport",
     "ZenSyncState",
+    "profile_group",
     "register",
     "sparse_allreduce",
     "zensync_hook",

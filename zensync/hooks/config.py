@@ -7,8 +7,9 @@ import datetime
 import math
 from typing import Any
 
-from zensync.compress import COMPRESSED_SCHEMES
-from zensync.hooks.strategy import resolve_strategy
+from zensync.compress import COMPRESSED_SCHEMES, build
+from zensync.hooks.strategy import AUTO_COMPRESSORS, resolve_strategy
+from zensync.planner import StepProfile
 from zensync.sync import SyncOptions
 
 __all__ = ["HookConfig"]
@@ -47,6 +48,9 @@ class HookConfig:
         sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
         timeout: Collective timeout of the groups the hook creates (timedelta or seconds; None: the
             DDP group's timeout from init_process_group).
+        profile: "auto": a step profile (``zensync.profile_group``) or its JSON file; auto compresses
+            what it does not sync sparsely with the planner's choice among ``auto_compressors``.
+        auto_compressors: The compressors "auto" may choose with a profile.
     """
 
     strategy: str = "auto"
@@ -92,6 +96,18 @@ class HookConfig:
     """Collective timeout (timedelta or seconds) of the process groups the hook creates; None: the
     DDP group's own timeout (init_process_group's ``timeout``), so a stuck peer fails every rank then."""
 
+    profile: StepProfile | str | None = dataclasses.field(default=None, repr=False)
+    """'auto' on a dense model: a ``zensync.planner.StepProfile`` measured in this group
+    (``zensync.profile_group``, a separate calibration run) or the path of its JSON. Auto then syncs
+    the parameters it does not sync sparsely with the compressor of ``auto_compressors`` that
+    ``zensync.planner.choose_compression`` predicts fastest, or densely when none is predicted more
+    than ``switch_margin`` faster than dense; the choice and every candidate's predicted step are
+    ``ZenSyncState.auto_choice``, and each step record puts the prediction beside the measured step.
+    None: auto never compresses (it is lossless)."""
+    auto_compressors: tuple[str, ...] = AUTO_COMPRESSORS
+    """With ``profile``: the compressors auto may choose, those the profile measured (fp16 rounds;
+    the others are lossy with error feedback)."""
+
     def __post_init__(self) -> None:
         if self.timeout is not None:
             seconds = self.timeout.total_seconds() if isinstance(self.timeout, datetime.timedelta) else self.timeout
@@ -100,6 +116,21 @@ class HookConfig:
             object.__setattr__(self, "timeout", datetime.timedelta(seconds=float(seconds)))
         if not self.strategy.endswith(".json"):  # plan files are read (on every rank) by the state
             resolve_strategy(self.strategy)
+        if self.profile is not None:
+            if self.strategy != "auto":
+                raise ValueError(f"profile= is read by strategy='auto' only (strategy={self.strategy!r})")
+            if not isinstance(self.profile, (StepProfile, str)):
+                raise ValueError(
+                    f"profile={type(self.profile).__name__} must be a zensync.planner.StepProfile or its JSON file path"
+                )
+        if isinstance(self.auto_compressors, str) or not all(isinstance(c, str) for c in self.auto_compressors):
+            raise ValueError(f"auto_compressors={self.auto_compressors!r} must be a sequence of compressor specs")
+        object.__setattr__(self, "auto_compressors", tuple(self.auto_compressors))
+        for spec in self.auto_compressors:
+            try:
+                build(spec)
+            except ValueError as exc:
+                raise ValueError(f"auto_compressors: {spec!r}: {exc}") from None
         if self.compressed_scheme not in ("auto", *COMPRESSED_SCHEMES):
             raise ValueError(
                 f"compressed_scheme={self.compressed_scheme!r} is not one of auto, {', '.join(COMPRESSED_SCHEMES)}"

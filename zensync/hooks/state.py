@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
@@ -34,7 +35,8 @@ from zensync.hooks.hints import RowHints
 from zensync.hooks.memory import ParamMemory, ParamRecord
 from zensync.hooks.runtime import Runtime
 from zensync.hooks.steplog import StepLog
-from zensync.hooks.strategy import Strategy, resolve_strategy
+from zensync.hooks.strategy import Strategy, auto_compression, read_step_profile, resolve_strategy
+from zensync.planner import AutoChoice
 from zensync.sync import SCHEMES
 from zensync.sync.agreement import compare_with_rank0_async
 from zensync.sync.registration import agree, checked_parameters
@@ -69,6 +71,8 @@ class ZenSyncState:
         "config",
         "strategy",
         "param_names",
+        "auto_choice",
+        "_profile_digest",
         # The parts, and the decider and executor built on them.
         "memory",
         "runtime",
@@ -80,6 +84,7 @@ class ZenSyncState:
         "step_error",
         "step_open",
         "_check",
+        "_opened_s",
         "_pending",
         "_load_mark",
         # Row hints of the model's embeddings.
@@ -100,10 +105,16 @@ class ZenSyncState:
         # DDP group carries any rank's failure (``failure``: the caller's own) to every rank.
         self.strategy = Strategy(config.strategy, "dense", ("dense",))
         self.param_names: dict[torch.nn.Parameter, str] = {}
+        self.auto_choice: AutoChoice | None = None
+        """Strategy "auto" with a step profile: the compressor chosen ("fp32": none) and every candidate's
+        predicted step (``zensync.planner.choose_compression``); None without a profile."""
+        self._profile_digest = ""
         described = ""
         if failure is None:
             try:
                 self.strategy = resolve_strategy(config.strategy)
+                if config.profile is not None:
+                    self._auto_compression(config, base.world_size)
                 self.param_names = checked_parameters(named_parameters)
                 described = self._describe()
             except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by agree()
@@ -125,12 +136,29 @@ class ZenSyncState:
         """Whether the current step's first bucket has been seen (its check runs: ``open_step``)."""
         self._check: Handle[torch.Tensor] | None = None
         """The open step's agreement check (``open_step``)."""
+        self._opened_s: float | None = None
+        """``time.perf_counter()`` when the last step opened (its record's ``step_interval_s``)."""
         self._load_mark = 0
         """Digest of the last loaded checkpoint (0: none); part of what ranks must agree on."""
         self.hints: RowHints | None = None
         """Row hints of the model's dense-gradient embeddings (``attach_hints``)."""
         if self.runtime.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.runtime.transport.world_size)
+            if self.auto_choice is not None:
+                logger.info(
+                    "zensync auto: %s, predicted %.1f ms/step from the profile (%s)",
+                    "no compression" if self.auto_choice.spec == "fp32" else self.auto_choice.spec,
+                    self.auto_choice.step_s * 1e3,
+                    ", ".join(f"{s} {t * 1e3:.1f}" for s, t in self.auto_choice.predicted_s.items()),
+                )
+
+    def _auto_compression(self, config: HookConfig, world_size: int) -> None:
+        """Strategy "auto" with a step profile: compress where the planner predicts it pays (``auto_compression``)."""
+        assert config.profile is not None
+        profile, self._profile_digest = read_step_profile(config.profile)
+        self.strategy, self.auto_choice = auto_compression(
+            self.strategy, profile, config.auto_compressors, world_size, config.switch_margin
+        )
 
     def _describe(self) -> str:
         """This rank's options and model as text; ``agree`` checks that every rank's is the same."""
@@ -138,6 +166,7 @@ class ZenSyncState:
             {
                 "config": repr(self.config),
                 "plan": self.strategy.plan_digest,
+                "profile": self._profile_digest,
                 "params": sorted((name, list(p.shape), str(p.dtype)) for p, name in self.param_names.items()),
             },
             sort_keys=True,
@@ -267,9 +296,22 @@ class ZenSyncState:
         start when it has passed, or fail with its exception on every rank (``Transport.hold``).
         """
         self.step_open = True
+        self._note_step_times(time.perf_counter())
         task = Task(check, self.runtime.segment_context()).start()
         self._check = task
         self.runtime.transport.hold(task)
+
+    def _note_step_times(self, now_s: float) -> None:
+        """The opening step's measured interval since the last one opened, and auto's prediction of it."""
+        with self.lock:
+            record = self.log.current
+            if self._opened_s is not None:
+                record.step_interval_s = now_s - self._opened_s
+            choice = self.auto_choice
+            if choice is not None:
+                warm = self.decider.in_warmup(self.log.step - 1)  # the interval is the last step's
+                record.predicted_step_s = choice.predicted_s["fp32"] if warm else choice.step_s
+        self._opened_s = now_s
 
     def submit(self, job: Coroutine[Any, Any, torch.Tensor]) -> Task[torch.Tensor]:
         """Run a step job on the lane, on the caller's CUDA stream (captured now, on the hook's thread)."""

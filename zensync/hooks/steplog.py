@@ -73,6 +73,11 @@ class StepRecord:
     spent inside the collectives of each traffic phase (``dense``, ``detect``, ``compressed``,
     ``agree``...), from the call to completion. Sections overlap where a bucket's work overlaps
     another's collective."""
+    step_interval_s: float | None = None
+    """Seconds from the previous step's first bucket to this step's: the previous training step
+    whole (backward with the sync, optimizer, data, forward) as the hook sees it; None at the first."""
+    predicted_step_s: float | None = None
+    """With strategy "auto" and a profile: the planner's prediction of that step (``ZenSyncState.auto_choice``)."""
     failed: str | None = None
     """``"<Type>: <message>"`` of the step's first failure on this rank."""
 
@@ -84,6 +89,8 @@ class StepRecord:
             "bytes_recv": self.bytes_recv,
             "params": {name: p.as_dict() for name, p in self.params.items()},
             "phases_s": dict(self.phases_s),
+            "step_interval_s": self.step_interval_s,
+            "predicted_step_s": self.predicted_step_s,
         }
         if self.failed is not None:
             out["failed"] = self.failed

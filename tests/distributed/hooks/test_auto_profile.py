@@ -1,0 +1,141 @@
+"""Strategy "auto" with a step profile on gloo: it compresses with the planner's choice where that pays, stays
+dense where it does not, records its prediction beside the measured step, and refuses a profile that
+does not fit the group, on every rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import zensync
+from tests.distributed._launch import launch, pytest_generate_tests, world_size_fixture  # noqa: F401 - class data world_size
+from tests.distributed.hooks.test_ddp_hook import STEPS, _batch, _Net
+from zensync.planner import LinkFit, ModelProfile, StepProfile, TensorProfile
+
+SLOW = LinkFit(latency_s=1e-3, bandwidth_bytes_per_s=1e6)
+"""1 MB/s: any compressor that shrinks the gradient pays."""
+FAST = LinkFit(latency_s=1e-6, bandwidth_bytes_per_s=1e13)
+"""Nothing on the wire costs anything: compression only adds its own time."""
+COSTS = {
+    spec: {
+        "gpu_compress": {"fixed_s": 1e-4, "per_element_s": 1e-8, "knee_elements": 0},
+        "gpu_decompress": {"fixed_s": 1e-4, "per_element_s": 1e-8, "knee_elements": 0},
+    }
+    for spec in ("fp16", "topk:0.01")
+}
+
+
+def _profile(world_size: int, link: LinkFit) -> StepProfile:
+    """A hand-made profile of ``_Net`` (one bucket), as ``profile_group`` would write it."""
+    tensors = tuple(
+        TensorProfile(name=name, shape=tuple(p.shape), ready_s=0.001 * i)
+        for i, (name, p) in enumerate(reversed(list(_Net().named_parameters())))
+    )
+    return StepProfile(
+        profile=ModelProfile(model="net", tensors=tensors, forward_s=0.01, backward_s=0.01),
+        world_size=world_size,
+        other_s=0.001,
+        buckets=(tuple(t.name for t in tensors),),
+        allreduce=link,
+        allgather=link,
+        round_s=1e-4,
+        compressor_costs=COSTS,
+    )
+
+
+def _train(rank: int, **options: Any) -> dict[str, Any]:
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=25)
+    state = zensync.register(ddp, strategy="auto", latency_s=1e-5, bandwidth_bytes_per_s=1e8, adapt=False, **options)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        ids, target = _batch(rank, step)
+        nn.functional.cross_entropy(ddp(ids), target).backward()
+        optimizer.step()
+    out = {
+        "choice": state.auto_choice.spec if state.auto_choice else None,
+        "predicted": dict(state.auto_choice.predicted_s) if state.auto_choice else None,
+        "fc1": [h["params"]["fc1.weight"]["scheme"] for h in state.history],
+        "emb": [h["params"]["emb.weight"]["scheme"] for h in state.history],
+        "records": [(h["step_interval_s"], h["predicted_step_s"]) for h in state.history],
+        "final": [p.detach().clone() for p in ddp.parameters()],
+    }
+    state.close()
+    return out
+
+
+def _worker(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
+    slow_file = f"{tmp}/slow.json"
+    if rank == 0:
+        with open(slow_file, "w") as f:
+            f.write(_profile(world_size, SLOW).to_json())
+    torch.distributed.barrier()
+    out = {
+        "slow": _train(rank, profile=_profile(world_size, SLOW)),
+        "slow_file": _train(rank, profile=slow_file),
+        "fast": _train(rank, profile=_profile(world_size, FAST)),
+        "warm": _train(rank, profile=_profile(world_size, SLOW), warmup_steps=2),
+    }
+    for case, options in {
+        "other_world": {"profile": _profile(world_size + 1, SLOW)},
+        "one_rank_differs": {"profile": _profile(world_size, SLOW if rank == 0 else FAST)},
+    }.items():
+        try:
+            _train(rank, **options)
+        except ValueError as err:
+            out[case] = str(err)
+    return out
+
+
+class TestAutoWithProfile:
+    world_size = [2]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def results(cls, world_size: int, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+        tmp = tmp_path_factory.mktemp(f"auto_profile{world_size}")
+        return launch(_worker, world_size, (str(tmp),), tmp)
+
+    def test_slow_links_compress_with_the_fastest_prediction(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            slow = r["slow"]
+            assert slow["choice"] == min(slow["predicted"], key=slow["predicted"].__getitem__) == "topk:0.01"
+            assert all(s.startswith("compress:topk:0.01|") for s in slow["fc1"]), slow["fc1"]
+            assert all(s == "zen" for s in slow["emb"][1:]), slow["emb"]  # natural sparsity stays auto's
+
+    def test_a_profile_file_chooses_as_the_object(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            assert r["slow_file"]["choice"] == r["slow"]["choice"]
+            assert all(torch.equal(a, b) for a, b in zip(r["slow_file"]["final"], r["slow"]["final"], strict=True))
+
+    def test_fast_links_stay_dense(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            fast = r["fast"]
+            assert fast["choice"] == "fp32"
+            assert all(s == "dense" for s in fast["fc1"]), fast["fc1"]
+
+    def test_prediction_beside_the_measured_step(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            slow, warm = r["slow"], r["warm"]
+            assert slow["records"][0][0] is None  # no step before the first
+            for interval, predicted in slow["records"][1:]:
+                assert interval > 0 and predicted == slow["predicted"]["topk:0.01"]
+            # In warm-up the step is dense, and so is its prediction.
+            assert [p for _, p in warm["records"][1:]] == [
+                warm["predicted"]["fp32"],
+                warm["predicted"]["fp32"],
+                warm["predicted"]["topk:0.01"],
+            ]
+
+    def test_ranks_stay_identical(self, results: list[dict[str, Any]]) -> None:
+        for a, b in zip(results[0]["slow"]["final"], results[1]["slow"]["final"], strict=True):
+            assert torch.equal(a, b)
+
+    def test_a_profile_that_does_not_fit_fails_every_rank(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            assert "measured on 3 ranks, and this group has 2" in r.get("other_world", ""), r.get("other_world")
+            assert r.get("one_rank_differs"), "ranks with different profiles must not train"
