@@ -5,6 +5,7 @@ Launch (from the repository root, as root; without root it falls back to loopbac
     python experiments/compression_bench.py                          # 4 hosts, 1gbit, ~6 min on 2 cores
     python experiments/compression_bench.py --rate 100mbit --strategies ddp torch:fp16 fp16
     python experiments/compression_bench.py --buckets default        # DDP's default 25 MB buckets
+    python experiments/compression_bench.py --loopback --strategies ddp auto   # unshaped links
 
 Workload (issue 14): DDP on an MLP 1024-2048-2048-1024-10 (8.4M parameters, 34 MB fp32), batch
 64 of fixed synthetic data per rank (a fixed random teacher's labels), SGD lr 0.01 momentum 0.9,
@@ -24,6 +25,14 @@ the wire per step (eth0 tx of each host over the timed steps), the wire time of 
 link rate, the final loss (mean over ranks of the last step's loss), and, for zensync, its per-step
 comm time and bytes from the hook's step log. Results:
 ``experiments/results/compression_<cluster>_<buckets>_<date>.{json,md}``.
+
+Predictions (unless ``--no-predict``): before the strategies, a calibration run on the same cluster
+(``zensync.profiling.profile_group``: compute with every rank at once, the links' alpha-beta per
+collective, the hook's agreement round, each compressor at the bucket's size) writes a step profile;
+each strategy the planner can price gets ``zensync.planner.predict_step``'s step time beside its
+measured one, and "auto" registers with that profile (``profile=``) and reports its own choice and
+prediction. The calibration never sees the runs it predicts. ``--rounds R`` runs the strategy list R
+times, interleaved, and pools the steps (run-to-run noise on 2 shared cores is +-10-20 %).
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zensync.testbed import EmulatedCluster, make_cluster, parse_rate
+from zensync.testbed import EmulatedCluster, LoopbackCluster, make_cluster, parse_rate
 
 # Sibling modules of this driver (experiments/ is not a package).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -90,8 +99,9 @@ def batch(rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x @ teacher).argmax(1)
 
 
-def _register(ddp: nn.parallel.DistributedDataParallel, strategy: str) -> Any:
-    """Install the strategy's hook; the zensync state (or None)."""
+def _register(ddp: nn.parallel.DistributedDataParallel, strategy: str, profile: str | None) -> Any:
+    """Install the strategy's hook; the zensync state (or None). "auto" plans compression from the
+    calibration run's step profile (``profile``, a JSON path) when there is one."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if strategy in ("ddp", "nosync"):
@@ -111,11 +121,73 @@ def _register(ddp: nn.parallel.DistributedDataParallel, strategy: str) -> Any:
         return None
     import zensync
 
+    if strategy == "auto" and profile is not None:
+        return zensync.register(ddp, strategy="auto", profile=profile)
     return zensync.register(ddp, strategy=strategy)
+
+
+def _sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+def _priced_specs(strategies: list[str]) -> list[str]:
+    """The compressor specs the calibration run times: those of the strategies it can predict."""
+    from zensync.hooks.strategy import AUTO_COMPRESSORS
+
+    specs = {priced[0] for priced in map(_prediction_of, strategies) if priced is not None}
+    if "auto" in strategies:
+        specs |= set(AUTO_COMPRESSORS)
+    return sorted(specs - {"fp32", "auto"})
+
+
+def _prediction_of(strategy: str) -> tuple[str, bool] | None:
+    """(spec predict_step prices, whether the zensync hook runs) for a strategy; None: not priced
+    (no_sync is the compute floor, not a sync; PowerSGD's payload depends on the matrix shapes).
+    "auto": its own prediction, made by the hook from the same profile."""
+    if strategy == "ddp":
+        return "fp32", False
+    if strategy == "nosync":
+        return None
+    if strategy.startswith("torch:"):
+        spec = strategy.removeprefix("torch:")
+        return (spec, False) if spec in ("fp16", "bf16") else None
+    if strategy == "auto":
+        return "auto", True
+    if strategy.startswith("powersgd"):
+        return None
+    return strategy, True
+
+
+def profile_worker(args: argparse.Namespace) -> None:
+    """The calibration run (rank 0 writes profile.json): ``zensync.profiling.profile_group`` on the
+    benchmark's model, buckets, batch and optimizer, apart from the runs it predicts."""
+    from zensync.profiling import profile_group
+
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args.timeout_s))
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    ddp = nn.parallel.DistributedDataParallel(mlp(), bucket_cap_mb=64 if args.buckets == "one" else 25)
+    steps = itertools.count()
+    measured = profile_group(
+        ddp,
+        lambda: batch(rank, next(steps), args.batch),
+        nn.CrossEntropyLoss(),
+        optimizer=_sgd,
+        specs=_priced_specs(args.strategies),
+        iterations=args.steps,
+        warmup=args.warmup,
+        name="mlp",
+    )
+    if rank == 0:
+        pathlib.Path(args.out, "profile.json").write_text(measured.to_json())
+    dist.destroy_process_group()
 
 
 def worker(args: argparse.Namespace) -> None:
     """One rank of one strategy: writes <strategy>_rank<r>.json."""
+    if args.strategy == "profile":
+        profile_worker(args)
+        return
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=args.timeout_s))
     rank = dist.get_rank()
     torch.set_num_threads(1)
@@ -124,8 +196,9 @@ def worker(args: argparse.Namespace) -> None:
         model = mlp()
         cap = 64 if args.buckets == "one" else 25
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
-        state = _register(ddp, args.strategy)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+        calibrated = pathlib.Path(args.out, "profile.json")
+        state = _register(ddp, args.strategy, str(calibrated) if calibrated.exists() else None)
+        opt = _sgd(ddp.parameters())
         loss_fn = nn.CrossEntropyLoss()
         times, cpu, losses, split = [], [], [], []
         tx0 = 0
@@ -163,11 +236,36 @@ def worker(args: argparse.Namespace) -> None:
                 "schemes": sorted({p["scheme"] for h in history for p in h["params"].values()}),
                 "phases_s": [h["phases_s"] for h in history],
             }
+            if state.auto_choice is not None:
+                report["zensync"]["auto_choice"] = {
+                    "spec": state.auto_choice.spec,
+                    "predicted_s": dict(state.auto_choice.predicted_s),
+                }
     except Exception as exc:  # noqa: BLE001 - reported per strategy (torch's PowerSGD hook can fail on gloo)
         report["error"] = f"{type(exc).__name__}: {exc}"
     pathlib.Path(args.out, f"{args.strategy.replace(':', '_')}_rank{rank}.json").write_text(json.dumps(report))
     with contextlib.suppress(Exception):  # a failed strategy may leave the group broken
         dist.destroy_process_group()
+
+
+def _merge_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each rank's report over every round: the timed steps of all rounds, in order (the median is then
+    over all of them), the wire bytes averaged; the last round's losses. A failed round fails the strategy."""
+    merged = []
+    for per_rank in zip(*rounds, strict=True):
+        if any("error" in r or "times" not in r for r in per_rank):
+            merged.append(next(r for r in per_rank if "error" in r or "times" not in r))
+            continue
+        out = dict(per_rank[-1])
+        for key in ("times", "cpu", "split"):
+            out[key] = [x for r in per_rank for x in r[key]]
+        out["tx_per_step"] = statistics.mean(r["tx_per_step"] for r in per_rank)
+        if "zensync" in out:
+            out["zensync"] = dict(out["zensync"])
+            for key in ("comm_time_s", "bytes_sent", "phases_s"):
+                out["zensync"][key] = [x for r in per_rank for x in r["zensync"][key]]
+        merged.append(out)
+    return merged
 
 
 def _summary(strategy: str, ranks: list[dict[str, Any]], rate_bits: int | None) -> dict[str, Any]:
@@ -195,6 +293,9 @@ def _summary(strategy: str, ranks: list[dict[str, Any]], rate_bits: int | None) 
         out["zensync_comm_s"] = statistics.median(z["comm_time_s"]) if z["comm_time_s"] else None
         out["zensync_bytes_sent"] = statistics.median(z["bytes_sent"]) if z["bytes_sent"] else None
         out["zensync_schemes"] = z["schemes"]
+        if "auto_choice" in z:
+            out["auto_choice"] = z["auto_choice"]
+            out["predicted_step_s"] = z["auto_choice"]["predicted_s"][z["auto_choice"]["spec"]]
         per_rank = [r["zensync"]["phases_s"] for r in ranks]
         names = sorted({k for steps_of in per_rank for h in steps_of for k in h})
         out["zensync_phases_s"] = {
@@ -211,7 +312,8 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         "",
         f"Command: `{meta['command']}`; torch {meta['torch']}, {meta['cpus']} CPUs; MLP "
         f"{'-'.join(map(str, _WIDTHS))}, batch {meta['batch']}, SGD momentum 0.9; median over "
-        f"{meta['steps']} steps (after {meta['warmup']}) of the slowest rank's step.",
+        f"{meta['steps']} steps (after {meta['warmup']}) x {meta.get('rounds', 1)} interleaved round(s) of the "
+        "slowest rank's step.",
         "",
         "| strategy | ms/step | vs ddp | CPU ms/step/rank | wire MB/step/host | wire ms at link rate "
         "| zensync comm ms | final loss | schemes |",
@@ -235,8 +337,44 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"time of one rank's process per step (all threads); {meta['hosts']} ranks share {meta['cpus']} cores.",
         "",
         *_phase_table(rows),
+        *_prediction_table(meta, rows),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _prediction_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Predicted beside measured, for every strategy the planner prices."""
+    priced = [r for r in rows if "predicted_step_s" in r and "step_s" in r]
+    if not priced:
+        return []
+    lines = [
+        "",
+        "## Predicted beside measured",
+        "",
+        "Predicted: `zensync.planner.predict_step` on the calibration run's `StepProfile` "
+        "(`zensync.profiling.profile_group`, run before and apart from the strategies: compute with every rank "
+        "at once, the links' alpha-beta per collective, each compressor at the bucket's size); "
+        f"calibration: {meta.get('calibration_summary', '')}.",
+        "",
+        "| strategy | predicted ms/step | measured ms/step | measured / predicted | predicted comm busy ms |",
+        "|---|---|---|---|---|",
+    ]
+    for r in priced:
+        busy = r.get("predicted_comm_busy_s")
+        lines.append(
+            f"| {r['strategy']} | {r['predicted_step_s'] * 1e3:.1f} | {r['step_s'] * 1e3:.1f} | "
+            f"{r['step_s'] / r['predicted_step_s']:.2f} | {'' if busy is None else format(busy * 1e3, '.1f')} |"
+        )
+    for r in priced:
+        choice = r.get("auto_choice")
+        if choice:
+            options = ", ".join(f"{spec} {t * 1e3:.1f}" for spec, t in choice["predicted_s"].items())
+            lines += [
+                "",
+                f"auto (`zensync.register(ddp, strategy='auto', profile=...)`) chose {choice['spec']}; "
+                f"its predicted ms/step per candidate: {options}.",
+            ]
+    return lines
 
 
 _PHASE_ORDER = ("queued", "detect", "divide", "error_feedback", "compress", "codec", "decompress", "finite_check")
@@ -267,6 +405,40 @@ def _phase_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _read_profile(path: pathlib.Path) -> Any:
+    from zensync.planner import StepProfile
+
+    if not path.exists():
+        print("profile: the calibration run wrote no profile; no predictions", file=sys.stderr)
+        return None
+    return StepProfile.from_json(path.read_text())
+
+
+def _calibration_summary(step_profile: Any) -> str:
+    profile, ar, ag = step_profile.profile, step_profile.allreduce, step_profile.allgather
+    return (
+        f"forward {profile.forward_s * 1e3:.1f} ms, backward {profile.backward_s * 1e3:.1f} ms, rest of the step "
+        f"{step_profile.other_s * 1e3:.1f} ms; allreduce alpha {ar.latency_s * 1e3:.2f} ms beta "
+        f"{ar.bandwidth_bytes_per_s / 1e6:.1f} MB/s; allgather alpha {ag.latency_s * 1e3:.2f} ms beta "
+        f"{ag.bandwidth_bytes_per_s / 1e6:.1f} MB/s; agreement round {step_profile.round_s * 1e3:.2f} ms; "
+        f"{len(step_profile.buckets)} bucket(s)"
+    )
+
+
+def _predicted(step_profile: Any, strategy: str) -> dict[str, Any]:
+    """The planner's step time for ``strategy`` from the calibration run (``predict_step``)."""
+    from zensync.planner import predict_step
+
+    priced = _prediction_of(strategy)
+    if priced is None:
+        return {}
+    spec, hooked = priced
+    if spec == "auto":
+        return {}  # the hook's own prediction: _summary reads it from the ranks' reports
+    prediction = predict_step(step_profile, spec, hooked=hooked)
+    return {"predicted_step_s": prediction.step_s, "predicted_comm_busy_s": prediction.result.comm_busy_s}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hosts", type=int, default=4)
@@ -276,7 +448,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--buckets", choices=["one", "default"], default="one")
     p.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES))
+    p.add_argument(
+        "--rounds", type=int, default=1, help="run the strategy list this many times, interleaved; pool the steps"
+    )
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--loopback", action="store_true", help="unshaped loopback instead of emulated hosts")
+    p.add_argument(
+        "--no-predict",
+        dest="predict",
+        action="store_false",
+        help="skip the calibration run (zensync.profiling.profile_group) and the predicted step times",
+    )
     p.add_argument("--results-dir", default=str(pathlib.Path(__file__).parent / "results"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--strategy", help=argparse.SUPPRESS)
@@ -288,10 +470,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     forwarded = list(argv if argv is not None else sys.argv[1:])
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, make_cluster(args.hosts, rate=args.rate) as cluster:
+    step_profile = None
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LoopbackCluster(args.hosts) if args.loopback else make_cluster(args.hosts, rate=args.rate) as cluster,
+    ):
         emulated = isinstance(cluster, EmulatedCluster)
         iface = "eth0" if emulated else ""
-        for index, strategy in enumerate(args.strategies):
+        runs = (["profile"] if args.predict else []) + [s for _ in range(args.rounds) for s in args.strategies]
+        reports: dict[str, list[list[dict[str, Any]]]] = {}
+        for index, strategy in enumerate(runs):
             cmd = [sys.executable, os.path.abspath(__file__), *forwarded, "--worker", "--strategy", strategy]
             cmd += ["--out", tmp, "--iface", iface]
             port = _PORT + index
@@ -303,12 +491,21 @@ def main(argv: list[str] | None = None) -> int:
                 cluster.run_workers(lambda r, cmd=cmd: cmd, env_for, timeout_s=args.timeout_s + 60)
             except Exception as exc:  # noqa: BLE001 - a crashed strategy is reported, the others still run
                 print(f"{strategy}: workers failed: {exc}", file=sys.stderr)
+            if strategy == "profile":
+                step_profile = _read_profile(pathlib.Path(tmp, "profile.json"))
+                continue
             ranks = []
             for r in range(args.hosts):
                 path = pathlib.Path(tmp, f"{strategy.replace(':', '_')}_rank{r}.json")
                 ranks.append(json.loads(path.read_text()) if path.exists() else {"error": "no result (worker died)"})
-            rows.append(_summary(strategy, ranks, parse_rate(args.rate) if emulated else None))
-            print(json.dumps(rows[-1]), flush=True)
+                path.unlink(missing_ok=True)
+            reports.setdefault(strategy, []).append(ranks)
+            print(json.dumps(_summary(strategy, ranks, parse_rate(args.rate) if emulated else None)), flush=True)
+        for strategy in args.strategies:
+            merged = _merge_rounds(reports[strategy])
+            rows.append(_summary(strategy, merged, parse_rate(args.rate) if emulated else None))
+            if step_profile is not None:
+                rows[-1].update(_predicted(step_profile, strategy))
         label = f"netns{args.hosts}x{args.rate}" if emulated else f"loopback{args.hosts}"
     date = datetime.date.today().isoformat()
     meta = {
@@ -322,11 +519,15 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "warmup": args.warmup,
         "batch": args.batch,
+        "rounds": args.rounds,
     }
+    if step_profile is not None:
+        meta["calibration_summary"] = _calibration_summary(step_profile)
     out_dir = pathlib.Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"compression_{label}_{args.buckets}_{date}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    calibration = json.loads(step_profile.to_json()) if step_profile is not None else None
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "calibration": calibration}, indent=2))
     stem.with_suffix(".md").write_text(_markdown(meta, rows))
     print(_markdown(meta, rows))
     return 0
