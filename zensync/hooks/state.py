@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -87,8 +87,9 @@ class ZenSyncState:
         "_opened_s",
         "_pending",
         "_load_mark",
-        # Row hints of the model's embeddings.
+        # Row hints of the model's embeddings; the forward hook that issues each step's check.
         "hints",
+        "forward_hook",
     )
 
     def __init__(
@@ -113,9 +114,9 @@ class ZenSyncState:
         if failure is None:
             try:
                 self.strategy = resolve_strategy(config.strategy)
+                self.param_names = checked_parameters(named_parameters)
                 if config.profile is not None:
                     self._auto_compression(config, base.world_size)
-                self.param_names = checked_parameters(named_parameters)
                 described = self._describe()
             except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by agree()
                 failure = exc
@@ -142,6 +143,8 @@ class ZenSyncState:
         """Digest of the last loaded checkpoint (0: none); part of what ranks must agree on."""
         self.hints: RowHints | None = None
         """Row hints of the model's dense-gradient embeddings (``attach_hints``)."""
+        self.forward_hook: Any = None
+        """The DDP module's forward pre-hook that calls ``begin_check`` (``zensync.register``)."""
         if self.runtime.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.runtime.transport.world_size)
             if self.auto_choice is not None:
@@ -156,6 +159,12 @@ class ZenSyncState:
         """Strategy "auto" with a step profile: compress where the planner predicts it pays (``auto_compression``)."""
         assert config.profile is not None
         profile, self._profile_digest = read_step_profile(config.profile)
+        foreign = sorted({t.name for t in profile.profile.tensors} - set(self.param_names.values()))
+        if foreign:
+            raise ValueError(
+                f"profile: its tensors {foreign[:3]}{' ...' if len(foreign) > 3 else ''} are not parameters of "
+                f"this model (a profile of another model?); measure this one (zensync.profile_group)"
+            )
         self.strategy, self.auto_choice = auto_compression(
             self.strategy, profile, config.auto_compressors, world_size, config.switch_margin
         )
@@ -287,19 +296,35 @@ class ZenSyncState:
         return name
 
     # -- the step ------------------------------------------------------------------------------------
-    def open_step(self, check: Coroutine[Any, Any, torch.Tensor]) -> None:
-        """Start the step's agreement ``check`` now, beside the lane, and hold the hook's transport on it.
+    def begin_check(self, make_check: Callable[[ZenSyncState], Coroutine[Any, Any, torch.Tensor]]) -> None:
+        """Issue the coming step's agreement check now, unless one is pending (DDP's forward calls it).
 
-        The check's all-gather is issued here, on the hook's thread, before any other collective of
-        the step on the hook's group. The buckets' jobs then start at once: their local passes
-        (detection, compensation, compression) overlap the check's round, and their collectives
-        start when it has passed, or fail with its exception on every rank (``Transport.hold``).
+        Issued at the forward, the check's round overlaps the forward and the backward instead of
+        delaying the first bucket's collectives (``Transport.hold``). It compares the engine state as
+        it is now, which only the hook's steps and ``load_state_dict`` change: ``load_state_dict``
+        refuses to run while a check is pending, so the state the step uses is the state checked.
+        """
+        if self._check is None and not self.step_open:
+            self._issue_check(make_check)
+
+    def _issue_check(self, make_check: Callable[[ZenSyncState], Coroutine[Any, Any, torch.Tensor]]) -> None:
+        task = Task(make_check(self), self.runtime.segment_context()).start()
+        self._check = task
+        self.runtime.transport.hold(task)
+
+    def open_step(self, make_check: Callable[[ZenSyncState], Coroutine[Any, Any, torch.Tensor]]) -> None:
+        """Begin the step at its first bucket, with the check ``begin_check`` issued at the forward, or
+        (a backward whose forward did not pass DDP's module) issued now.
+
+        The check's all-gather is the step's first collective on the hook's group. The buckets' jobs
+        start at once: their local passes (detection, compensation, compression) overlap the check's
+        round if it is still running, and their collectives start when it has passed, or fail with
+        its exception on every rank (``Transport.hold``).
         """
         self.step_open = True
         self._note_step_times(time.perf_counter())
-        task = Task(check, self.runtime.segment_context()).start()
-        self._check = task
-        self.runtime.transport.hold(task)
+        if self._check is None:
+            self._issue_check(make_check)
 
     def _note_step_times(self, now_s: float) -> None:
         """The opening step's measured interval since the last one opened, and auto's prediction of it."""
@@ -399,6 +424,11 @@ class ZenSyncState:
         must load the same state dict: the next step compares the ranks' engine state
         (``check_agreement``) and raises the same ValueError on every rank when they differ.
         """
+        if self._check is not None or self.step_open:
+            raise RuntimeError(
+                "zensync: load_state_dict during a step (after DDP's forward, before the backward ended): the "
+                "step's agreement check has already compared the engine state; load checkpoints before the forward"
+            )
         loaded = parse_state_dict(state, set(self.param_names.values()))
         with self.lock:
             self.log.restart(loaded.step)
@@ -423,7 +453,14 @@ class ZenSyncState:
         )
 
     def close(self) -> None:
-        """Wait for the lane's queued jobs (there is no thread of the hook's own to stop); remove hint hooks."""
+        """Wait for the lane's queued jobs and a pending check (there is no thread of the hook's own to
+        stop); remove the hint hooks and the forward hook."""
         if self.hints is not None:
             self.hints.close()
+        if self.forward_hook is not None:
+            self.forward_hook.remove()
+            self.forward_hook = None
         self.runtime.lane.drain(timeout=60)
+        check, self._check = self._check, None
+        if check is not None and check.wait_done(timeout=60):
+            self.runtime.transport.release()

@@ -89,9 +89,11 @@ class StepRecord:
             "bytes_recv": self.bytes_recv,
             "params": {name: p.as_dict() for name, p in self.params.items()},
             "phases_s": dict(self.phases_s),
-            "step_interval_s": self.step_interval_s,
-            "predicted_step_s": self.predicted_step_s,
         }
+        for key in ("step_interval_s", "predicted_step_s"):  # absent when unknown, as a failure
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
         if self.failed is not None:
             out["failed"] = self.failed
         return out

@@ -4,6 +4,7 @@ does not fit the group, on every rank."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -46,6 +47,16 @@ def _profile(world_size: int, link: LinkFit) -> StepProfile:
     )
 
 
+def _renamed(step: StepProfile) -> StepProfile:
+    """The profile of a model whose parameters have other names."""
+    tensors = tuple(dataclasses.replace(t, name="other." + t.name) for t in step.profile.tensors)
+    return dataclasses.replace(
+        step,
+        profile=dataclasses.replace(step.profile, tensors=tensors),
+        buckets=(tuple(t.name for t in tensors),),
+    )
+
+
 def _train(rank: int, **options: Any) -> dict[str, Any]:
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=25)
@@ -61,7 +72,7 @@ def _train(rank: int, **options: Any) -> dict[str, Any]:
         "predicted": dict(state.auto_choice.predicted_s) if state.auto_choice else None,
         "fc1": [h["params"]["fc1.weight"]["scheme"] for h in state.history],
         "emb": [h["params"]["emb.weight"]["scheme"] for h in state.history],
-        "records": [(h["step_interval_s"], h["predicted_step_s"]) for h in state.history],
+        "records": [(h.get("step_interval_s"), h.get("predicted_step_s")) for h in state.history],
         "final": [p.detach().clone() for p in ddp.parameters()],
     }
     state.close()
@@ -83,6 +94,7 @@ def _worker(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     for case, options in {
         "other_world": {"profile": _profile(world_size + 1, SLOW)},
         "one_rank_differs": {"profile": _profile(world_size, SLOW if rank == 0 else FAST)},
+        "other_model": {"profile": _renamed(_profile(world_size, SLOW))},
     }.items():
         try:
             _train(rank, **options)
@@ -105,7 +117,8 @@ class TestAutoWithProfile:
             slow = r["slow"]
             assert slow["choice"] == min(slow["predicted"], key=slow["predicted"].__getitem__) == "topk:0.01"
             assert all(s.startswith("compress:topk:0.01|") for s in slow["fc1"]), slow["fc1"]
-            assert all(s == "zen" for s in slow["emb"][1:]), slow["emb"]  # natural sparsity stays auto's
+            # The embedding's natural sparsity stays auto's: a lossless sparse scheme, not compression.
+            assert all(s in zensync.SCHEMES and s != "dense" for s in slow["emb"]), slow["emb"]
 
     def test_a_profile_file_chooses_as_the_object(self, results: list[dict[str, Any]]) -> None:
         for r in results:
@@ -139,3 +152,4 @@ class TestAutoWithProfile:
         for r in results:
             assert "measured on 3 ranks, and this group has 2" in r.get("other_world", ""), r.get("other_world")
             assert r.get("one_rank_differs"), "ranks with different profiles must not train"
+            assert "are not parameters of this model" in r.get("other_model", ""), r.get("other_model")
