@@ -2,14 +2,16 @@
 
 The hook turns each bucket into a step job (``hooks.pipeline``: views, detection, decision,
 execution) on the state's lane and returns its future; DDP waits for the futures at the end of
-backward. The step opens with a comparison of the ranks' engine states (``check_agreement``),
-which runs beside the buckets' local work and gates their collectives (``open_step``). The last
+backward. Each step's ranks compare their engine states (``check_agreement``) in one small
+all-gather issued at DDP's forward (a forward pre-hook, ``begin_check``), whose round overlaps the
+forward and backward and gates the buckets' collectives (``open_step``). The last
 bucket's hook waits for the step, so a failure reaches ``backward()`` with its own type and
 message; a bucket that fails makes the step's remaining buckets on that rank skip their collectives.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from typing import Any, Protocol
@@ -88,8 +90,16 @@ def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncS
     if isinstance(module, torch.nn.Module):
         state.attach_hints(module)
     ddp_model.register_comm_hook(state, zensync_hook)
+    state.forward_hook = ddp_model.register_forward_pre_hook(functools.partial(_begin_check, state))
     _REGISTERED.add(ddp_model)
     return state
+
+
+def _begin_check(state: ZenSyncState, module: Any, _inputs: object) -> None:
+    """DDP's forward pre-hook (DDP holds the state anyway, as its comm hook's): a forward whose
+    backward will sync issues the step's agreement check."""
+    if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
+        state.begin_check(check_step_job)
 
 
 def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.Future[torch.Tensor]:
@@ -97,9 +107,10 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     if not state.step_open:
         # The step's first bucket: the ranks compare their engine state (a checkpoint loaded on one
         # rank only fails every rank at this step instead of hanging later). The check's gather is
-        # the step's first collective on zensync's group, and it runs beside the buckets' local
-        # work: their collectives wait for it, and fail with its exception on every rank.
-        state.open_step(check_step_job(state))
+        # the step's first collective on zensync's group, issued at the forward (``_begin_check``):
+        # its round overlaps the forward and backward, and the buckets' collectives wait for it and
+        # fail with its exception on every rank.
+        state.open_step(check_step_job)
     buffer = bucket.buffer()
     params = list(bucket.parameters())
     names = [state.name_of(p) for p in params]

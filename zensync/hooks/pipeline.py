@@ -68,8 +68,8 @@ def param_views(buffer: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torc
 
 
 async def check_step_job(state: ZenSyncState) -> torch.Tensor:
-    """A step's agreement check (``check_agreement``; ``ZenSyncState.open_step`` runs it beside the
-    lane); its failure is noted for the step's jobs.
+    """A step's agreement check (``check_agreement``; ``ZenSyncState.begin_check`` issues it at DDP's
+    forward, or ``open_step`` at the first bucket); its failure is noted for the step's jobs.
 
     Its gather is issued under a log of its own, which is uninstalled before the wait: the buckets'
     jobs run meanwhile, and their traffic is theirs.

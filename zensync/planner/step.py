@@ -165,8 +165,9 @@ def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPr
        DDP's buckets are the fusion groups (the hook compresses a bucket as one vector);
     2. price the groups with the measured compressor costs, on a cluster whose one link is the
        collective's measured alpha-beta (allreduce's for allreduce schemes, allgather's otherwise);
-    3. ``hooked``: the zensync hook's agreement round joins the comm stream when the first bucket is
-       ready, ahead of it (its collectives wait for it);
+    3. ``hooked``: the zensync hook's agreement round joins the comm stream ahead of the first
+       bucket (whose collectives wait for it); the hook issues it at the forward, and it is charged
+       from the start of the backward (the forward's overlap is not counted);
     4. simulate; the step adds ``other_s``.
 
     Args:
@@ -205,8 +206,7 @@ def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPr
     units = price_units(profile, cluster, model, strategy, fp16_model=fp16)
     # Step 3: the agreement round, ahead of the first bucket.
     if hooked and step.world_size > 1:
-        first = units[0]
-        units.insert(0, Unit(label="agreement", ready_s=first.ready_s, stages=(("comm", step.round_s),)))
+        units.insert(0, Unit(label="agreement", ready_s=0.0, stages=(("comm", step.round_s),)))
     # Step 4: the timeline.
     result = simulate_units(units, forward_s=profile.forward_s, backward_s=profile.backward_s)
     return StepPrediction(spec=spec, step_s=result.iteration_s + step.other_s, result=result)

@@ -193,3 +193,30 @@ def test_calibrated_cost_model_is_bit_identical_on_every_rank(tmp_path: Path) ->
     # across processes; the model must be rank 0's, broadcast.
     results = launch(_calibrated, 3, (), tmp_path)
     assert results[1] == results[0] and results[2] == results[0], results
+
+
+def _load_mid_step_worker(rank: int, world_size: int) -> dict[str, object]:
+    ddp = torch.nn.parallel.DistributedDataParallel(_model())
+    state = zensync.register(ddp, strategy="zen", latency_s=1e-5, bandwidth_bytes_per_s=1e9)
+    x = torch.arange(4).view(2, 2) * (rank + 1)
+    ddp(x).sum().backward()
+    saved = state.state_dict()
+    with torch.no_grad():
+        ddp(x)  # an evaluation forward issues no check: loading stays allowed
+    state.load_state_dict(saved)
+    loss = ddp(x).sum()  # this forward issued the step's check
+    try:
+        state.load_state_dict(saved)
+        refused = ""
+    except RuntimeError as exc:
+        refused = str(exc)
+    loss.backward()  # the step runs on the state that was checked
+    state.load_state_dict(saved)  # between steps again
+    ddp(x).sum().backward()
+    return {"refused": refused, "step": state.step}
+
+
+def test_load_state_dict_between_forward_and_backward_is_refused(tmp_path: Path) -> None:
+    for result in launch(_load_mid_step_worker, 2, (), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S):
+        assert "load_state_dict during a step" in str(result["refused"]), result
+        assert result["step"] == 2  # loaded step 1, then one step
