@@ -63,8 +63,8 @@ def measure_compressor_costs(
             CompressorCost(
                 spec=comp.spec(),
                 device=kernels.device_name(dev),
-                compress=_fit(sizes, enc),
-                decompress=_fit(sizes, dec),
+                compress=clamped_fit(sizes, enc),
+                decompress=clamped_fit(sizes, dec),
             )
         )
     return out
@@ -82,14 +82,15 @@ def _median_s(fn: Callable[[], object], repeats: int, device: torch.device) -> f
     return statistics.median(times)
 
 
-def _fit(sizes: Sequence[int], seconds: Sequence[float]) -> CostFit:
-    """Least-squares affine fit, clamped to non-negative coefficients."""
+def clamped_fit(sizes: Sequence[float], seconds: Sequence[float]) -> CostFit:
+    """Least-squares affine fit of seconds by size, clamped to non-negative coefficients."""
+    measured = tuple(round(s) for s in sizes)
     if len(sizes) == 1:
-        return CostFit(fixed_s=seconds[0], per_element_s=0.0, sizes=tuple(sizes), seconds=tuple(seconds))
+        return CostFit(fixed_s=seconds[0], per_element_s=0.0, sizes=measured, seconds=tuple(seconds))
     fixed, per = fit_affine(sizes, seconds)
     if per < 0:  # noise on tiny sizes: a flat cost
         fixed, per = statistics.fmean(seconds), 0.0
     if fixed < 0:  # through the origin: least squares of y ~ per * x
         per = max(0.0, sum(a * b for a, b in zip(sizes, seconds, strict=True)) / sum(a * a for a in sizes))
         fixed = 0.0
-    return CostFit(fixed_s=fixed, per_element_s=per, sizes=tuple(sizes), seconds=tuple(seconds))
+    return CostFit(fixed_s=fixed, per_element_s=per, sizes=measured, seconds=tuple(seconds))

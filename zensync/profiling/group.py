@@ -2,10 +2,10 @@
 
 ``profile_group`` is collective (every rank calls it, with the same arguments) and returns the same
 ``zensync.planner.StepProfile`` on every rank. Every time in it is the slowest rank's (the elementwise
-maximum over ranks, which is exact): a collective completes when its last rank arrives, so that is
-what a step pays. Ready times, offsets inside the backward, are the mean over ranks as rank 0 holds
-it. It is the calibration run of ``zensync.planner.predict_step``; run it apart from the steps it
-predicts.
+maximum over ranks): a collective completes when its last rank arrives, so that is what a step
+pays. Ready times, offsets inside the backward, are the mean over ranks. The fits are rank 0's,
+broadcast (a least-squares solve is not bit-reproducible across processes). It is the calibration
+run of ``zensync.planner.predict_step``; run it apart from the steps it predicts.
 
 Steps:
 
@@ -38,6 +38,7 @@ from torch import nn
 from zensync.compress import ErrorFeedback, all_finite, build
 from zensync.cost import compressor_model, fit_affine
 from zensync.planner import LinkFit, ModelProfile, StepProfile, TensorProfile
+from zensync.profiling.costs import clamped_fit
 from zensync.transport import GradBucket, TorchTransport, Transport
 
 __all__ = ["profile_group"]
@@ -107,16 +108,32 @@ def profile_group(
     # Step 3: the compressors at the buckets' sizes.
     sizes = sorted({_SMALL_NUMEL, *(_numel(profile, b) for b in buckets)})
     costs = {_key(spec): _compressor_costs(transport, spec, sizes, repeats) for spec in specs}
-    return StepProfile(
-        profile=profile,
-        world_size=n,
-        other_s=other_s,
-        buckets=buckets,
-        allreduce=allreduce,
-        allgather=allgather,
-        round_s=round_s,
-        compressor_costs=costs,
+    return _as_rank0(
+        transport,
+        StepProfile(
+            profile=profile,
+            world_size=n,
+            other_s=other_s,
+            buckets=buckets,
+            allreduce=allreduce,
+            allgather=allgather,
+            round_s=round_s,
+            compressor_costs=costs,
+        ),
     )
+
+
+def _as_rank0(transport: Transport, step: StepProfile) -> StepProfile:
+    """Rank 0's profile on every rank, bit for bit: the inputs of the fits are identical on every rank,
+    but a least-squares solve is not bit-reproducible across processes (buffer alignment), and ranks
+    whose predictions differ by an ulp could choose differently at a tie."""
+    if transport.world_size == 1:
+        return step
+    text = torch.frombuffer(bytearray(step.to_json().encode()), dtype=torch.uint8)
+    size = transport.broadcast(torch.tensor([text.numel()], dtype=torch.int64), src=0)
+    payload = text if transport.rank == 0 else torch.zeros(int(size.item()), dtype=torch.uint8)
+    agreed = transport.broadcast(payload, src=0)
+    return StepProfile.from_json(bytes(agreed.tolist()).decode())
 
 
 def _numel(profile: ModelProfile, bucket: Sequence[str]) -> int:
@@ -144,28 +161,9 @@ def _compute(
     transport: Transport,
 ) -> tuple[ModelProfile, float, tuple[tuple[str, ...], ...]]:
     """Step 1: (profile, other_s, buckets), agreed over ranks."""
-    module = copy.deepcopy(ddp.module)
-    replica = nn.parallel.DistributedDataParallel(
-        module,
-        bucket_cap_mb=ddp.bucket_bytes_cap / 2**20,
-        process_group=ddp.process_group,
-        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
-        find_unused_parameters=ddp.find_unused_parameters,
-    )
-    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    names = {id(p): n for n, p in params}
     buckets: list[tuple[str, ...]] = []
+    replica, params = _silent_replica(ddp, buckets)
     marks: dict[str, float] = {}
-
-    def no_comm(_state: object, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-        buckets.append(tuple(names[id(p)] for p in bucket.parameters()))
-        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        done.set_result(bucket.buffer())
-        return done
-
-    # DDP compares the hook's annotations with the real types (this module's are strings).
-    no_comm.__annotations__ = {"_state": object, "bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
-    replica.register_comm_hook(None, no_comm)
     handles = [p.register_post_accumulate_grad_hook(_marker(marks, n)) for n, p in params]
     opt = optimizer(replica.parameters()) if optimizer is not None else None
     ready: dict[str, list[float]] = {n: [] for n, _ in params}
@@ -196,27 +194,53 @@ def _compute(
     finally:
         for handle in handles:
             handle.remove()
+    # Ready times: the mean over ranks; durations: the slowest rank's, per step.
     ordered = sorted(ready)
-    mean_ready = [statistics.fmean(ready[n]) if ready[n] else 0.0 for n in ordered]
-    agreed = _agreed(transport, mean_ready)
+    mean_ready = _mean(transport, [statistics.fmean(ready[n]) if ready[n] else 0.0 for n in ordered])
     forward_s, backward_s, other_s = (
         statistics.fmean(_slowest(transport, times)) for times in (forward, backward, other)
     )
-    got = {n for b in buckets for n in b}
+    bucketed = {n for b in buckets for n in b}
     shapes = {n: tuple(p.shape) for n, p in params}
-    tensors = sorted(
-        (TensorProfile(name=n, shape=shapes[n], ready_s=t) for n, t in zip(ordered, agreed, strict=True) if n in got),
-        key=lambda t: (t.ready_s, t.name),
-    )
+    measured = sorted((t, n) for n, t in zip(ordered, mean_ready, strict=True) if n in bucketed)
+    tensors = tuple(TensorProfile(name=n, shape=shapes[n], ready_s=t) for t, n in measured)
     profile = ModelProfile(
         model=name,
-        tensors=tuple(tensors),
+        tensors=tensors,
         forward_s=forward_s,
         backward_s=max(backward_s, tensors[-1].ready_s),
         dtype_bytes=params[0][1].element_size(),
         device=f"measured:{params[0][1].device.type} x{transport.world_size} at once",
     )
     return profile, other_s, tuple(buckets)
+
+
+def _silent_replica(
+    ddp: nn.parallel.DistributedDataParallel, buckets: list[tuple[str, ...]]
+) -> tuple[nn.parallel.DistributedDataParallel, list[tuple[str, nn.Parameter]]]:
+    """A DDP copy of ``ddp``'s module with its bucket size and a hook that sends nothing and appends
+    each bucket's parameter names to ``buckets``; with its trainable (name, parameter) pairs."""
+    module = copy.deepcopy(ddp.module)
+    replica = nn.parallel.DistributedDataParallel(
+        module,
+        bucket_cap_mb=ddp.bucket_bytes_cap / 2**20,
+        process_group=ddp.process_group,
+        gradient_as_bucket_view=ddp.gradient_as_bucket_view,
+        find_unused_parameters=ddp.find_unused_parameters,
+    )
+    params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    names = {id(p): n for n, p in params}
+
+    def no_comm(_state: object, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buckets.append(tuple(names[id(p)] for p in bucket.parameters()))
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done
+
+    # DDP compares the hook's annotations with the real types (this module's are strings).
+    no_comm.__annotations__ = {"_state": object, "bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    replica.register_comm_hook(None, no_comm)
+    return replica, params
 
 
 def _marker(marks: dict[str, float], name: str) -> Callable[[torch.Tensor], None]:
@@ -267,10 +291,10 @@ def _slowest(transport: Transport, values: Sequence[float]) -> list[float]:
     return torch.stack(gathered).amax(dim=0).tolist()
 
 
-def _agreed(transport: Transport, values: Sequence[float]) -> list[float]:
-    """The mean over ranks of ``values``, as rank 0 holds it (bit-identical on every rank)."""
-    summed = transport.all_reduce(torch.tensor(list(values), dtype=torch.float64)) / transport.world_size
-    return transport.broadcast(summed, src=0).tolist()
+def _mean(transport: Transport, values: Sequence[float]) -> list[float]:
+    """The mean over ranks of ``values`` (equal on every rank up to the sum's order: ``_as_rank0``
+    makes the profile identical)."""
+    return (transport.all_reduce(torch.tensor(list(values), dtype=torch.float64)) / transport.world_size).tolist()
 
 
 # -- Step 3 ---------------------------------------------------------------------------------------------
@@ -323,11 +347,6 @@ def _compressor_costs(
 
 
 def _affine(x: Sequence[float], seconds: Sequence[float]) -> dict[str, float]:
-    """``AffineCost`` fields of the least-squares line, clamped to non-negative coefficients."""
-    fixed, per = fit_affine(list(x), list(seconds))
-    if per < 0:
-        fixed, per = statistics.fmean(seconds), 0.0
-    if fixed < 0:
-        per = sum(a * b for a, b in zip(x, seconds, strict=True)) / sum(a * a for a in x)
-        fixed = 0.0
-    return {"fixed_s": fixed, "per_element_s": per, "knee_elements": 0}
+    """``AffineCost`` fields of the clamped least-squares line (``clamped_fit``)."""
+    fit = clamped_fit(x, seconds)
+    return {"fixed_s": fit.fixed_s, "per_element_s": fit.per_element_s, "knee_elements": 0}
