@@ -99,12 +99,19 @@ def _run_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         with bar(1, f"alpha/beta of {args.calibrate_workers} gloo ranks", unit="fit") as fits:
             comm = _calibrate(args.calibrate_workers)
             fits.update()
-    device = "gpu" if profile.device.startswith("measured:cuda") else "cpu"
+    # The planner's "gpu" options compress on the training device's own stream: measured there, on a
+    # GPU or on the CPU a CPU model trains on (which is also where offloaded compression runs).
+    devices = ("gpu",) if profile.device.startswith("measured:cuda") else ("gpu", "cpu")
     bundle: dict[str, Any] = {
         "version": PROFILE_BUNDLE_VERSION,
         "profile": json.loads(profile.to_json()),
         "compressor_costs": {
-            c.spec: {f"{device}_compress": _fit(c.compress), f"{device}_decompress": _fit(c.decompress)} for c in costs
+            c.spec: {
+                f"{d}_{op}": _fit(fit)
+                for d in devices
+                for op, fit in (("compress", c.compress), ("decompress", c.decompress))
+            }
+            for c in costs
         },
         "comm": comm,
     }
