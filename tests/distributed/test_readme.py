@@ -27,7 +27,7 @@ def _block(marker: str) -> str:
 
 
 def test_every_python_block_is_tested() -> None:
-    markers = ("SimulatedWorld(", "init_process_group(", 'strategy="plan.json"')
+    markers = ("SimulatedWorld(", "init_process_group(", 'strategy="plan.json"', "profile_group(")
     assert len(_python_blocks()) == len(markers)
     for marker in markers:
         _block(marker)
@@ -56,7 +56,8 @@ def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
     )
     # One torchrun launch runs the program once per register line, each on a fresh process group.
     script = ["import torch"]
-    for i, line in enumerate([original, *register_lines]):
+    # The profile block replaces the register line too: it measures, then registers "auto" with the profile.
+    for i, line in enumerate([original, *register_lines, _block("profile_group(")]):
         body = program.replace(original, line)
         if i:
             body = body.replace("torch.distributed.init_process_group(", "(lambda *a, **k: None)(")
@@ -71,7 +72,7 @@ def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    for i in range(1 + len(register_lines)):
+    for i in range(2 + len(register_lines)):
         for rank in range(2):
             assert (tmp_path / f"ran-{i}-rank{rank}").exists(), done.stdout[-4000:]
     assert (tmp_path / "zensync-rank1.pt").exists()

@@ -22,15 +22,12 @@ import pathlib
 from typing import Any, Literal
 
 from zensync.compress import build, compressor_names, parse_spec
-from zensync.planner import MAX_JSON_CHARS, AutoChoice, Plan, StepProfile, choose_compression
+from zensync.planner import AUTO_COMPRESSORS, MAX_JSON_CHARS, AutoChoice, Plan, StepProfile, choose_compression
 from zensync.sync import SCHEMES
 from zensync.sync.auto import AUTO_CANDIDATES
 
 __all__ = ["AUTO_COMPRESSORS", "Strategy", "auto_compression", "read_step_profile", "resolve_strategy"]
 
-AUTO_COMPRESSORS = ("fp16", "topk:0.01", "dgc:0.01", "efsignsgd", "onebit")
-"""What "auto" may compress dense parameters with, given a step profile: the cast and the lossy
-compressors whose error feedback (or rounding) the compression tests bound the loss of."""
 
 Kind = Literal["dense", "sparse", "compress", "plan"]
 

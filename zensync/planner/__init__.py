@@ -27,6 +27,7 @@ from zensync.planner.simulator import (
     simulate_units,
 )
 from zensync.planner.step import (
+    AUTO_COMPRESSORS,
     STEP_PROFILE_VERSION,
     AutoChoice,
     LinkFit,
@@ -37,6 +38,7 @@ from zensync.planner.step import (
 )
 
 __all__ = [
+    "AUTO_COMPRESSORS",
     "FP16_OPTION",
     "FP32_OPTION",
     "MAX_JSON_CHARS",

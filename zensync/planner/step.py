@@ -37,6 +37,7 @@ from zensync.planner.profile import ModelProfile
 from zensync.planner.simulator import SimResult, Strategy, Unit, price_units, simulate_units
 
 __all__ = [
+    "AUTO_COMPRESSORS",
     "STEP_PROFILE_VERSION",
     "AutoChoice",
     "LinkFit",
@@ -47,6 +48,10 @@ __all__ = [
 ]
 
 STEP_PROFILE_VERSION = 1
+AUTO_COMPRESSORS = ("fp16", "topk:0.01", "dgc:0.01", "efsignsgd", "onebit")
+"""What "auto" may compress dense parameters with, given a step profile (and what ``profile_group``
+times by default): the cast and the lossy compressors whose error feedback (or rounding) the
+compression tests bound the loss of."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -37,7 +37,7 @@ from torch import nn
 
 from zensync.compress import ErrorFeedback, all_finite, build
 from zensync.cost import compressor_model, fit_affine
-from zensync.planner import LinkFit, ModelProfile, StepProfile, TensorProfile
+from zensync.planner import AUTO_COMPRESSORS, LinkFit, ModelProfile, StepProfile, TensorProfile
 from zensync.profiling.costs import clamped_fit
 from zensync.transport import GradBucket, TorchTransport, Transport
 
@@ -59,7 +59,7 @@ def profile_group(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     *,
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
-    specs: Sequence[str] = (),
+    specs: Sequence[str] = AUTO_COMPRESSORS,
     iterations: int = 6,
     warmup: int = 2,
     repeats: int = 5,
@@ -73,7 +73,7 @@ def profile_group(
         make_batch: Returns this rank's (inputs, targets) for one step.
         loss_fn: (output, targets) -> scalar loss.
         optimizer: Builds the step's optimizer from parameters (its step is part of ``other_s``).
-        specs: Compressor specs to time ("fp16", "topk:0.01", ...).
+        specs: Compressor specs to time (default: the ones "auto" may choose).
         iterations: Timed steps of step 1 (after ``warmup`` untimed ones).
         warmup: Untimed steps first (DDP rebuilds its buckets after the first).
         repeats: Timed calls per collective size and per compressor operation.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zensync.cost import fit_affine
-from zensync.profiling.costs import _fit
+from zensync.profiling.costs import clamped_fit
 
 
 def test_fit_affine_recovers_a_line_and_the_least_squares_solution() -> None:
@@ -16,12 +16,12 @@ def test_fit_affine_recovers_a_line_and_the_least_squares_solution() -> None:
 
 
 def test_profiler_fit_clamps_to_non_negative_costs() -> None:
-    exact = _fit([1000, 2000, 4000], [2e-3, 3e-3, 5e-3])
+    exact = clamped_fit([1000, 2000, 4000], [2e-3, 3e-3, 5e-3])
     assert (exact.fixed_s, exact.per_element_s) == pytest.approx((1e-3, 1e-6), rel=1e-9)
-    flat = _fit([1000, 2000, 4000], [3e-3, 2e-3, 1e-3])  # negative slope: noise, a flat cost
+    flat = clamped_fit([1000, 2000, 4000], [3e-3, 2e-3, 1e-3])  # negative slope: noise, a flat cost
     assert (flat.fixed_s, flat.per_element_s) == pytest.approx((2e-3, 0.0))
-    through_origin = _fit([1000, 2000], [0.0, 4e-3])  # negative intercept: y ~ per * x
+    through_origin = clamped_fit([1000, 2000], [0.0, 4e-3])  # negative intercept: y ~ per * x
     assert through_origin.fixed_s == 0.0
     assert through_origin.per_element_s == pytest.approx(8e-6 / 5, rel=1e-12)  # sum(xy) / sum(x^2)
-    single = _fit([1000], [2e-3])
+    single = clamped_fit([1000], [2e-3])
     assert (single.fixed_s, single.per_element_s) == (2e-3, 0.0)
