@@ -132,7 +132,7 @@ def _sgd(params: Any) -> torch.optim.Optimizer:
 
 def _priced_specs(strategies: list[str]) -> list[str]:
     """The compressor specs the calibration run times: those of the strategies it can predict."""
-    from zensync.hooks.strategy import AUTO_COMPRESSORS
+    from zensync.planner import AUTO_COMPRESSORS
 
     specs = {priced[0] for priced in map(_prediction_of, strategies) if priced is not None}
     if "auto" in strategies:

@@ -30,7 +30,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zensync.cost import FP16_MODEL, FP32_MODEL, AffineCost, CompressorModel, compressor_model
+from zensync.cost import FP16_MODEL, FP32_MODEL, AffineCost, CompressorModel, compressor_model, read_measured_costs
+from zensync.planner._reader import Fields, parse_json
 from zensync.planner.cluster import ClusterSpec
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption
 from zensync.planner.profile import ModelProfile
@@ -63,7 +64,7 @@ class LinkFit:
     sizes: tuple[int, ...] = ()
     """Bytes per rank of the timed calls."""
     seconds: tuple[float, ...] = ()
-    """Their median times (mean over ranks)."""
+    """Their median times (of the slowest rank's, per call)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,7 +127,7 @@ class StepProfile:
 
     @classmethod
     def from_json(cls, text: str) -> StepProfile:
-        data = json.loads(text)
+        data = parse_json(text, what="step profile")  # the size and nesting caps of every reader
         if not isinstance(data, dict) or data.get("version") != STEP_PROFILE_VERSION:
             raise ValueError(f"not a step profile of version {STEP_PROFILE_VERSION}")
         return cls(
@@ -137,8 +138,17 @@ class StepProfile:
             allreduce=_link(data["allreduce"]),
             allgather=_link(data["allgather"]),
             round_s=float(data["round_s"]),
-            compressor_costs=data["compressor_costs"],
+            compressor_costs=_costs(data["compressor_costs"]),
         )
+
+
+def _costs(data: object) -> dict[str, dict[str, dict[str, float]]]:
+    """``compressor_costs`` checked as every measured-costs reader checks them (``read_measured_costs``)."""
+    fields = Fields("step profile")
+    costs = fields.mapping(
+        data, "compressor_costs", required=(), optional=data.keys() if isinstance(data, dict) else ()
+    )
+    return {spec: read_measured_costs(fits, fields, f"compressor_costs.{spec}") for spec, fits in costs.items()}
 
 
 def _link(data: Mapping[str, Any]) -> LinkFit:

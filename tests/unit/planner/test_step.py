@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -138,3 +139,10 @@ def test_auto_margin_keeps_dense_when_the_gain_is_smaller() -> None:
     assert choose_compression(step, ["topk:0.01"], margin=gain * 1.01).spec == "fp32"
     with pytest.raises(ValueError, match=r"margin=-0\.1 must be >= 0"):
         choose_compression(step, ["topk:0.01"], margin=-0.1)
+
+
+def test_from_json_checks_the_costs_as_every_profile_reader() -> None:
+    data = json.loads(_step().to_json())
+    data["compressor_costs"][TOPK]["gpu_compress"]["fixed_s"] = -1.0
+    with pytest.raises(ValueError, match="fixed_s"):
+        StepProfile.from_json(json.dumps(data))
