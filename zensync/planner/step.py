@@ -9,9 +9,9 @@ separate calibration run:
 - ``profile``: forward, backward and per-parameter ready times, every rank running at once;
 - ``other_s``: the rest of the step (optimizer, zeroing the gradients), which no sync overlaps;
 - ``buckets``: DDP's buckets (parameter names), the units the hook syncs and compresses;
-- ``allreduce`` and ``allgather``: alpha (s per collective) and beta (bytes/s) of each, fitted to
-  timed collectives of the group (``latency_s + volume * nbytes / bandwidth``, the volumes of
-  ``zensync.cost.collectives``);
+- ``allreduce`` (float32; ``allreduce_half``: float16 payloads) and ``allgather``: alpha (s per
+  collective) and beta (bytes/s) of each, fitted to timed collectives of the group
+  (``latency_s + volume * nbytes / bandwidth``, the volumes of ``zensync.cost.collectives``);
 - ``round_s``: one small all-gather, what the hook's per-step agreement check adds to the comm stream;
 - ``compressor_costs``: each compressor's local work before the first collective (``compress``:
   error feedback's compensation, the encode) and after it (``decompress``: the decode of every
@@ -81,6 +81,9 @@ class StepProfile:
     round_s: float
     compressor_costs: Mapping[str, Mapping[str, Mapping[str, float]]]
     """spec -> {"gpu_compress"/"gpu_decompress": ``AffineCost`` fields}: the training device's stream."""
+    allreduce_half: LinkFit | None = None
+    """The allreduce of float16 payloads (the fp16 and bf16 casts' collective), where it was measured:
+    a backend may sum half precision at another speed than float32 (gloo's sum is software)."""
 
     def __post_init__(self) -> None:
         names = {t.name for t in self.profile.tensors}
@@ -119,6 +122,7 @@ class StepProfile:
             "other_s": self.other_s,
             "buckets": [list(b) for b in self.buckets],
             "allreduce": dataclasses.asdict(self.allreduce),
+            "allreduce_half": None if self.allreduce_half is None else dataclasses.asdict(self.allreduce_half),
             "allgather": dataclasses.asdict(self.allgather),
             "round_s": self.round_s,
             "compressor_costs": {k: {n: dict(f) for n, f in v.items()} for k, v in self.compressor_costs.items()},
@@ -136,6 +140,7 @@ class StepProfile:
             other_s=float(data["other_s"]),
             buckets=tuple(tuple(b) for b in data["buckets"]),
             allreduce=_link(data["allreduce"]),
+            allreduce_half=_link(data["allreduce_half"]) if data.get("allreduce_half") else None,
             allgather=_link(data["allgather"]),
             round_s=float(data["round_s"]),
             compressor_costs=_costs(data["compressor_costs"]),
@@ -179,7 +184,8 @@ def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPr
        (allreduce when its payloads sum, else allgather), on the training device's stream, flat;
        DDP's buckets are the fusion groups (the hook compresses a bucket as one vector);
     2. price the groups with the measured compressor costs, on a cluster whose one link is the
-       collective's measured alpha-beta (allreduce's for allreduce schemes, allgather's otherwise);
+       collective's measured alpha-beta (allreduce's for allreduce schemes, of float16 payloads for
+       the casts where measured; allgather's otherwise);
     3. ``hooked``: the zensync hook's agreement round joins the comm stream ahead of the first
        bucket (whose collectives wait for it); the hook issues it at the forward, and it is charged
        from the start of the backward (the forward's overlap is not counted);
@@ -202,11 +208,13 @@ def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPr
     if spec in ("fp32", "none"):
         option, link = FP32_OPTION, step.allreduce
     elif spec == "fp16":
-        option, link = FP16_OPTION, step.allreduce
+        option, link = FP16_OPTION, step.allreduce_half or step.allreduce
     else:
         summed = model.allreduce_compatible
         option = TensorOption(kind="comp", scheme="ar" if summed else "ag", device="gpu", level="flat")
         link = step.allreduce if summed else step.allgather
+        if model.spec == "bf16":  # a half-precision payload as fp16's
+            link = step.allreduce_half or link
     profile, groups = _bucket_order(step.profile, step.buckets)
     strategy = Strategy(options=(option,) * len(groups), groups=groups)
     # Step 2: price with the measured link.

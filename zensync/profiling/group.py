@@ -13,7 +13,8 @@ Steps:
    runs ``iterations`` steps on every rank at once (after ``warmup``); forward, backward (with the
    per-parameter ready times and DDP's bucket copies) and the rest of the step (zeroing the
    gradients, the optimizer) are timed, and DDP's buckets recorded;
-2. the links: allreduces up to the largest bucket and allgathers of compressed-payload sizes, each
+2. the links: allreduces up to the largest bucket (float32, and float16 for the casts) and
+   allgathers of compressed-payload sizes, each
    size timed ``repeats`` times after a barrier; alpha-beta fitted per collective; one small
    all-gather (the hook's agreement round) timed alone;
 3. each compressor's local work at each bucket's size (and a small size, for the fixed part), every
@@ -103,6 +104,8 @@ def profile_group(
     largest_bytes = max(_numel(profile, b) for b in buckets) * profile.dtype_bytes
     n = transport.world_size
     allreduce = _fit_link(transport, "allreduce", (*_ALLREDUCE_BYTES, largest_bytes), repeats, 2 * (n - 1) / n)
+    half_sizes = (*_ALLREDUCE_BYTES, largest_bytes // 2)
+    allreduce_half = _fit_link(transport, "allreduce", half_sizes, repeats, 2 * (n - 1) / n, torch.float16)
     allgather = _fit_link(transport, "allgather", _ALLGATHER_BYTES, repeats, float(n - 1))
     round_s = _median_s(transport, lambda: transport.all_gather(_round_payload()), repeats)
     # Step 3: the compressors at the buckets' sizes.
@@ -116,6 +119,7 @@ def profile_group(
             other_s=other_s,
             buckets=buckets,
             allreduce=allreduce,
+            allreduce_half=allreduce_half,
             allgather=allgather,
             round_s=round_s,
             compressor_costs=costs,
@@ -251,15 +255,22 @@ def _marker(marks: dict[str, float], name: str) -> Callable[[torch.Tensor], None
 
 
 # -- Step 2 ---------------------------------------------------------------------------------------------
-def _fit_link(transport: Transport, op: str, sizes: Sequence[int], repeats: int, volume: float) -> LinkFit:
-    """alpha-beta of ``op`` from its median time at each size (bytes per rank), agreed over ranks."""
+def _fit_link(
+    transport: Transport,
+    op: str,
+    sizes: Sequence[int],
+    repeats: int,
+    volume: float,
+    dtype: torch.dtype = torch.float32,
+) -> LinkFit:
+    """alpha-beta of ``op`` from its median time at each size (bytes per rank) of ``dtype`` payloads
+    (a backend sums half precision at another speed than float32: gloo's fp16 sum is software)."""
     sizes = sorted(set(sizes))
-    medians = []
+    seconds = []
     for nbytes in sizes:
-        payload = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+        payload = torch.ones(max(1, nbytes // dtype.itemsize), dtype=dtype)
         call = functools.partial(transport.all_reduce if op == "allreduce" else transport.all_gather, payload)
-        medians.append(_median_s(transport, call, repeats))
-    seconds = medians
+        seconds.append(_median_s(transport, call, repeats))
     intercept, slope = fit_affine([volume * s for s in sizes], seconds)
     return LinkFit(
         latency_s=max(0.0, intercept),

@@ -146,3 +146,15 @@ def test_from_json_checks_the_costs_as_every_profile_reader() -> None:
     data["compressor_costs"][TOPK]["gpu_compress"]["fixed_s"] = -1.0
     with pytest.raises(ValueError, match="fixed_s"):
         StepProfile.from_json(json.dumps(data))
+
+
+def test_the_casts_take_the_half_precision_allreduce_where_it_was_measured() -> None:
+    half = LinkFit(latency_s=ALLREDUCE.latency_s, bandwidth_bytes_per_s=ALLREDUCE.bandwidth_bytes_per_s / 2)
+    step = _step()
+    slow_half = dataclasses.replace(step, allreduce_half=half)
+    comm = allreduce_s(2 * 100_000 * 2.0, 4, ALLREDUCE.bandwidth_bytes_per_s, ALLREDUCE.latency_s)
+    # Half the bandwidth for the same fp16 bytes: the allreduce takes its byte term twice.
+    extra = comm - ALLREDUCE.latency_s
+    assert predict_step(slow_half, "fp16").step_s == pytest.approx(predict_step(step, "fp16").step_s + extra)
+    assert predict_step(slow_half, "fp32").step_s == predict_step(step, "fp32").step_s
+    assert StepProfile.from_json(slow_half.to_json()) == slow_half
