@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
+import os
 from typing import Any
 
 from zensync.compress import COMPRESSED_SCHEMES, build
-from zensync.hooks.strategy import AUTO_COMPRESSORS, resolve_strategy
-from zensync.planner import StepProfile
+from zensync.hooks.strategy import resolve_strategy
+from zensync.planner import AUTO_COMPRESSORS, StepProfile
 from zensync.sync import SyncOptions
 
 __all__ = ["HookConfig"]
@@ -96,7 +97,7 @@ class HookConfig:
     """Collective timeout (timedelta or seconds) of the process groups the hook creates; None: the
     DDP group's own timeout (init_process_group's ``timeout``), so a stuck peer fails every rank then."""
 
-    profile: StepProfile | str | None = dataclasses.field(default=None, repr=False)
+    profile: StepProfile | str | os.PathLike[str] | None = dataclasses.field(default=None, repr=False)
     """'auto' on a dense model: a ``zensync.planner.StepProfile`` measured in this group
     (``zensync.profile_group``, a separate calibration run) or the path of its JSON. Auto then syncs
     the parameters it does not sync sparsely with the compressor of ``auto_compressors`` that
@@ -119,7 +120,7 @@ class HookConfig:
         if self.profile is not None:
             if self.strategy != "auto":
                 raise ValueError(f"profile= is read by strategy='auto' only (strategy={self.strategy!r})")
-            if not isinstance(self.profile, (StepProfile, str)):
+            if not isinstance(self.profile, (StepProfile, str, os.PathLike)):
                 raise ValueError(
                     f"profile={type(self.profile).__name__} must be a zensync.planner.StepProfile or its JSON file path"
                 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import pathlib
 from typing import Any, Literal
 
@@ -89,7 +90,7 @@ def _plan_strategy(path: str) -> Strategy:
     return Strategy(path, "plan", ("dense", "zen"), plan=plan, plan_digest=hashlib.sha256(text.encode()).hexdigest())
 
 
-def read_step_profile(profile: StepProfile | str) -> tuple[StepProfile, str]:
+def read_step_profile(profile: StepProfile | str | os.PathLike[str]) -> tuple[StepProfile, str]:
     """(the profile, a digest of its JSON): a ``StepProfile``, or a path to the JSON of one.
 
     Raises:

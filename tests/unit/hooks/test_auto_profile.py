@@ -39,6 +39,8 @@ def test_read_step_profile_from_a_file_has_the_objects_digest(tmp_path: pathlib.
     path.write_text(step.to_json())
     from_file, digest = read_step_profile(str(path))
     assert from_file == step
+    assert read_step_profile(path) == (from_file, digest)  # a pathlib.Path as well
+    assert HookConfig(profile=path).profile == path
     assert digest == read_step_profile(step)[1]
     other = _step(ready=(0.01, 0.05))
     assert read_step_profile(other)[1] != digest
