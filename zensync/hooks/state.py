@@ -328,15 +328,15 @@ class ZenSyncState:
 
     def _note_step_times(self, now_s: float) -> None:
         """The opening step's measured interval since the last one opened, and auto's prediction of it."""
+        previous, self._opened_s = self._opened_s, now_s
+        if previous is None:  # the first step: nothing measured, nothing to predict beside it
+            return
         with self.lock:
             record = self.log.current
-            if self._opened_s is not None:
-                record.step_interval_s = now_s - self._opened_s
-            choice = self.auto_choice
-            if choice is not None:
+            record.step_interval_s = now_s - previous
+            if self.auto_choice is not None:
                 warm = self.decider.in_warmup(self.log.step - 1)  # the interval is the last step's
-                record.predicted_step_s = choice.predicted_s["fp32"] if warm else choice.step_s
-        self._opened_s = now_s
+                record.predicted_step_s = self.auto_choice.predicted_s["fp32"] if warm else self.auto_choice.step_s
 
     def submit(self, job: Coroutine[Any, Any, torch.Tensor]) -> Task[torch.Tensor]:
         """Run a step job on the lane, on the caller's CUDA stream (captured now, on the hook's thread)."""
