@@ -225,8 +225,7 @@ def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPr
         inter_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
         inter_latency_s=link.latency_s,
     )
-    fp16 = step.compressor("fp16") if spec == "fp16" else FP16_MODEL
-    units = price_units(profile, cluster, model, strategy, fp16_model=fp16)
+    units = price_units(profile, cluster, model, strategy, fp16_model=model if spec == "fp16" else FP16_MODEL)
     # Step 3: the agreement round, ahead of the first bucket.
     if hooked and step.world_size > 1:
         units.insert(0, Unit(label="agreement", ready_s=0.0, stages=(("comm", step.round_s),)))
