@@ -33,13 +33,15 @@ same order on every rank.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import inspect
 import math
 import re
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Iterator, Sequence
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -52,7 +54,9 @@ __all__ = [
     "Parts",
     "all_finite",
     "build",
+    "call_key",
     "check_ratio",
+    "compressed_call",
     "compressor_names",
     "compute_dtype",
     "format_spec",
@@ -67,10 +71,43 @@ __all__ = [
     "to_int",
 ]
 
-AllReduce = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
+
+class AllReduce(Protocol):
+    """An awaitable sum over ranks of a tensor (same shape and dtype), as ``allreduce_sync`` takes it.
+
+    ``last=True`` on a compressor's final round: the caller may then let the next bucket's
+    collectives go (``zensync.transport.hand_on``) while this one is summed and decoded.
+    """
+
+    def __call__(self, tensor: torch.Tensor, /, *, last: bool = False) -> Awaitable[torch.Tensor]: ...
+
+
 Parts = tuple[tuple[str, torch.Size], ...]
 """(name, shape) of each tensor a fused 1-D tensor concatenates, in order (``fuses_named_parts``)."""
-"""An awaitable sum over ranks of a tensor (same shape and dtype), as ``allreduce_sync`` takes it."""
+
+_OPEN_CALL: contextvars.ContextVar[object | None] = contextvars.ContextVar("zensync_compressed_call", default=None)
+"""The key of the compressed call (``compressed_call``) this context runs, None outside one."""
+
+
+def call_key() -> object | None:
+    """The key that brackets the state changes of the compressed call this context runs.
+
+    Error-feedback memories and stateful compressors hold a step's changes back per key
+    (``begin_step`` / ``end_step``), so calls that overlap (the DDP hook's buckets: bucket i
+    decodes while bucket i+1 compresses) commit or drop each their own. None outside a call.
+    """
+    return _OPEN_CALL.get()
+
+
+@contextlib.contextmanager
+def compressed_call() -> Iterator[object]:
+    """Open a compressed call in this context (a Task's, across its awaits): a fresh ``call_key``."""
+    key = object()
+    token = _OPEN_CALL.set(key)
+    try:
+        yield key
+    finally:
+        _OPEN_CALL.reset(token)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -204,7 +241,8 @@ class Compressor(abc.ABC):
         ``parts``: the (name, shape) of each tensor a 1-D ``x`` concatenates, in order; only
         compressors with ``fuses_named_parts`` read it (elementwise ones compress the whole alike).
 
-        A coroutine: ``all_reduce`` is awaited once per round, in the same order on every rank. The
+        A coroutine: ``all_reduce`` is awaited once per round, in the same order on every rank, the
+        final round with ``last=True``. The
         default compresses, all-reduces each payload in turn and decompresses the summed payloads:
         correct for ``allreduce_compatible`` compressors only. Multi-round compressors override it.
         ``out`` (x's shape and dtype; it may be ``x`` itself) receives the sum instead of a new
@@ -213,7 +251,7 @@ class Compressor(abc.ABC):
 
         Example::
 
-            async def all_reduce(t):
+            async def all_reduce(t, *, last=False):
                 return (await transport.all_reduce_async(t.reshape(-1))).view(t.shape)
 
 
@@ -225,7 +263,10 @@ class Compressor(abc.ABC):
                 f"use an allgather or alltoall+allgather scheme"
             )
         packed = self.compress_scaled(x, scale, name=name, step=step)
-        summed = Compressed(tuple([await all_reduce(p) for p in packed.payloads]), packed.ctx)
+        count = len(packed.payloads)
+        summed = Compressed(
+            tuple([await all_reduce(p, last=i == count - 1) for i, p in enumerate(packed.payloads)]), packed.ctx
+        )
         return self.decompress(summed) if out is None else self.decompress_into(summed, out)
 
     def __repr__(self) -> str:

@@ -42,10 +42,11 @@ rule is local: a non-finite new residual is not stored, and the previous one sta
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 
-from zensync.compress.base import all_finite
+from zensync.compress.base import all_finite, call_key
 
 __all__ = ["ErrorFeedback", "Layout"]
 
@@ -65,14 +66,19 @@ class ErrorFeedback:
     (the residual the step before replaced), and a consuming ``update`` turns that buffer into the
     new residual, so a step allocates nothing of the tensor's size after the first two: each name
     holds its residual and one spare of the same size (``workspace_bytes``).
+
+    Overlapping calls (the DDP hook's buckets: one decodes while the next compresses, on two
+    threads) hold their steps apart by ``call_key`` and touch the dictionaries under a lock;
+    each name belongs to one call at a time.
     """
 
-    __slots__ = ("_layouts", "_pending", "_residuals", "_retired", "_spares", "_warned")
+    __slots__ = ("_layouts", "_lock", "_pending", "_residuals", "_retired", "_spares", "_warned")
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()
         self._residuals: dict[str, torch.Tensor] = {}
-        self._pending: dict[str, torch.Tensor] | None = None
-        """The open step's new residuals, None when no step is open."""
+        self._pending: dict[object | None, dict[str, torch.Tensor]] = {}
+        """Per open step (``call_key``), its new residuals."""
         self._spares: dict[str, torch.Tensor] = {}
         """Per name, a tensor of the residual's size that no one else holds: ``compensate``'s output."""
         self._layouts: dict[str, Layout] = {}
@@ -92,6 +98,10 @@ class ErrorFeedback:
         kept until every piece of it has moved, and a stored group whose pieces have all moved
         elsewhere is dropped. An unchanged layout costs a comparison. Call it outside a step.
         """
+        with self._lock:
+            self._regroup(key, layout)
+
+    def _regroup(self, key: str, layout: Layout) -> None:
         known = self._layouts.get(key)
         if known == layout:
             return
@@ -143,22 +153,26 @@ class ErrorFeedback:
                 del self._layouts[key]
 
     def begin_step(self) -> None:
-        """Hold back every ``update`` until ``end_step``."""
-        assert self._pending is None, "begin_step called again before end_step"
-        self._pending = {}
+        """Hold back every ``update`` of this context's call (``call_key``) until ``end_step``."""
+        key = call_key()
+        with self._lock:
+            assert key not in self._pending, "begin_step called again before end_step"
+            self._pending[key] = {}
 
     def end_step(self, *, keep: bool) -> None:
         """Store the residuals of the step's ``update`` calls (``keep``), or drop them all."""
-        pending, self._pending = self._pending, None
-        if not pending:
-            return
-        for name, residual in pending.items():
-            if keep:
-                self._store(name, residual)
-            else:
-                self._spares[name] = residual  # the dropped residual's memory serves the next step
+        with self._lock:
+            pending = self._pending.pop(call_key(), None)
+            if not pending:
+                return
+            for name, residual in pending.items():
+                if keep:
+                    self._store(name, residual)
+                else:
+                    self._spares[name] = residual  # the dropped residual's memory serves the next step
 
     def _store(self, name: str, residual: torch.Tensor) -> None:
+        """(Caller holds the lock.)"""
         previous = self._residuals.get(name)
         self._residuals[name] = residual
         if previous is not None and previous is not residual:
@@ -167,6 +181,18 @@ class ErrorFeedback:
     def compensate(self, name: str, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
         """``scale * x`` plus the residual stored under ``name`` (a tensor of its own; ``x`` is not
         modified), in one pass: the DDP hook's division by the world size costs no pass of its own."""
+        with self._lock:
+            residual, spare = self._take(name, x)
+        if residual is None:
+            if scale != 1.0:
+                return torch.mul(x, scale) if spare is None else torch.mul(x, scale, out=spare)
+            return x.clone() if spare is None else spare.copy_(x)
+        if spare is None:
+            return torch.add(residual, x, alpha=scale)
+        return torch.add(residual, x, alpha=scale, out=spare)
+
+    def _take(self, name: str, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``compensate``'s residual and work buffer for ``x`` (caller holds the lock)."""
         residual = self._residuals.get(name)
         if residual is not None and residual.shape != x.shape and residual.numel() == x.numel():
             residual = self._residuals[name] = residual.view(x.shape)  # regroup's flat residual
@@ -186,13 +212,7 @@ class ErrorFeedback:
                 self._warned.add(name)
             del self._residuals[name]
             residual = None
-        if residual is None:
-            if scale != 1.0:
-                return torch.mul(x, scale) if spare is None else torch.mul(x, scale, out=spare)
-            return x.clone() if spare is None else spare.copy_(x)
-        if spare is None:
-            return torch.add(residual, x, alpha=scale)
-        return torch.add(residual, x, alpha=scale, out=spare)
+        return residual, spare
 
     def update(
         self,
@@ -224,13 +244,18 @@ class ErrorFeedback:
     def keep_remainder(self, name: str, residual: torch.Tensor) -> None:
         """Store ``residual``, computed by the caller in memory it gives up (``compensate``'s output
         minus what was sent, e.g. ``Compressor.subtract_transmitted``), as ``update`` stores its own."""
-        if self._pending is not None:
-            self._pending[name] = residual
-        elif bool(all_finite(residual)):  # host-device sync
-            self._store(name, residual)
-        else:
-            logger.debug("error feedback for %s: non-finite residual not stored", name)
-            self._spares[name] = residual
+        with self._lock:
+            pending = self._pending.get(call_key())
+            if pending is not None:
+                pending[name] = residual
+                return
+        finite = bool(all_finite(residual))  # host-device sync
+        with self._lock:
+            if finite:
+                self._store(name, residual)
+            else:
+                logger.debug("error feedback for %s: non-finite residual not stored", name)
+                self._spares[name] = residual
 
     def residual(self, name: str) -> torch.Tensor | None:
         """A copy of the stored residual of ``name`` (None before its first update); the stored
@@ -267,7 +292,7 @@ class ErrorFeedback:
         self._spares.clear()
         self._layouts.clear()
         self._retired.clear()
-        self._pending = None
+        self._pending.clear()
 
 
 def _total(layout: Layout) -> int:

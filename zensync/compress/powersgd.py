@@ -46,6 +46,7 @@ from zensync.compress.base import (
     Compressor,
     Parts,
     all_finite,
+    call_key,
     compute_dtype,
     format_spec,
     register_compressor,
@@ -117,7 +118,8 @@ class PowerSGDCompressor(Compressor):
         # Warm-start Q (m, r) per tensor name, in the compute dtype, with the tensor shape it belongs to.
         self._q_memory: dict[str, tuple[torch.Size, torch.Tensor]] = {}
         # While a step is open: each name's entry before the step's first store (None: it had none).
-        self._q_undo: dict[str, tuple[torch.Size, torch.Tensor] | None] | None = None
+        self._q_undo: dict[object | None, dict[str, tuple[torch.Size, torch.Tensor] | None]] = {}
+        """Per open call (``call_key``), each Q's value before the call's first store of it."""
 
     def spec(self) -> str:
         return format_spec(self.name, [self.config.rank], {"seed": self.config.seed} if self.config.seed else {})
@@ -134,16 +136,20 @@ class PowerSGDCompressor(Compressor):
     def clear(self) -> None:
         """Forget every warm-start Q (the next step draws the initial ones again)."""
         self._q_memory.clear()
-        self._q_undo = None
+        self._q_undo.clear()
 
     def begin_step(self) -> None:
-        """Record each Q's value before the step's first store, for ``end_step(keep=False)``."""
-        assert self._q_undo is None, "begin_step called again before end_step"
-        self._q_undo = {}
+        """Record each Q's value before the call's first store, for ``end_step(keep=False)``.
+
+        Per open call (``call_key``): overlapping calls (the DDP hook's buckets) undo each their own.
+        """
+        key = call_key()
+        assert key not in self._q_undo, "begin_step called again before end_step"
+        self._q_undo[key] = {}
 
     def end_step(self, *, keep: bool) -> None:
         """Keep the Qs stored since ``begin_step``, or put back the ones from before it."""
-        undo, self._q_undo = self._q_undo, None
+        undo = self._q_undo.pop(call_key(), None)
         if keep or not undo:
             return
         for name, before in undo.items():
@@ -154,8 +160,9 @@ class PowerSGDCompressor(Compressor):
 
     def _keep_q(self, name: str, shape: torch.Size, q: torch.Tensor) -> None:
         """Store ``q`` as ``name``'s warm start: within a step, undoably; outside one, only if finite."""
-        if self._q_undo is not None:
-            self._q_undo.setdefault(name, self._q_memory.get(name))
+        undo = self._q_undo.get(call_key())
+        if undo is not None:
+            undo.setdefault(name, self._q_memory.get(name))
         elif not bool(all_finite(q)):  # host-device sync, on the small (m, r) Q
             return
         self._q_memory[name] = (shape, q)
@@ -239,7 +246,7 @@ class PowerSGDCompressor(Compressor):
             return await self._fused_sync(x, all_reduce, parts, out, scale)
         dims = self.matrix_shape(x.shape)
         if dims is None:
-            summed = await all_reduce(x.contiguous() if scale == 1.0 else x * scale)
+            summed = await all_reduce(x.contiguous() if scale == 1.0 else x * scale, last=True)
             return summed if out is None or summed is out else out.copy_(summed.view(out.shape))
         matrix = x.reshape(dims).to(compute_dtype(x.dtype)).contiguous()
         q = self._warm_q(name, x.shape, x.device, dims[1], matrix.dtype)
@@ -251,7 +258,7 @@ class PowerSGDCompressor(Compressor):
         local_q = matrix.T @ p
         if scale != 1.0:
             local_q.mul_(scale)
-        q = (await all_reduce(local_q.to(x.dtype))).to(matrix.dtype)
+        q = (await all_reduce(local_q.to(x.dtype), last=True)).to(matrix.dtype)
         self._keep_q(name, x.shape, q)
         # Step 4: the rank-r approximation of the summed matrix.
         if out is not None and out.dtype == p.dtype and out.is_contiguous():
@@ -281,7 +288,7 @@ class PowerSGDCompressor(Compressor):
                 matrices.append(_MatrixPart(name, shape, dims, piece.reshape(dims).to(compute), into))
         # The parts sent as they are (biases), in one round; scaled here (they are small).
         if plain:
-            summed = await all_reduce(torch.cat([piece for piece, _ in plain]) * scale)
+            summed = await all_reduce(torch.cat([piece for piece, _ in plain]) * scale, last=not matrices)
             for (_, into), part in zip(plain, summed.split([p.numel() for p, _ in plain]), strict=True):
                 into.copy_(part)
         if not matrices:
@@ -297,7 +304,7 @@ class PowerSGDCompressor(Compressor):
         local_q = torch.cat([(m.matrix.T @ p).reshape(-1) for m, p in zip(matrices, ps, strict=True)])
         if scale != 1.0:
             local_q.mul_(scale)
-        q_all = (await all_reduce(local_q.to(x.dtype))).to(compute)
+        q_all = (await all_reduce(local_q.to(x.dtype), last=True)).to(compute)
         # Step 4: each rank-r approximation into its part of the output.
         q_parts = q_all.split([m.dims[1] * rank for m in matrices])
         for m, p, q in zip(matrices, ps, q_parts, strict=True):

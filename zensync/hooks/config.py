@@ -45,6 +45,7 @@ class HookConfig:
         history_size: Step records kept in ``ZenSyncState.history``.
         row_hints: Embeddings with dense gradients: detect from the rows the lookups touched (verified).
         hint_check_every: With row_hints, verify a hint against the full scan every this many steps.
+        overlap_buckets: A bucket lets the next one start once its last collective is issued (default True).
         jsonl_path: Append one JSON line per step here ("{rank}" in the path: one file per rank).
         sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
         timeout: Collective timeout of the groups the hook creates (timedelta or seconds; None: the
@@ -89,6 +90,10 @@ class HookConfig:
     and every ``hint_check_every`` steps (``zensync.hooks.hints``); False: always scan."""
     hint_check_every: int = 100
     """With ``row_hints``: check a parameter's hint against the full scan every this many steps."""
+    overlap_buckets: bool = True
+    """A bucket's job lets the next bucket's start once it has issued its last collective, so the
+    next bucket compresses while this one is on the wire and decoded (``hooks.executor``); False:
+    each bucket's job runs to its end first (the results are the same either way)."""
     jsonl_path: str | None = None
     """Append one JSON line per step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
     sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)
@@ -136,6 +141,9 @@ class HookConfig:
             raise ValueError(
                 f"compressed_scheme={self.compressed_scheme!r} is not one of auto, {', '.join(COMPRESSED_SCHEMES)}"
             )
+        for name in ("adapt", "row_hints", "overlap_buckets"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.ranks_per_node < 0:
             raise ValueError(f"ranks_per_node={self.ranks_per_node} must be >= 0 (0: flat)")
         for name, least in _LOWER_BOUNDS:

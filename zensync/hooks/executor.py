@@ -5,6 +5,13 @@ order on every rank (dense, then sparse parameters in bucket order, then compres
 of first appearance). Every sum goes back into its parameter's view of the bucket buffer; what
 each parameter's sync did goes to the
 step log (``ParamStep``) and to its record (``ParamRecord``), under the state's lock.
+
+Overlap across buckets: right after issuing the bucket's last collective (its last compressed
+group's, or the fused dense allreduce when nothing follows it) the job hands the lane on
+(``zensync.transport.hand_on``), so the next bucket compresses and issues while this one's
+collective is on the wire and its result is decoded. Both still leave every rank in submission
+order; a bucket's decode and the next bucket's compression run on two threads, each in its own
+Task context (its own traffic log and phase, its own error-feedback step: ``compressed_call``).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from zensync.sync import SyncOptions
 from zensync.sync.base import ItemView, default_granularity, get_scheme, item_view
 from zensync.sync.run import run_agreed_async
 from zensync.sync.zen import PreparedPush
-from zensync.transport import TrafficLog
+from zensync.transport import TrafficLog, hand_on
 from zensync.types import SyncStats
 
 __all__ = ["BucketExecutor", "BucketWork", "divides_records", "param_item_view"]
@@ -79,16 +86,25 @@ def param_item_view(view: torch.Tensor) -> ItemView:
 class BucketExecutor:
     """Runs decisions on the runtime's transport and writes what they did to memory and the log."""
 
-    __slots__ = ("lock", "log", "memory", "runtime", "sync_options")
+    __slots__ = ("lock", "log", "memory", "overlap", "runtime", "sync_options")
 
     def __init__(
-        self, runtime: Runtime, memory: ParamMemory, log: StepLog, sync_options: SyncOptions, lock: threading.Lock
+        self,
+        runtime: Runtime,
+        memory: ParamMemory,
+        log: StepLog,
+        sync_options: SyncOptions,
+        lock: threading.Lock,
+        *,
+        overlap: bool = True,
     ) -> None:
         self.runtime = runtime
         self.memory = memory
         self.log = log
         self.sync_options = sync_options
         self.lock = lock
+        self.overlap = overlap
+        """Hand the lane on after the bucket's last collective (``HookConfig.overlap_buckets``)."""
 
     def divides_itself(self, decision: Decision) -> bool:
         """Whether the decision's sync divides by the world size itself, so the pipeline leaves the
@@ -100,23 +116,31 @@ class BucketExecutor:
         return divides_records(decision)
 
     async def run(self, work: BucketWork) -> None:
-        """Sync every parameter of a bucket by its decision, in place in ``work.views``."""
-        await self._dense(work)
+        """Sync every parameter of a bucket by its decision, in place in ``work.views``; hands the
+        lane on after the bucket's last collective (module docstring)."""
+        follows = any(d.kind is not DecisionKind.DENSE for d in work.decisions)
+        await self._dense(work, last=self.overlap and not follows)
         await self._sparse(work)
         await self._compressed(work)
 
     # -- Step 4a: one fused allreduce ------------------------------------------------------------------
-    async def _dense(self, work: BucketWork) -> None:
+    async def _dense(self, work: BucketWork, *, last: bool) -> None:
         transport = self.runtime.transport
         views, names = work.views, work.names
         dense = [i for i, d in enumerate(work.decisions) if d.kind is DecisionKind.DENSE]
         start = time.perf_counter()
         with transport.phase("dense"):
             if len(dense) == len(views):
-                await transport.all_reduce_async(work.buffer, inplace=True)
+                pending = transport.all_reduce_async(work.buffer, inplace=True)
+                if last:
+                    hand_on()
+                await pending
             elif dense:
                 fused = torch.cat([views[i].reshape(-1) for i in dense])
-                summed = await transport.all_reduce_async(fused, inplace=True)
+                pending = transport.all_reduce_async(fused, inplace=True)
+                if last:
+                    hand_on()
+                summed = await pending
                 for i, part in zip(dense, summed.split([views[i].numel() for i in dense]), strict=True):
                     views[i].view(-1).copy_(part)
         elapsed = time.perf_counter() - start
@@ -196,7 +220,7 @@ class BucketExecutor:
         for i, decision in enumerate(decisions):
             if decision.kind is DecisionKind.COMPRESSED:
                 groups.setdefault(decision.group_key, []).append(i)
-        for members in groups.values():
+        for index, members in enumerate(groups.values()):
             first = min(names[i] for i in members)
             ef_name = first if len(members) == 1 else "fused:" + first
             await self._compressed_group(
@@ -205,6 +229,7 @@ class BucketExecutor:
                 [views[i] for i in members],
                 ef_name,
                 work.step,
+                last=self.overlap and index == len(groups) - 1,
             )
 
     async def _compressed_group(
@@ -214,6 +239,8 @@ class BucketExecutor:
         views: list[torch.Tensor],
         ef_name: str,
         step: int,
+        *,
+        last: bool,
     ) -> None:
         assert decision.compressor is not None
         sync = self.memory.compressed_sync(decision.compressor, decision.scheme)
@@ -242,7 +269,15 @@ class BucketExecutor:
             parts = tuple((n, v.shape) for n, v in zip(names, views, strict=True))
         with transport.recording(log), transport.phase("compressed"):
             summed = await sync.sync_async(
-                flat, transport, name=ef_name, step=step, hierarchy=levels, out=span, scale=scale, parts=parts
+                flat,
+                transport,
+                name=ef_name,
+                step=step,
+                hierarchy=levels,
+                out=span,
+                scale=scale,
+                parts=parts,
+                on_issued=hand_on if last else None,
             )
         if span is None:
             for out, part in zip(views, summed.reshape(-1).split([v.numel() for v in views]), strict=True):

@@ -129,7 +129,9 @@ class ZenSyncState:
         self.decider = Decider(config, self.strategy, self.memory, two_level=False)
         self.lock = threading.Lock()
         """Guards the memory's records and the log: async dense buckets complete on a backend thread."""
-        self.executor = BucketExecutor(self.runtime, self.memory, self.log, config.sync_options, self.lock)
+        self.executor = BucketExecutor(
+            self.runtime, self.memory, self.log, config.sync_options, self.lock, overlap=config.overlap_buckets
+        )
         self._pending: list[Handle[torch.Tensor]] = []
         self.step_error: BaseException | None = None
         """The first exception of the current step on this rank (``note_failure``); cleared by ``finish_step``."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from zensync.transport import launch
 from zensync.transport.base import CONTROL_BYTES_PER_COUNT, TrafficLog, Transport
-from zensync.transport.handle import Handle, Lane, Task, gather, run_sync
+from zensync.transport.handle import Handle, Lane, Task, gather, hand_on, handed_on, run_sync
 from zensync.transport.simulated import SimulatedTransport, SimulatedWorld, WorldAborted
 from zensync.transport.torch_dist import GradBucket, TorchTransport, transport_for_group
 
@@ -27,6 +27,8 @@ __all__ = [
     "Transport",
     "WorldAborted",
     "gather",
+    "hand_on",
+    "handed_on",
     "launch",
     "resolve",
     "run_sync",

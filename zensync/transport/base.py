@@ -40,6 +40,9 @@ inputs. With n ranks, rank r, and B the byte size of a tensor:
 
 A rank's own chunk never crosses the network and is not counted. Traffic is attributed to the phase
 set with ``phase(name)`` and accumulated into the ``TrafficLog`` installed with ``recording()``.
+Both are context variables: they hold for the code of the calling thread, or of the ``Task`` whose
+segment sets them (across its awaits, on whatever thread runs it), and not for other Tasks running
+meanwhile (the DDP hook's buckets overlap: each counts its own bytes and times).
 
 Timing: each collective's ``comm_time_s`` runs from the call to its return, so it includes waiting
 for ranks that arrive later. Benchmarks that want the transfer alone wrap the calls in ``fenced()``:
@@ -51,6 +54,7 @@ from __future__ import annotations
 import abc
 import collections
 import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -58,7 +62,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from zensync.transport.handle import Handle, Task, run_sync
+from zensync.transport.handle import Handle, Task, handed_on, run_sync
 from zensync.types import PhaseTraffic
 
 __all__ = ["CONTROL_BYTES_PER_COUNT", "TrafficLog", "Transport"]
@@ -74,6 +78,15 @@ as sent) of one collective on this rank."""
 _CallContext = tuple["list[TrafficLog]", str, bool]
 """What a collective takes from the moment it is called: the installed logs, the phase, fenced or not."""
 _ACCOUNTING_LOCK = threading.Lock()
+
+_LOGS: contextvars.ContextVar[tuple[tuple[Transport, TrafficLog], ...]] = contextvars.ContextVar(
+    "zensync_transport_logs", default=()
+)
+"""The (transport, log) pairs ``recording`` installed in this context, innermost last."""
+_PHASES: contextvars.ContextVar[tuple[tuple[Transport, str], ...]] = contextvars.ContextVar(
+    "zensync_transport_phases", default=()
+)
+"""The (transport, phase) pairs ``phase`` set in this context, innermost last."""
 """Completions are accounted on backend threads, several at once (gloo's workers, the p2p thread)."""
 
 
@@ -122,8 +135,6 @@ class Transport(abc.ABC):
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
-        self._phase = "other"
-        self._logs: list[TrafficLog] = []
         self._fenced = False
         self._issue_lock = threading.Lock()
         self._waiting: collections.deque[tuple[Callable[[], Handle[Any]], bool, Callable[[Handle[Any]], None]]] = (
@@ -145,12 +156,25 @@ class Transport(abc.ABC):
     # Phase and recording control
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Attribute the traffic of the enclosed collectives to ``name``."""
-        previous, self._phase = self._phase, name
+        """Attribute the traffic of the enclosed collectives (of this context: module docstring) to ``name``."""
+        token = _PHASES.set((*_PHASES.get(), (self, name)))
         try:
             yield
         finally:
-            self._phase = previous
+            _PHASES.reset(token)
+
+    @property
+    def _phase(self) -> str:
+        """The phase ``phase`` set for this transport in this context ("other" when none)."""
+        for transport, name in reversed(_PHASES.get()):
+            if transport is self:
+                return name
+        return "other"
+
+    @property
+    def _logs(self) -> list[TrafficLog]:
+        """The logs ``recording`` installed for this transport in this context."""
+        return [log for transport, log in _LOGS.get() if transport is self]
 
     @contextlib.contextmanager
     def timed(self, name: str) -> Iterator[None]:
@@ -159,10 +183,10 @@ class Transport(abc.ABC):
         Costs two clock reads where a log is installed, nothing otherwise: the DDP hook times its
         phases (detection, division, compression, error feedback) every step with it.
         """
-        if not self._logs:
+        logs = self._logs
+        if not logs:
             yield
             return
-        logs = list(self._logs)
         start = time.perf_counter()
         try:
             yield
@@ -172,8 +196,9 @@ class Transport(abc.ABC):
     def note_time(self, name: str, seconds: float) -> None:
         """Add ``seconds`` to ``work_s[name]`` of every installed log (a section ``timed`` cannot
         enclose: one interleaved with waits the caller subtracts)."""
-        if self._logs:
-            self._note_time(list(self._logs), name, seconds)
+        logs = self._logs
+        if logs:
+            self._note_time(logs, name, seconds)
 
     @staticmethod
     def _note_time(logs: list[TrafficLog], name: str, seconds: float) -> None:
@@ -186,13 +211,14 @@ class Transport(abc.ABC):
         """Install ``log`` to receive this rank's traffic for the enclosed calls.
 
         Recordings nest: traffic goes to every installed log (a hook's per-step log and the per-call
-        log of a sparse sync inside it both see the sync's bytes).
+        log of a sparse sync inside it both see the sync's bytes). They hold in this context
+        (module docstring): a Task made inside one records into it too.
         """
-        self._logs.append(log)
+        token = _LOGS.set((*_LOGS.get(), (self, log)))
         try:
             yield log
         finally:
-            self._logs.remove(log)
+            _LOGS.reset(token)
 
     @contextlib.contextmanager
     def fenced(self) -> Iterator[None]:
@@ -213,8 +239,19 @@ class Transport(abc.ABC):
         return time.perf_counter()
 
     def _capture(self) -> _CallContext:
-        """The call's logs, phase and fencing, taken when the collective is called (see ``_issue``)."""
-        return list(self._logs), self._phase, self._fenced
+        """The call's logs, phase and fencing, taken when the collective is called (see ``_issue``).
+
+        Raises:
+            RuntimeError: If the calling coroutine handed its lane on (``handle.hand_on``): the
+                next one may have issued its collectives already, so this one would leave the
+                ranks in different orders.
+        """
+        if handed_on():
+            raise RuntimeError(
+                "zensync: a collective was issued after its coroutine handed the lane on (hand_on): "
+                "the issue order would differ between ranks; hand on after the last collective"
+            )
+        return self._logs, self._phase, self._fenced
 
     @staticmethod
     def _account_to(

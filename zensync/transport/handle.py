@@ -19,22 +19,33 @@ Ordering rule: the ranks of a group must issue its collectives in the same order
 completion order, which differs between ranks (torch's PowerSGD hook breaks exactly there on gloo
 with several buckets), so coroutines that share a group run one at a time on a ``Lane``, in the
 order they were submitted, which is the order of the hook calls and the same on every rank.
+
+A coroutine that has issued its last collective may hand the lane on (``hand_on``): the next one
+starts then, while the first still waits for its collective and decodes its result, so the
+compression of DDP's bucket i overlaps the transfer of bucket i-1, and the issue order is still the
+submission order (a collective issued after handing on is refused: ``handed_on``).
+
+Each Task runs its segments in a ``contextvars.Context`` of its own (copied when it is made), so
+context variables set in one segment (the transport's phase and logs, a compressor's open step)
+are the Task's, whatever thread runs the next segment and whatever other Task runs meanwhile.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
 import torch
 
-__all__ = ["Handle", "Lane", "Task", "gather", "run_sync"]
+__all__ = ["Handle", "Lane", "Task", "gather", "hand_on", "handed_on", "run_sync"]
 
 logger = logging.getLogger(__name__)
 
@@ -241,26 +252,31 @@ class Task(Handle[T]):
 
     Each segment (the code between two awaits) runs inside ``context()`` on the thread that
     completed the previous handle; the first segment runs on the thread that calls ``start``.
-    The task completes with the coroutine's return value or its exception (original type).
+    Every segment runs in the Task's own ``contextvars.Context``, copied from the thread that made
+    the Task. The task completes with the coroutine's return value or its exception (original type).
     """
 
-    __slots__ = ("_context", "_coro")
+    __slots__ = ("_context", "_coro", "_ctx")
 
     def __init__(self, coro: Coroutine[Any, Any, T], context: SegmentContext | None = None) -> None:
         super().__init__()
         self._coro = coro
         self._context: SegmentContext = context or contextlib.nullcontext
+        self._ctx = contextvars.copy_context()
 
     def start(self) -> Task[T]:
         self._step()
         return self
 
+    def _segment(self) -> Any:
+        with self._context():
+            return self._coro.send(None)
+
     def _step(self, _: object = None) -> None:
         while True:  # loop over handles that are already done: no recursion, no callback per step
             finished, value, error = False, None, None
             try:
-                with self._context():
-                    awaited = self._coro.send(None)
+                awaited = self._ctx.run(self._segment)
             except StopIteration as stop:
                 finished, value = True, stop.value
             except BaseException as exc:  # noqa: BLE001 - the task's outcome, re-raised by wait()
@@ -277,14 +293,39 @@ class Task(Handle[T]):
                 return
 
 
+_LANE_TASK: contextvars.ContextVar[tuple[Lane, Task[Any]] | None] = contextvars.ContextVar(
+    "zensync_lane_task", default=None
+)
+"""In the context of a Task a Lane runs: that lane and task (for ``hand_on`` and ``handed_on``)."""
+
+
+def hand_on() -> None:
+    """Let the lane start its next coroutine now: the calling one has issued its last collective.
+
+    Called from a coroutine running on a ``Lane`` (elsewhere it does nothing; so does a second
+    call). The caller goes on (waits for its collectives, decodes) beside the next coroutine; a
+    collective it issues afterwards would break the issue order, and the transports refuse it
+    (``handed_on``).
+    """
+    slot = _LANE_TASK.get()
+    if slot is not None:
+        slot[0]._hand_on(slot[1])
+
+
+def handed_on() -> bool:
+    """Whether the calling coroutine runs on a lane it has handed on (``hand_on``)."""
+    slot = _LANE_TASK.get()
+    return slot is not None and slot[0]._is_handed_on(slot[1])
+
+
 class Lane:
     """Runs coroutines one at a time, in the order they were submitted.
 
-    Each coroutine starts when the previous one has finished (successfully or not), on the thread
-    that finished it, or at once on the submitting thread when the lane is idle. Submitting in the
-    same order on every rank (DDP calls its comm hook bucket by bucket, in the same order on every
-    rank) therefore issues the group's collectives in the same order on every rank, whatever order
-    the backend completes them in.
+    Each coroutine starts when the previous one has finished (successfully or not) or handed the
+    lane on (``hand_on``), on the thread that did so, or at once on the submitting thread when the
+    lane is idle. Submitting in the same order on every rank (DDP calls its comm hook bucket by
+    bucket, in the same order on every rank) therefore issues the group's collectives in the same
+    order on every rank, whatever order the backend completes them in.
 
     With ``thread_name``, the coroutines start on a thread of the lane's own instead (one per lane,
     started on first use, ended with the lane): for backends whose futures complete as soon as the
@@ -296,35 +337,70 @@ class Lane:
     bucket of a step that already failed) cost no stack depth, however many are queued.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_last", "_lock", "_looping", "_more", "_queue", "_thread_name", "_wake")
+    __slots__ = (
+        "__weakref__",
+        "_busy",
+        "_handed",
+        "_lock",
+        "_looping",
+        "_more",
+        "_queue",
+        "_thread_name",
+        "_unfinished",
+        "_wake",
+    )
 
     def __init__(self, *, thread_name: str | None = None) -> None:
         self._lock = threading.Lock()
         self._queue: collections.deque[Task[Any]] = collections.deque()
         self._busy = False
-        """A submitted coroutine has not finished (running, or queued behind one that runs)."""
+        """A submitted coroutine holds the lane (running and not handed on, or queued behind one)."""
         self._looping = False
         """A thread is in ``_loop`` (starting the next coroutine)."""
         self._more = False
-        """The coroutine ``_loop`` started finished while it was starting: start the next one."""
-        self._last: Task[Any] | None = None
+        """The coroutine ``_loop`` started let the lane go while it was starting: start the next one."""
+        self._unfinished: set[Task[Any]] = set()
+        """Submitted tasks that have not finished (``drain`` waits for each)."""
+        self._handed: set[Task[Any]] = set()
+        """Tasks that handed the lane on before finishing (their end no longer moves the lane)."""
         self._thread_name = thread_name
         self._wake: queue.SimpleQueue[bool] | None = None
 
     def submit(self, coro: Coroutine[Any, Any, T], context: SegmentContext | None = None) -> Task[T]:
         """Queue ``coro``; the returned Task completes with its outcome."""
         task = Task(coro, context)
+        task._ctx.run(_LANE_TASK.set, (self, task))
         task.add_done_callback(self._on_done)
         with self._lock:
             self._queue.append(task)
-            self._last = task
-            if self._busy:  # the running coroutine's end starts the next
+            self._unfinished.add(task)
+            if self._busy:  # the running coroutine's end (or hand-on) starts the next
                 return task
             self._busy = self._looping = True
         self._kick()
         return task
 
-    def _on_done(self, _: Handle[Any]) -> None:
+    def _on_done(self, done: Handle[Any]) -> None:
+        with self._lock:
+            self._unfinished.discard(done)
+            if done in self._handed:  # the lane went on already
+                self._handed.discard(done)
+                return
+        self._advance()
+
+    def _hand_on(self, task: Task[Any]) -> None:
+        with self._lock:
+            if task in self._handed or task not in self._unfinished:
+                return
+            self._handed.add(task)
+        self._advance()
+
+    def _is_handed_on(self, task: Task[Any]) -> bool:
+        with self._lock:
+            return task in self._handed
+
+    def _advance(self) -> None:
+        """The coroutine holding the lane let it go: start the next one (or let ``_loop`` do it)."""
         with self._lock:
             if self._looping:  # finished inside _loop's start(): the loop goes on
                 self._more = True
@@ -355,18 +431,23 @@ class Lane:
                 self._more = False
             task.start()
             with self._lock:
-                if not self._more:  # still running: its _on_done goes on from there
+                if not self._more:  # still holds the lane: its end or hand-on goes on from there
                     self._looping = False
                     return
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted coroutine has finished; False on timeout."""
-        with self._lock:
-            if not self._busy:  # nothing submitted is unfinished (the hook's dense steps, every step)
-                return True
-            last = self._last
-        assert last is not None
-        return last.wait_done(timeout)
+        """Wait until every submitted coroutine has finished (handed on or not); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if not self._unfinished:  # the hook's dense steps, every step
+                    return True
+                task = next(iter(self._unfinished))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not task.wait_done(left):
+                return False
+            with self._lock:  # done callbacks ran (wait_done returns after them): it is gone
+                self._unfinished.discard(task)
 
 
 def _lane_thread(lane_ref: weakref.ref[Lane], wake: queue.SimpleQueue[bool]) -> None:

@@ -69,7 +69,13 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "powersgd": ("powersgd:2", {}),
     "efsignsgd-gather": ("efsignsgd", {"compressed_scheme": "gather_broadcast"}),
     "warmup": ("topk:0.05", {"warmup_steps": 2}),
+    "topk-serial": ("topk:0.05", {"overlap_buckets": False}),
+    "powersgd-serial": ("powersgd:2", {"overlap_buckets": False}),
+    "efsignsgd-gather-serial": ("efsignsgd", {"compressed_scheme": "gather_broadcast", "overlap_buckets": False}),
 }
+SERIAL = {"topk": "topk-serial", "powersgd": "powersgd-serial", "efsignsgd-gather": "efsignsgd-gather-serial"}
+"""Overlapped runs (the default: each bucket hands the lane on after its last collective) and the
+same runs with each bucket's job run to its end first."""
 
 
 def _worker(rank: int, world_size: int) -> dict[str, Any]:
@@ -178,6 +184,15 @@ class TestCompressedStrategies:
             # The sections run inside the buckets' syncs, whose wall time is comm_time_s.
             local = sum(phases[k] for k in sections if not k.startswith("wait:")) + phases["detect"]
             assert local <= per_rank[case]["comm_time_s"], (phases, per_rank[case]["comm_time_s"])
+
+    @pytest.mark.parametrize("case", sorted(SERIAL))
+    def test_overlapped_buckets_give_the_serial_results(self, results: list[dict[str, Any]], case: str) -> None:
+        """Buckets that overlap (compression of one beside the transfer and decoding of the one
+        before, with error feedback and PowerSGD's state per bucket) train exactly as serial ones."""
+        for per_rank in results:
+            for a, b in zip(per_rank[case]["final"], per_rank[SERIAL[case]]["final"], strict=True):
+                assert torch.equal(a, b), case
+            assert per_rank[case]["losses"] == per_rank[SERIAL[case]]["losses"]
 
     @pytest.mark.parametrize("case", ["topk", "topk-alltoall", "powersgd", "efsignsgd-gather"])
     def test_lossy_runs_stay_near_ddp(self, results: list[dict[str, Any]], case: str) -> None:

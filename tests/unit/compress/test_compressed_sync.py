@@ -368,3 +368,60 @@ def test_parts_are_refused_where_nothing_syncs_them_part_by_part() -> None:
         return True
 
     assert SimulatedWorld(4).run(body) == [True] * 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "scheme"),
+    [
+        ("topk:0.2", "allgather"),
+        ("efsignsgd", "allgather"),
+        ("powersgd:2", "allreduce"),
+        ("dgc:0.2", "alltoall_allgather"),
+    ],
+)
+@pytest.mark.parametrize("seed", range(2))
+def test_overlapping_calls_keep_their_own_step(spec: str, scheme: str, seed: int) -> None:
+    """Two calls of one CompressedSync overlap on a lane (the first hands on after its last
+    collective, as the DDP hook's buckets do): the first's input holds a NaN on one rank, so its
+    step is dropped everywhere; the second's is kept, and its output, residuals and compressor
+    state equal those of the same call made alone."""
+    import random
+
+    from zensync.transport import Lane, hand_on
+
+    generators = [random.Random(seed * 7 + r) for r in range(3)]
+    delays = SimulatedWorld(3, timeout_s=30, delay_s=lambda r: generators[r].random() * 0.004)
+    clean = _data(0, step=5)
+
+    def inputs(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        poisoned = _data(rank, step=3)
+        if rank == 1:
+            poisoned[2, 1] = float("nan")
+        return poisoned, _data(rank, step=4) + clean
+
+    def overlapped(t):  # type: ignore[no-untyped-def]
+        sync = CompressedSync(spec, scheme, error_feedback=build(spec).needs_error_feedback)
+        poisoned, fine = inputs(t.rank)
+        lane = Lane()
+        first = lane.submit(sync.sync_async(poisoned, t, name="a", step=1, on_issued=hand_on))
+        second = lane.submit(sync.sync_async(fine, t, name="b", step=1, on_issued=hand_on))
+        assert lane.drain(timeout=20)
+        return first.outcome(), second.outcome(), sync
+
+    def alone(t):  # type: ignore[no-untyped-def]
+        sync = CompressedSync(spec, scheme, error_feedback=build(spec).needs_error_feedback)
+        return sync.sync(inputs(t.rank)[1], t, name="b", step=1), sync
+
+    for (a, b, sync), (b_alone, sync_alone) in zip(delays.run(overlapped), SimulatedWorld(3).run(alone), strict=True):
+        assert not torch.isfinite(a).all()
+        assert torch.equal(b, b_alone)
+        assert sync.worker_memory.residual("a") is None  # the poisoned step left nothing
+        pairs = ((sync.worker_memory, sync_alone.worker_memory), (sync.server_memory, sync_alone.server_memory))
+        for memory, reference in pairs:
+            assert memory.names() == reference.names()
+            for name in reference.names():
+                assert torch.equal(memory.residual(name), reference.residual(name)), name
+        if spec.startswith("powersgd"):
+            kept, expected = sync.compressor.warm_starts(), sync_alone.compressor.warm_starts()
+            assert set(kept) == set(expected) == {"b"}
+            assert torch.equal(kept["b"], expected["b"])

@@ -346,18 +346,21 @@ def test_onebit_with_one_empty_group():
 
 
 # -- PowerSGD ----------------------------------------------------------------------------------------------------------
-def run_ranks(comps, inputs, name=NAME):
+def run_ranks(comps, inputs, name=NAME, lasts=None):
     """allreduce_sync on len(comps) threads sharing a fake all_reduce: sum over ranks in rank order.
 
     Each thread drives its rank's coroutine to completion (``run_sync``); the fake ``all_reduce`` is
     a coroutine that meets the other ranks at a barrier. A failing rank leaves the others at the
-    barrier until its timeout, then every error surfaces.
+    barrier until its timeout, then every error surfaces. ``lasts``: a list that receives rank 0's
+    ``last`` flag of each round.
     """
     n = len(comps)
     barrier, slots = threading.Barrier(n, timeout=10), [None] * n
 
     def all_reduce_of(rank):
-        async def all_reduce(t):
+        async def all_reduce(t, *, last=False):
+            if rank == 0 and lasts is not None:
+                lasts.append(last)
             slots[rank] = t.clone()
             barrier.wait()
             total = sum(slots[1:], slots[0].clone())
@@ -385,8 +388,30 @@ def test_powersgd_allreduce_sync_is_the_two_round_algorithm():
         p = torch.linalg.qr(sum(m @ q for m in matrices), mode="reduced").Q
         q = sum(m.T @ p for m in matrices)
         expected = (p @ q.T).reshape(shape)
-        for out in run_ranks(comps, inputs):
+        lasts: list[bool] = []
+        for out in run_ranks(comps, inputs, lasts=lasts):
             assert torch.allclose(out, expected, rtol=0, atol=1e-12), step
+        assert lasts == [False, True]  # the Q round is the last: the hook may hand its lane on there
+
+
+def test_allreduce_sync_marks_only_its_final_round_last():
+    """Every allreduce compressor's last round, and only it, says so (``AllReduce``'s ``last``)."""
+    x = randn((24, 15), seed=4)
+    vector = randn((30,), seed=5)
+    parts = (("a", torch.Size([24, 15])), ("b", torch.Size([30])))
+    cases = [(spec, x, None) for spec in ("fp16", "bf16", "none", "randomk:0.1", "powersgd:2")]
+    cases.append(("powersgd:2", vector, None))
+    cases.append(("powersgd:2", torch.cat([x.reshape(-1), vector]), parts))
+    for spec, tensor, fused in cases:
+        lasts: list[bool] = []
+        comp = build(spec)
+
+        async def all_reduce(t, *, last=False, lasts=lasts):
+            lasts.append(last)
+            return t.clone()
+
+        run_sync(comp.allreduce_sync(tensor, all_reduce, name=NAME, step=STEP, parts=fused))
+        assert lasts and lasts[-1] and not any(lasts[:-1]), (spec, lasts)
 
 
 def test_powersgd_exact_when_the_sum_has_rank_at_most_r():

@@ -223,7 +223,7 @@ def test_compressors_carry_a_nonfinite_input_to_the_output(spec: str, shape: tup
             assert not torch.isfinite(out).all(), index
 
 
-async def _one_rank_all_reduce(t: torch.Tensor) -> torch.Tensor:
+async def _one_rank_all_reduce(t: torch.Tensor, *, last: bool = False) -> torch.Tensor:
     """The sum over a world of one rank: a copy."""
     return t.clone()
 

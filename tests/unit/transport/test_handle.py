@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from zensync.transport import Handle, Lane, SimulatedWorld, Task, run_sync
+from zensync.transport import Handle, Lane, SimulatedWorld, Task, TrafficLog, hand_on, handed_on, run_sync
 
 
 class _Boom(KeyError):
@@ -265,3 +265,107 @@ def test_lane_thread_ends_with_the_lane() -> None:
 
 async def _instant() -> int:
     return 1
+
+
+# -- hand-on: the next coroutine starts once the previous one issued its last collective ----------------
+@pytest.mark.parametrize("seed", range(5))
+def test_lane_hand_on_starts_the_next_job_while_the_first_still_waits(seed: int) -> None:
+    """Jobs start in submission order; a job that hands on lets the next start before it ends,
+    one that does not keeps the lane; drain waits for every unfinished job, handed on or not."""
+    rng = random.Random(seed)
+    lane = Lane()
+    events: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    hands = [rng.random() < 0.6 for _ in range(10)]
+
+    async def job(i: int) -> int:
+        with lock:
+            events.append(("start", i))
+        await _later(None, rng.random() * 0.002)
+        if hands[i]:
+            hand_on()
+            hand_on()  # a second call does nothing
+            assert handed_on()
+            await _later(None, 0.02)  # "the collective": the next job runs meanwhile
+        else:
+            assert not handed_on()
+            await _later(None, 0.002)
+        with lock:
+            events.append(("end", i))
+        return i
+
+    tasks = [lane.submit(job(i)) for i in range(10)]
+    assert lane.drain(timeout=10)
+    assert all(t.done() for t in tasks)
+    assert [t.outcome() for t in tasks] == list(range(10))
+    starts = [i for kind, i in events if kind == "start"]
+    assert starts == list(range(10))
+    for i in range(9):
+        start_next, end_this = events.index(("start", i + 1)), events.index(("end", i))
+        if hands[i]:
+            assert start_next < end_this, (i, events)  # overlapped
+        else:
+            assert end_this < start_next, (i, events)  # the lane was held to the end
+
+
+def test_hand_on_outside_a_lane_does_nothing() -> None:
+    async def body() -> int:
+        hand_on()
+        assert not handed_on()
+        return 3
+
+    assert run_sync(body()) == 3
+    assert Task(body()).start().wait(timeout=5) == 3
+
+
+def test_a_collective_after_hand_on_is_refused_with_a_clear_error() -> None:
+    """Issuing after handing on would let the ranks' orders differ: every rank fails, none hangs."""
+    world = SimulatedWorld(2, timeout_s=10)
+
+    async def job(t) -> None:
+        first = t.all_reduce_async(torch.ones(2))
+        hand_on()
+        await first
+        await t.all_reduce_async(torch.ones(2))
+
+    def body(t):
+        lane = Lane()
+        task = lane.submit(job(t))
+        assert lane.drain(timeout=10)
+        return task.error
+
+    for error in world.run(body):
+        assert isinstance(error, RuntimeError) and "after its coroutine handed the lane on" in str(error)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_overlapping_jobs_keep_their_own_phase_and_log(seed: int) -> None:
+    """Two jobs of a lane overlap (hand-on); each one's collectives count in its own log and phase,
+    whatever thread runs which segment, and the sums pair up across ranks in submission order."""
+    generators = [random.Random(seed * 10 + r) for r in range(3)]
+    world = SimulatedWorld(3, timeout_s=30, delay_s=lambda r: generators[r].random() * 0.004)
+
+    async def job(t, i: int, log: TrafficLog) -> torch.Tensor:
+        with t.recording(log), t.phase(f"job{i}"):
+            first = await t.all_reduce_async(torch.full((i + 1,), float(t.rank)))
+            last = t.all_gather_v_async(torch.ones(i + 1 + t.rank))
+            hand_on()
+            gathered = await last
+            with t.timed(f"decode{i}"):
+                time.sleep(0.001)
+        return first + sum(g.sum() for g in gathered)
+
+    def body(t):
+        lane = Lane()
+        logs = [TrafficLog() for _ in range(4)]
+        tasks = [lane.submit(job(t, i, logs[i])) for i in range(4)]
+        assert lane.drain(timeout=20)
+        return [task.outcome() for task in tasks], logs
+
+    for out, logs in world.run(body):
+        for i in range(4):
+            gathered = sum(i + 1 + r for r in range(3))
+            assert torch.equal(out[i], torch.full((i + 1,), 3.0 + gathered))
+            assert set(logs[i].phases) == {f"job{i}"}
+            assert logs[i].phases[f"job{i}"].num_calls == 2
+            assert set(logs[i].work_s) == {f"decode{i}"}

@@ -49,7 +49,9 @@ class AllGatherCollective(CompressedCollective):
         with transport.timed("compress"):
             packed = compressor.compress(x, name=name, step=step)
             payload = pack(*packed.payloads)
-        gathered = await transport.all_gather_v_async(payload)
+        pending = transport.all_gather_v_async(payload)
+        codec.issued_last()
+        gathered = await pending
         # The gathered buffers are the collective's own memory: writing out (which may be x) is safe.
         with transport.timed("decompress"):
             parts = [unpack(buf, packed) for buf in gathered]

@@ -61,12 +61,15 @@ class AllReduceCollective(CompressedCollective):
         storage = x.untyped_storage().data_ptr()
         waited_s = 0.0
 
-        async def all_reduce(t: torch.Tensor) -> torch.Tensor:
+        async def all_reduce(t: torch.Tensor, *, last: bool = False) -> torch.Tensor:
             nonlocal waited_s
             flat = t.reshape(-1)
             fresh = flat.is_contiguous() and flat.untyped_storage().data_ptr() != storage
             start = time.perf_counter()
-            summed = await transport.all_reduce_async(flat, inplace=fresh)
+            pending = transport.all_reduce_async(flat, inplace=fresh)
+            if last:
+                codec.issued_last()
+            summed = await pending
             waited_s += time.perf_counter() - start
             return summed.view(t.shape)
 

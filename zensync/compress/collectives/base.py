@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar, Literal, get_args
 
 import torch
@@ -70,6 +71,15 @@ class Codec:
     parts: Parts | None = None
     """The (name, shape) of each tensor a fused 1-D input concatenates, for compressors that
     compress part by part (``Compressor.fuses_named_parts``; the allreduce scheme passes them on)."""
+    on_issued: Callable[[], None] | None = None
+    """Called once the collective has issued its last transport collective (``issued_last``): the
+    DDP hook then lets the next bucket start (``zensync.transport.hand_on``)."""
+
+    def issued_last(self) -> None:
+        """Each collective calls this right after issuing its last transport collective (before
+        awaiting it); nothing may be issued after it."""
+        if self.on_issued is not None:
+            self.on_issued()
 
     def roundtrip(self, x: torch.Tensor, name: str, step: int) -> torch.Tensor:
         """decompress(compress(x)): what one rank alone transmits."""
@@ -100,6 +110,7 @@ class CompressedCollective(abc.ABC):
     """Sum over ranks of a compressed tensor (``reduce``); subclasses implement ``_reduce``.
 
     Collectives are stateless: the compressor and the server-side memory come in a ``Codec``.
+    Each calls ``codec.issued_last()`` right after issuing its last transport collective.
     """
 
     name: ClassVar[str]

@@ -7,8 +7,8 @@ flat or two-level (``hierarchy``).
 
 ``sync_async`` is a coroutine of the transport's non-blocking collectives: the DDP hook drives it by
 completion callbacks (``Task`` on a ``Lane``, which keeps the collectives of successive calls in
-the same order on every rank); ``sync`` drives it to completion on the calling thread. One
-``CompressedSync`` runs one call at a time (a step brackets its state, below).
+the same order on every rank); ``sync`` drives it to completion on the calling thread. Calls on
+different names may overlap (each brackets its own state changes, below).
 
 Non-finite values (``zensync.compress.error_feedback`` states the rule): a NaN or infinity in any
 rank's compensated input, or in a chunk owner's aggregated input, reaches the output of every rank
@@ -26,9 +26,11 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from zensync.compress.base import Compressed, Compressor, Parts, all_finite, build
+from zensync.compress.base import Compressed, Compressor, Parts, all_finite, build, compressed_call
 from zensync.compress.collectives.base import COMPRESSED_SCHEMES, Codec, Own, build_collective
 from zensync.compress.collectives.two_level import Hierarchy, two_level
 from zensync.compress.error_feedback import ErrorFeedback
@@ -121,6 +123,7 @@ class CompressedSync:
         out: torch.Tensor | None = None,
         scale: float = 1.0,
         parts: Parts | None = None,
+        on_issued: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """Sum over ranks of the compressed ``scale * x`` (a new tensor of x's shape and dtype, or ``out``).
 
@@ -143,6 +146,11 @@ class CompressedSync:
                 in its units (those of the averaged gradient, as when the caller divides first).
             parts: ``x`` (1-D) concatenates these (name, shape) tensors, which a compressor with
                 ``fuses_named_parts`` compresses part by part on the flat allreduce (``fuses``).
+            on_issued: Called once the call's last transport collective is issued (``Codec.on_issued``).
+
+        Calls may overlap (the DDP hook's buckets, each in a Task of its own, one decoding while
+        the next compresses) as long as they sync different names: each call holds its state
+        changes apart (``compressed_call``) and commits or drops them alone.
 
         Returns:
             The sum (``out`` when given), the same on every rank.
@@ -158,34 +166,34 @@ class CompressedSync:
                 f"{' two-level' if hierarchy is not None else ''} does not sync a concatenation part by part "
                 f"(see fuses)"
             )
+        codec = Codec(self.compressor, self.server_memory if self.error_feedback else None, parts, on_issued)
         if not (self.error_feedback or self.compressor.keeps_state):
-            return await self._run(
-                x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale, parts=parts
-            )
+            return await self._run(x, transport, codec, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale)
         keep = False
-        self._begin_step()
-        try:
-            summed = await self._run(
-                x, transport, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale, parts=parts
-            )
-            # Step 4. host-device sync; the same output, so the same decision, on every rank.
-            with transport.timed("finite_check"):
-                keep = bool(all_finite(summed))
-        finally:
-            self._end_step(keep=keep)
+        with compressed_call():
+            self._begin_step()
+            try:
+                summed = await self._run(
+                    x, transport, codec, name=name, step=step, hierarchy=hierarchy, out=out, scale=scale
+                )
+                # Step 4. host-device sync; the same output, so the same decision, on every rank.
+                with transport.timed("finite_check"):
+                    keep = bool(all_finite(summed))
+            finally:
+                self._end_step(keep=keep)
         return summed
 
     async def _run(
         self,
         x: torch.Tensor,
         transport: Transport,
+        codec: Codec,
         *,
         name: str,
         step: int,
         hierarchy: Hierarchy | None,
         out: torch.Tensor | None,
         scale: float,
-        parts: Parts | None,
     ) -> torch.Tensor:
         """Steps 1-3 of ``sync_async``."""
         # Step 1: add the residual (to scale * x, unless the collective folds the scale itself).
@@ -199,7 +207,6 @@ class CompressedSync:
         else:
             compensated = x
         # Step 2: the registered collective, flat or two-level.
-        codec = Codec(self.compressor, self.server_memory if self.error_feedback else None, parts)
         if hierarchy is None:
             summed, own = await self.collective.reduce(
                 compensated, transport, codec, name=name, step=step, want_own=self.error_feedback, out=out, scale=scale

@@ -65,7 +65,14 @@ async def two_level(
     shard = sum_in_rank_order(list(received.split(counts)), shards[intra.rank])
     # Step 2: the compressed collective across nodes, on this local rank's shard.
     summed, _ = await collective.reduce(
-        shard, levels.inter, codec, name=f"{name}@{intra.rank}", step=step, want_own=False
+        shard,
+        levels.inter,
+        dataclasses.replace(codec, on_issued=None),
+        name=f"{name}@{intra.rank}",
+        step=step,
+        want_own=False,
     )
     # Step 3: intra-node allgather of the summed shards.
-    return torch.cat(await intra.all_gather_v_async(summed.reshape(-1).contiguous())).view(x.shape)
+    pending = intra.all_gather_v_async(summed.reshape(-1).contiguous())
+    codec.issued_last()
+    return torch.cat(await pending).view(x.shape)
