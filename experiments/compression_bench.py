@@ -17,7 +17,10 @@ Strategies: ``ddp`` (no hook), ``torch:fp16`` / ``torch:bf16`` (torch's fp16/bf1
 its dense start; with several buckets on gloo it can fail, which the report says), ``nosync``
 (DDP's ``no_sync``: backward and the optimizer with no communication at all, the compute floor),
 and any zensync strategy (``zensync.register(ddp, strategy=...)``: "fp16", "powersgd:4",
-"topk:0.01", "dgc:0.01", "onebit", "efsignsgd", "qsgd", "auto", ...).
+"topk:0.01", "dgc:0.01", "onebit", "efsignsgd", "qsgd", "auto", ...). A zensync strategy with the
+suffix ``@serial`` registers with ``overlap_buckets=False`` (each bucket's job runs to its end
+before the next starts), to measure what overlapping the buckets buys, side by side; ``@thread``
+with ``comm_thread=True`` (the jobs start on a thread of the hook's own, beside backward).
 
 Per strategy: the median over timed steps of the slowest rank's step time (forward, backward with
 the hook, optimizer), CPU time per step (user + system of the rank's process, all threads), bytes on
@@ -121,9 +124,18 @@ def _register(ddp: nn.parallel.DistributedDataParallel, strategy: str, profile: 
         return None
     import zensync
 
+    strategy, _, variant = strategy.partition("@")
+    variants: dict[str, dict[str, Any]] = {
+        "": {},
+        "serial": {"overlap_buckets": False},
+        "thread": {"comm_thread": True},
+    }
+    if variant not in variants:
+        raise ValueError(f"unknown strategy variant @{variant} (known: @serial, @thread)")
+    options = variants[variant]
     if strategy == "auto" and profile is not None:
-        return zensync.register(ddp, strategy="auto", profile=profile)
-    return zensync.register(ddp, strategy=strategy)
+        return zensync.register(ddp, strategy="auto", profile=profile, **options)
+    return zensync.register(ddp, strategy=strategy, **options)
 
 
 def _sgd(params: Any) -> torch.optim.Optimizer:
@@ -143,7 +155,9 @@ def _priced_specs(strategies: list[str]) -> list[str]:
 def _prediction_of(strategy: str) -> tuple[str, bool] | None:
     """(spec predict_step prices, whether the zensync hook runs) for a strategy; None: not priced
     (no_sync is the compute floor, not a sync; PowerSGD's payload depends on the matrix shapes).
-    "auto": its own prediction, made by the hook from the same profile."""
+    "auto": its own prediction, made by the hook from the same profile. "@serial" variants: the
+    same prediction as the strategy (the planner does not model the buckets' overlap)."""
+    strategy = strategy.partition("@")[0]
     if strategy == "ddp":
         return "fp32", False
     if strategy == "nosync":

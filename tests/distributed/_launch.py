@@ -97,10 +97,15 @@ def _worker(
         outcome = {"ok": False, "traceback": traceback.format_exc()}
     torch.save(outcome, out + ".tmp")
     os.replace(out + ".tmp", out)  # the parent never reads a half-written file
-    if outcome["ok"]:
-        dist.destroy_process_group()
-    else:
+    if not outcome["ok"]:
         os._exit(1)  # skip teardown: peers may be stuck in a collective with us
+    # A peer may still be connecting a group this rank has finished setting up (the last thing a
+    # worker did was register a hook, which creates one): leaving now would reset that connection.
+    try:
+        dist.barrier()
+    except BaseException:  # noqa: BLE001 - the outcome is saved; a failed peer is reported by its own
+        os._exit(0)
+    dist.destroy_process_group()
 
 
 def _wait(procs: list[multiprocessing.Process], timeout_s: float, peer_grace_s: float) -> str | None:

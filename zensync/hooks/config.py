@@ -46,6 +46,7 @@ class HookConfig:
         row_hints: Embeddings with dense gradients: detect from the rows the lookups touched (verified).
         hint_check_every: With row_hints, verify a hint against the full scan every this many steps.
         overlap_buckets: A bucket lets the next one start once its last collective is issued (default True).
+        comm_thread: Start the step jobs on a thread of the hook's own (None: on GPUs only).
         jsonl_path: Append one JSON line per step here ("{rank}" in the path: one file per rank).
         sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
         timeout: Collective timeout of the groups the hook creates (timedelta or seconds; None: the
@@ -94,6 +95,12 @@ class HookConfig:
     """A bucket's job lets the next bucket's start once it has issued its last collective, so the
     next bucket compresses while this one is on the wire and decoded (``hooks.executor``); False:
     each bucket's job runs to its end first (the results are the same either way)."""
+    comm_thread: bool | None = None
+    """Start each bucket's job on a thread of the hook's own instead of DDP's autograd thread, so
+    its compression overlaps the backward of the layers still running (where cores are free; on
+    a CPU whose cores backward already fills, it only adds a thread hand-off). None: on GPUs (NCCL
+    completes its futures when the work is queued, and the jobs would run inline on the autograd
+    thread otherwise), not on CPUs."""
     jsonl_path: str | None = None
     """Append one JSON line per step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
     sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)
@@ -144,6 +151,8 @@ class HookConfig:
         for name in ("adapt", "row_hints", "overlap_buckets"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.comm_thread is not None and not isinstance(self.comm_thread, bool):
+            raise ValueError(f"comm_thread={self.comm_thread!r} must be True, False or None")
         if self.ranks_per_node < 0:
             raise ValueError(f"ranks_per_node={self.ranks_per_node} must be >= 0 (0: flat)")
         for name, least in _LOWER_BOUNDS:

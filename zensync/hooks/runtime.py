@@ -46,10 +46,12 @@ class Runtime:
         self.dense_transport: Transport = base
         """DDP's own group: buckets that need no detection are allreduced on it straight from the
         hook, asynchronously, as torch's allreduce hook does (when it is not ``transport`` itself)."""
-        self.lane = Lane(thread_name="zensync-lane" if device.type == "cuda" else None)
-        """Every step job of the hook (per-step check, buckets) runs here, one at a time, in order;
-        on a GPU they start on a thread of the lane's own (see ``Lane``), as NCCL's futures complete
-        when the work is queued and the jobs would otherwise run inline on the autograd thread."""
+        threaded = device.type == "cuda" if config.comm_thread is None else config.comm_thread
+        self.lane = Lane(thread_name="zensync-lane" if threaded else None)
+        """Every step job of the hook (per-step check, buckets) runs here in order (one at a time
+        until it hands on); on a GPU, or with ``comm_thread``, they start on a thread of the lane's
+        own (see ``Lane``), as NCCL's futures complete when the work is queued and the jobs would
+        otherwise run inline on the autograd thread."""
         self.h0_seed = h0_seed
         self.device = device
         self.hierarchy: Hierarchy | None = None

@@ -72,10 +72,19 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "topk-serial": ("topk:0.05", {"overlap_buckets": False}),
     "powersgd-serial": ("powersgd:2", {"overlap_buckets": False}),
     "efsignsgd-gather-serial": ("efsignsgd", {"compressed_scheme": "gather_broadcast", "overlap_buckets": False}),
+    "topk-thread": ("topk:0.05", {"comm_thread": True}),
+    "powersgd-thread": ("powersgd:2", {"comm_thread": True}),
 }
-SERIAL = {"topk": "topk-serial", "powersgd": "powersgd-serial", "efsignsgd-gather": "efsignsgd-gather-serial"}
-"""Overlapped runs (the default: each bucket hands the lane on after its last collective) and the
-same runs with each bucket's job run to its end first."""
+SERIAL = {
+    "topk": "topk-serial",
+    "powersgd": "powersgd-serial",
+    "efsignsgd-gather": "efsignsgd-gather-serial",
+    "topk-thread": "topk-serial",
+    "powersgd-thread": "powersgd-serial",
+}
+"""Overlapped runs (the default: each bucket hands the lane on after its last collective; "-thread":
+the jobs also start on the hook's own thread, beside backward) and the same runs with each bucket's
+job run to its end first."""
 
 
 def _worker(rank: int, world_size: int) -> dict[str, Any]:

@@ -262,6 +262,8 @@ def _definition_1d(spec: str, scheme: str, inputs: list[torch.Tensor], name: str
         ("topk:0.1", "allgather"),
         ("topk:0.1", "alltoall_allgather"),
         ("efsignsgd", "gather_broadcast"),
+        ("efsignsgd", "allgather"),  # the residual computed as the payload is sent (Codec.keep_own)
+        ("onebit", "allgather"),
         ("randomk:0.2", "allreduce"),
         ("powersgd:1", "allreduce"),
     ],

@@ -75,6 +75,12 @@ class Codec:
     """Called once the collective has issued its last transport collective (``issued_last``): the
     DDP hook then lets the next bucket start (``zensync.transport.hand_on``)."""
 
+    keep_own: Callable[[Compressed], None] | None = None
+    """Error feedback's early residual: a collective that knows this rank's own transmitted payloads
+    when it sends them, and reads its input no more after that (allgather), hands them here right
+    after issuing them, before waiting, so the residual is computed while they are on the wire (it
+    then returns no ``own``)."""
+
     def issued_last(self) -> None:
         """Each collective calls this right after issuing its last transport collective (before
         awaiting it); nothing may be issued after it."""

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -206,8 +207,18 @@ class CompressedSync:
                 compensated = self.worker_memory.compensate(name, x, scale=x_scale)
         else:
             compensated = x
-        # Step 2: the registered collective, flat or two-level.
+        # Step 2: the registered collective, flat or two-level. A collective that can hand this
+        # rank's payloads over as it sends them (allgather) gets the residual computed then.
+        kept: list[bool] = []
         if hierarchy is None:
+            if self.error_feedback:
+
+                def keep_own(own: Compressed) -> None:
+                    with transport.timed("error_feedback"):
+                        self.worker_memory.keep_remainder(name, self.compressor.subtract_transmitted(compensated, own))
+                    kept.append(True)
+
+                codec = dataclasses.replace(codec, keep_own=keep_own)
             summed, own = await self.collective.reduce(
                 compensated, transport, codec, name=name, step=step, want_own=self.error_feedback, out=out, scale=scale
             )
@@ -216,8 +227,8 @@ class CompressedSync:
             own = None
             if out is not None:
                 summed = out.copy_(summed.view(out.shape))
-        # Step 3: the new residual.
-        if self.error_feedback:
+        # Step 3: the new residual (unless the collective had it computed while on the wire).
+        if self.error_feedback and not kept:
             with transport.timed("error_feedback"):
                 self._keep_residual(name, compensated, summed, own, transport.world_size * scale)
         return summed
