@@ -113,12 +113,14 @@ class _Kernel:
 
     __slots__ = ("parallel", "serial")
 
-    def __init__(self, fn: types.FunctionType) -> None:
+    def __init__(self, fn: types.FunctionType, *, reassociate: bool = False) -> None:
         # A renamed copy gets its own cache file: numba's cache index key does not include `parallel`.
         serial_fn = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__)
         serial_fn.__qualname__ = fn.__qualname__ + "_serial"
-        self.parallel = numba.njit(parallel=True, nogil=True, cache=True)(fn)
-        self.serial = numba.njit(parallel=False, nogil=True, cache=True)(serial_fn)
+        # Reassociation only (no "nnan"/"ninf": NaN and infinity keep their IEEE meaning).
+        fastmath: Any = {"reassoc"} if reassociate else False
+        self.parallel = numba.njit(parallel=True, nogil=True, cache=True, fastmath=fastmath)(fn)
+        self.serial = numba.njit(parallel=False, nogil=True, cache=True, fastmath=fastmath)(serial_fn)
 
     def pick(self, parallel: bool) -> Any:
         return self.parallel if parallel else self.serial
@@ -128,6 +130,13 @@ def _kernel(fn: Callable[..., Any]) -> _Kernel:
     """Decorator: compile ``fn`` (whose ``numba.prange`` loops are the parallel part) both ways."""
     assert isinstance(fn, types.FunctionType)
     return _Kernel(fn)
+
+
+def _reassociating_kernel(fn: Callable[..., Any]) -> _Kernel:
+    """``_kernel`` for a reduction the compiler may reassociate, so it vectorizes: its float sums
+    may differ from a sequential sum in the last bits (deterministic for a given build and input)."""
+    assert isinstance(fn, types.FunctionType)
+    return _Kernel(fn, reassociate=True)
 
 
 def _use_parallel(size: int, threshold: int) -> bool:

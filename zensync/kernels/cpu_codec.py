@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from zensync.kernels import reference
-from zensync.kernels.cpu import _chunk_size, _jit, _kernel, _use_parallel
+from zensync.kernels.cpu import _chunk_size, _jit, _kernel, _reassociating_kernel, _use_parallel
 
 __all__ = [
     "dequantize_add",
@@ -298,85 +298,46 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int, levels: torch.Tenso
 # ---------------------------------------------------------------- the sign family's fused passes
 
 
-@_jit
-def _sign_slot(v: float, s: int) -> tuple[int, float, float]:
-    """(bit s of the byte if v >= 0, max(v, 0), min(v, 0)) in float64, with no branch (random signs
-    would mispredict one at every element); a NaN gives NaN for both, as ``clamp`` does."""
-    wide = np.float64(v)
-    return np.int64(v >= 0) << s, max(wide, 0.0), min(wide, 0.0)
+@_reassociating_kernel
+def _sign_sums(x: np.ndarray, chunk: int, partial: np.ndarray) -> None:
+    """partial[c] = (sum of max(x, 0), sum of min(x, 0)) of chunk c, in float64.
 
-
-@_kernel
-def _sign_encode(x: np.ndarray, chunk: int, out: np.ndarray, partial: np.ndarray) -> None:
-    """out: packed x >= 0 bits; partial[c] = (count, sum of max(x, 0), sum of min(x, 0)) of chunk c.
-
-    Each byte's eight elements go to four pairs of float64 accumulators (slot s to pair s % 4),
-    scalars the compiler keeps in registers, so the additions do not wait on one another; the
-    pairs are added in a fixed order at the end of the chunk.
+    No branch and nothing but the two sums in the loop, reassociated, so the compiler vectorizes
+    it (8.4M float32 in 3.6 ms on one core, against 17 ms for the scalar loop that also packed the
+    bits); a NaN gives NaN for both sums, as ``clamp`` does.
     """
     n = x.shape[0]
     for c in numba.prange(partial.shape[0]):
-        lo = c * chunk
-        hi = min(n, lo + chunk)
-        count = 0
-        a0 = a1 = a2 = a3 = 0.0
-        b0 = b1 = b2 = b3 = 0.0
-        full = lo + (hi - lo) // 8 * 8
-        for first in range(lo, full, 8):
-            byte = 0
-            for s in range(8):  # unrolled by the compiler, which also resolves the lane branches
-                m, p, q = _sign_slot(x[first + s], s)
-                byte |= m
-                lane = s & 3
-                if lane == 0:
-                    a0 += p
-                    b0 += q
-                elif lane == 1:
-                    a1 += p
-                    b1 += q
-                elif lane == 2:
-                    a2 += p
-                    b2 += q
-                else:
-                    a3 += p
-                    b3 += q
-            out[first // 8] = byte
-            count += _ones(byte)
-        if full < hi:
-            byte = 0
-            for i in range(full, hi):
-                m, p, q = _sign_slot(x[i], i - full)
-                byte |= m
-                a0 += p
-                b0 += q
-            out[full // 8] = byte
-            count += _ones(byte)
-        partial[c, 0] = count
-        partial[c, 1] = (a0 + a1) + (a2 + a3)
-        partial[c, 2] = (b0 + b1) + (b2 + b3)
-
-
-@_jit
-def _ones(byte: int) -> int:
-    """Set bits of a byte."""
-    byte = (byte & 0x55) + ((byte >> 1) & 0x55)
-    byte = (byte & 0x33) + ((byte >> 2) & 0x33)
-    return (byte & 0x0F) + (byte >> 4)
+        segment = x[c * chunk : min(n, (c + 1) * chunk)]  # a loop from 0 over a slice vectorizes (5x)
+        pos = 0.0
+        neg = 0.0
+        for i in range(segment.shape[0]):
+            wide = np.float64(segment[i])
+            pos += max(wide, 0.0)
+            neg += min(wide, 0.0)
+        partial[c, 0] = pos
+        partial[c, 1] = neg
 
 
 def sign_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed ``x >= 0`` bits and their float64 stats in one pass; see ``reference.sign_encode``."""
+    """Packed ``x >= 0`` bits and their float64 stats; see ``reference.sign_encode``.
+
+    The bits and the count from one comparison (numpy's packbits, vectorized: a NaN is not >= 0,
+    bit 0), the sums in one vectorized pass (``_sign_sums``), added in chunk order.
+    """
     reference._check_sign_input("sign_encode", x)
     if x.dtype not in _SUM_DTYPES or x.device.type != "cpu":
         return reference.sign_encode(x)
     src = x.detach().contiguous().numpy()
     n = src.shape[0]
-    out = np.empty(-(-n // 8), dtype=np.uint8)
-    partial = np.zeros((max(1, -(-n // _SIGN_CHUNK)), 3), dtype=np.float64)
-    _sign_encode.pick(_use_parallel(n, _PARALLEL_MIN_CODES))(src, _SIGN_CHUNK, out, partial)
+    nonnegative = src >= 0
+    out = np.packbits(nonnegative, bitorder="little")  # ceil(n / 8) bytes, the last zero-padded
+    partial = np.zeros((max(1, -(-n // _SIGN_CHUNK)), 2), dtype=np.float64)
+    _sign_sums.pick(_use_parallel(n, _PARALLEL_MIN_CODES))(src, _SIGN_CHUNK, partial)
     stats = np.zeros(3, dtype=np.float64)
+    stats[0] = np.count_nonzero(nonnegative)
     for row in partial:  # chunk order
-        stats += row
+        stats[1:] += row
     return torch.from_numpy(out), torch.from_numpy(stats)
 
 
@@ -436,12 +397,16 @@ def sign_decode_sum(packed: Sequence[torch.Tensor], levels: torch.Tensor, out: t
 
 @_kernel
 def _sign_residual(x: np.ndarray, levels: np.ndarray, chunk: int) -> None:
-    """x[i] -= levels[x[i] >= 0]: the level is loaded by index, with no branch (random signs would
-    mispredict one at every element: 66 ms for 8.4M elements, against 5 ms)."""
+    """x[i] -= levels[1] if x[i] >= 0 else levels[0]: a select the compiler turns into a vector
+    blend (8.4M float32 in 1.3 ms on one core; a level loaded by index took 11 ms, and a branch
+    mispredicts at every random sign: 66 ms)."""
+    low = levels[0]
+    high = levels[1]
     for c in numba.prange(-(-x.shape[0] // chunk)):
-        for i in range(c * chunk, min(x.shape[0], (c + 1) * chunk)):
-            v = x[i]
-            x[i] = v - levels[np.int64(v >= 0)]
+        segment = x[c * chunk : min(x.shape[0], (c + 1) * chunk)]  # a loop from 0 over a slice vectorizes
+        for i in range(segment.shape[0]):
+            v = segment[i]
+            segment[i] = v - (high if v >= 0 else low)
 
 
 def sign_residual(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
