@@ -20,7 +20,9 @@ and any zensync strategy (``zensync.register(ddp, strategy=...)``: "fp16", "powe
 "topk:0.01", "dgc:0.01", "onebit", "efsignsgd", "qsgd", "auto", ...). A zensync strategy with the
 suffix ``@serial`` registers with ``overlap_buckets=False`` (each bucket's job runs to its end
 before the next starts), to measure what overlapping the buckets buys, side by side; ``@thread``
-with ``comm_thread=True`` (the jobs start on a thread of the hook's own, beside backward).
+with ``comm_thread=True`` (the jobs start on a thread of the hook's own, beside backward);
+``auto@warmup`` is "auto" measuring its own profile in its first 4 steps (``profile="warmup"``;
+give ``--warmup 5`` or more, so that the step that measures is not timed).
 
 Per strategy: the median over timed steps of the slowest rank's step time (forward, backward with
 the hook, optimizer), CPU time per step (user + system of the rank's process, all threads), bytes on
@@ -129,11 +131,12 @@ def _register(ddp: nn.parallel.DistributedDataParallel, strategy: str, profile: 
         "": {},
         "serial": {"overlap_buckets": False},
         "thread": {"comm_thread": True},
+        "warmup": {"profile": "warmup"},
     }
     if variant not in variants:
-        raise ValueError(f"unknown strategy variant @{variant} (known: @serial, @thread)")
+        raise ValueError(f"unknown strategy variant @{variant} (known: @serial, @thread, @warmup)")
     options = variants[variant]
-    if strategy == "auto" and profile is not None:
+    if strategy == "auto" and profile is not None and variant != "warmup":
         return zensync.register(ddp, strategy="auto", profile=profile, **options)
     return zensync.register(ddp, strategy=strategy, **options)
 

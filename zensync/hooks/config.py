@@ -13,7 +13,13 @@ from zensync.hooks.strategy import resolve_strategy
 from zensync.planner import AUTO_COMPRESSORS, StepProfile
 from zensync.sync import SyncOptions
 
-__all__ = ["HookConfig"]
+__all__ = ["WARMUP_PROFILE", "WARMUP_PROFILE_STEPS", "HookConfig"]
+
+WARMUP_PROFILE = "warmup"
+"""``profile=`` value: auto measures its step profile during its own warm-up steps."""
+WARMUP_PROFILE_STEPS = 4
+"""Fewest warm-up steps that measure a profile: DDP's first step (its initial buckets) and the one
+that measures the links are not timed, which leaves two timed steps."""
 
 
 _LOWER_BOUNDS = (
@@ -111,7 +117,10 @@ class HookConfig:
 
     profile: StepProfile | str | os.PathLike[str] | None = dataclasses.field(default=None, repr=False)
     """'auto' on a dense model: a ``zensync.planner.StepProfile`` measured in this group
-    (``zensync.profile_group``, a separate calibration run) or the path of its JSON. Auto then syncs
+    (``zensync.profile_group``, a separate calibration run) or the path of its JSON, or "warmup":
+    the hook measures it itself, the compute from its warm-up steps (plain allreduce; at least
+    ``WARMUP_PROFILE_STEPS``, the default then) and the links and compressors at their end, in
+    this group, before the first step that may compress (``hooks.warmup``). Auto then syncs
     the parameters it does not sync sparsely with the compressor of ``auto_compressors`` that
     ``zensync.planner.choose_compression`` predicts fastest, or densely when none is predicted more
     than ``switch_margin`` faster than dense; the choice and every candidate's predicted step are
@@ -129,6 +138,15 @@ class HookConfig:
             object.__setattr__(self, "timeout", datetime.timedelta(seconds=float(seconds)))
         if not self.strategy.endswith(".json"):  # plan files are read (on every rank) by the state
             resolve_strategy(self.strategy)
+        if self.profile == WARMUP_PROFILE:
+            if self.warmup_steps == 0:
+                object.__setattr__(self, "warmup_steps", WARMUP_PROFILE_STEPS)
+            elif self.warmup_steps < WARMUP_PROFILE_STEPS:
+                raise ValueError(
+                    f"profile='warmup' measures the step during the warm-up steps: warmup_steps="
+                    f"{self.warmup_steps} must be >= {WARMUP_PROFILE_STEPS} (DDP settles its buckets in the first; "
+                    f"0 means {WARMUP_PROFILE_STEPS})"
+                )
         if self.profile is not None:
             if self.strategy != "auto":
                 raise ValueError(f"profile= is read by strategy='auto' only (strategy={self.strategy!r})")

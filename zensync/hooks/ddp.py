@@ -91,15 +91,30 @@ def register(ddp_model: Any, strategy: str = "auto", **options: Any) -> ZenSyncS
         state.attach_hints(module)
     ddp_model.register_comm_hook(state, zensync_hook)
     state.forward_hook = ddp_model.register_forward_pre_hook(functools.partial(_begin_check, state))
+    if state.warmup is not None:
+        state.forward_end_hook = ddp_model.register_forward_hook(functools.partial(_forward_end, state))
     _REGISTERED.add(ddp_model)
     return state
 
 
+def _syncs(module: Any) -> bool:
+    """Whether the forward running now has a backward that syncs."""
+    return torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True)
+
+
 def _begin_check(state: ZenSyncState, module: Any, _inputs: object) -> None:
     """DDP's forward pre-hook (DDP holds the state anyway, as its comm hook's): a forward whose
-    backward will sync issues the step's agreement check."""
-    if torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
+    backward will sync issues the step's agreement check (and is marked for a warm-up profile)."""
+    if _syncs(module):
+        if state.warmup is not None:
+            state.warmup.forward_start(state.step)
         state.begin_check(check_step_job)
+
+
+def _forward_end(state: ZenSyncState, module: Any, _inputs: object, _output: object) -> None:
+    """DDP's forward hook, with ``profile="warmup"``: the forward's end, for the warm-up profile."""
+    if state.warmup is not None and _syncs(module):
+        state.warmup.forward_end(state.step)
 
 
 def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.Future[torch.Tensor]:
@@ -111,10 +126,15 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
         # its round overlaps the forward and backward, and the buckets' collectives wait for it and
         # fail with its exception on every rank.
         state.open_step(check_step_job)
+        if state.warmup is not None and state.warmup.due(state.step):
+            state.measure_warmup_profile()  # auto's choice, before the step's first bucket syncs
     buffer = bucket.buffer()
     params = list(bucket.parameters())
     names = [state.name_of(p) for p in params]
     is_last = bucket.is_last()
+    step = state.step
+    if state.warmup is not None:
+        state.warmup.bucket(step, names)
     decider, runtime = state.decider, state.runtime
     dense_only = decider.skips_detection(state.step, names)
     plain = not decider.compresses(state.step)
@@ -133,6 +153,8 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     # failure reach the user with its own type and message (a Future's error cannot carry them).
     runtime.lane.drain()  # the step's jobs: its check, and every bucket sent through the lane
     # Then the buckets on DDP's group, this one included, unless the step failed (see finish_step).
+    if state.warmup is not None:
+        state.warmup.step_end(step)
     failure = state.finish_step()
     if failure is not None:
         raise failure

@@ -28,7 +28,7 @@ from zensync import kernels
 from zensync.compress import CompressedSync, Hierarchy, hierarchy
 from zensync.cost import CostModel
 from zensync.hooks.checkpoint import STATE_DICT_VERSION, fingerprint, parse_state_dict
-from zensync.hooks.config import HookConfig
+from zensync.hooks.config import WARMUP_PROFILE, HookConfig
 from zensync.hooks.decider import Decider
 from zensync.hooks.executor import BucketExecutor
 from zensync.hooks.hints import RowHints
@@ -36,6 +36,7 @@ from zensync.hooks.memory import ParamMemory, ParamRecord
 from zensync.hooks.runtime import Runtime
 from zensync.hooks.steplog import StepLog
 from zensync.hooks.strategy import Strategy, auto_compression, read_step_profile, resolve_strategy
+from zensync.hooks.warmup import WarmupProfiler
 from zensync.planner import AutoChoice
 from zensync.sync import SCHEMES
 from zensync.sync.agreement import compare_with_rank0_async
@@ -90,6 +91,10 @@ class ZenSyncState:
         # Row hints of the model's embeddings; the forward hook that issues each step's check.
         "hints",
         "forward_hook",
+        # Strategy "auto" with profile="warmup": the warm-up's marks, and the forward-end hook.
+        "warmup",
+        "forward_end_hook",
+        "_profiled_step",
     )
 
     def __init__(
@@ -115,7 +120,7 @@ class ZenSyncState:
             try:
                 self.strategy = resolve_strategy(config.strategy)
                 self.param_names = checked_parameters(named_parameters)
-                if config.profile is not None:
+                if config.profile is not None and config.profile != WARMUP_PROFILE:
                     self._auto_compression(config, base.world_size)
                 described = self._describe()
             except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by agree()
@@ -147,6 +152,16 @@ class ZenSyncState:
         """Row hints of the model's dense-gradient embeddings (``attach_hints``)."""
         self.forward_hook: Any = None
         """The DDP module's forward pre-hook that calls ``begin_check`` (``zensync.register``)."""
+        self.warmup: WarmupProfiler | None = None
+        """Strategy "auto" with ``profile="warmup"``: measures the step profile (``hooks.warmup``)."""
+        if config.profile == WARMUP_PROFILE:
+            shapes = {name: tuple(p.shape) for p, name in self.param_names.items()}
+            dtype_bytes = next(iter(self.param_names)).element_size()
+            self.warmup = WarmupProfiler(config.warmup_steps, shapes, dtype_bytes, config.auto_compressors)
+        self.forward_end_hook: Any = None
+        """The DDP module's forward hook that marks the forward's end for ``warmup``."""
+        self._profiled_step: int | None = None
+        """The step that measured the warm-up profile (its interval pays for that: no prediction beside it)."""
         if self.runtime.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.runtime.transport.world_size)
             if self.auto_choice is not None:
@@ -170,6 +185,29 @@ class ZenSyncState:
         self.strategy, self.auto_choice = auto_compression(
             self.strategy, profile, config.auto_compressors, world_size, config.switch_margin
         )
+
+    def measure_warmup_profile(self) -> None:
+        """Strategy "auto" with ``profile="warmup"``, at the first step after the marked ones, before
+        its first bucket: measure the profile (collective, blocking: ``WarmupProfiler.profile``) and
+        compress from now on where the planner predicts it pays, as with a given profile."""
+        assert self.warmup is not None
+        transport = self.runtime.transport
+        profile = self.warmup.profile(transport, transport.world_size)
+        strategy, choice = auto_compression(
+            self.strategy, profile, self.config.auto_compressors, transport.world_size, self.config.switch_margin
+        )
+        with self.lock:
+            self.strategy, self.auto_choice = strategy, choice
+            self.decider.strategy = strategy
+            self._profiled_step = self.step
+        if transport.rank == 0:
+            logger.info(
+                "zensync auto: %s from step %d, predicted %.1f ms/step from its warm-up profile (%s)",
+                "no compression" if choice.spec == "fp32" else choice.spec,
+                self.step,
+                choice.step_s * 1e3,
+                ", ".join(f"{s} {t * 1e3:.1f}" for s, t in choice.predicted_s.items()),
+            )
 
     def _describe(self) -> str:
         """This rank's options and model as text; ``agree`` checks that every rank's is the same."""
@@ -336,7 +374,7 @@ class ZenSyncState:
         with self.lock:
             record = self.log.current
             record.step_interval_s = now_s - previous
-            if self.auto_choice is not None:
+            if self.auto_choice is not None and self.log.step - 1 != self._profiled_step:
                 warm = self.decider.in_warmup(self.log.step - 1)  # the interval is the last step's
                 record.predicted_step_s = self.auto_choice.predicted_s["fp32"] if warm else self.auto_choice.step_s
 
@@ -459,9 +497,10 @@ class ZenSyncState:
         stop); remove the hint hooks and the forward hook."""
         if self.hints is not None:
             self.hints.close()
-        if self.forward_hook is not None:
-            self.forward_hook.remove()
-            self.forward_hook = None
+        for hook in (self.forward_hook, self.forward_end_hook):
+            if hook is not None:
+                hook.remove()
+        self.forward_hook = self.forward_end_hook = None
         self.runtime.lane.drain(timeout=60)
         check, self._check = self._check, None
         if check is not None and check.wait_done(timeout=60):

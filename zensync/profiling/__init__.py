@@ -6,7 +6,14 @@ The group's alpha-beta parameters are measured by ``zensync.cost.calibrate``.
 from __future__ import annotations
 
 from zensync.profiling.costs import CompressorCost, measure_compressor_costs
-from zensync.profiling.group import profile_group
+from zensync.profiling.group import agreed_compute, profile_group, profile_links
 from zensync.profiling.ready import measure_ready_times
 
-__all__ = ["CompressorCost", "measure_compressor_costs", "measure_ready_times", "profile_group"]
+__all__ = [
+    "CompressorCost",
+    "agreed_compute",
+    "measure_compressor_costs",
+    "measure_ready_times",
+    "profile_group",
+    "profile_links",
+]

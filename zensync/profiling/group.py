@@ -42,7 +42,7 @@ from zensync.planner import AUTO_COMPRESSORS, LinkFit, ModelProfile, StepProfile
 from zensync.profiling.costs import clamped_fit
 from zensync.transport import GradBucket, TorchTransport, Transport
 
-__all__ = ["profile_group"]
+__all__ = ["agreed_compute", "profile_group", "profile_links"]
 
 _SMALL_NUMEL = 2**16
 """The small size each compressor is also timed at, for the fixed part of its cost."""
@@ -100,7 +100,23 @@ def profile_group(
             raise ValueError(f"specs: {spec!r}: {exc}") from None
     # Step 1: compute, and DDP's buckets.
     profile, other_s, buckets = _compute(ddp, make_batch, loss_fn, optimizer, iterations, warmup, name, transport)
-    # Step 2: the links.
+    return profile_links(transport, profile, other_s, buckets, specs, repeats)
+
+
+def profile_links(
+    transport: Transport,
+    profile: ModelProfile,
+    other_s: float,
+    buckets: tuple[tuple[str, ...], ...],
+    specs: Sequence[str],
+    repeats: int = 5,
+) -> StepProfile:
+    """Steps 2 and 3 of the module docstring around a measured compute ``profile``: the links and the
+    compressors at the buckets' sizes; the ``StepProfile``, rank 0's on every rank (collective).
+
+    ``profile_group`` calls it after its own compute run; the DDP hook after its warm-up steps
+    (``HookConfig.profile="warmup"``), whose compute it measured itself (``agreed_compute``).
+    """
     largest_bytes = max(_numel(profile, b) for b in buckets) * profile.dtype_bytes
     n = transport.world_size
     allreduce = _fit_link(transport, "allreduce", (*_ALLREDUCE_BYTES, largest_bytes), repeats, 2 * (n - 1) / n)
@@ -198,6 +214,30 @@ def _compute(
     finally:
         for handle in handles:
             handle.remove()
+    shapes = {n: tuple(p.shape) for n, p in params}
+    device = f"measured:{params[0][1].device.type} x{transport.world_size} at once"
+    profile, other_s = agreed_compute(
+        transport, forward, backward, other, ready, shapes, tuple(buckets), params[0][1].element_size(), name, device
+    )
+    return profile, other_s, tuple(buckets)
+
+
+def agreed_compute(
+    transport: Transport,
+    forward: Sequence[float],
+    backward: Sequence[float],
+    other: Sequence[float],
+    ready: dict[str, list[float]],
+    shapes: dict[str, tuple[int, ...]],
+    buckets: tuple[tuple[str, ...], ...],
+    dtype_bytes: int,
+    name: str,
+    device: str,
+) -> tuple[ModelProfile, float]:
+    """(compute profile, other_s) from per-step times measured on this rank, agreed over ranks
+    (collective; every rank passes as many steps and the same names): durations are the slowest
+    rank's per step, then the mean over steps; ready times (seconds after the start of backward,
+    per parameter) the mean over ranks of each rank's mean. Only the bucketed parameters count."""
     # Ready times: the mean over ranks; durations: the slowest rank's, per step.
     ordered = sorted(ready)
     mean_ready = _mean(transport, [statistics.fmean(ready[n]) if ready[n] else 0.0 for n in ordered])
@@ -205,7 +245,6 @@ def _compute(
         statistics.fmean(_slowest(transport, times)) for times in (forward, backward, other)
     )
     bucketed = {n for b in buckets for n in b}
-    shapes = {n: tuple(p.shape) for n, p in params}
     measured = sorted((t, n) for n, t in zip(ordered, mean_ready, strict=True) if n in bucketed)
     tensors = tuple(TensorProfile(name=n, shape=shapes[n], ready_s=t) for t, n in measured)
     profile = ModelProfile(
@@ -213,10 +252,10 @@ def _compute(
         tensors=tensors,
         forward_s=forward_s,
         backward_s=max(backward_s, tensors[-1].ready_s),
-        dtype_bytes=params[0][1].element_size(),
-        device=f"measured:{params[0][1].device.type} x{transport.world_size} at once",
+        dtype_bytes=dtype_bytes,
+        device=device,
     )
-    return profile, other_s, tuple(buckets)
+    return profile, other_s
 
 
 def _silent_replica(
