@@ -21,8 +21,8 @@ and any zensync strategy (``zensync.register(ddp, strategy=...)``: "fp16", "powe
 suffix ``@serial`` registers with ``overlap_buckets=False`` (each bucket's job runs to its end
 before the next starts), to measure what overlapping the buckets buys, side by side; ``@thread``
 with ``comm_thread=True`` (the jobs start on a thread of the hook's own, beside backward);
-``auto@warmup`` is "auto" measuring its own profile in its first 4 steps (``profile="warmup"``;
-give ``--warmup 5`` or more, so that the step that measures is not timed).
+``auto@warmup`` is "auto" measuring its own profile in its first 8 steps (``profile="warmup"``;
+give ``--warmup 9`` or more, so that the step that measures is not timed).
 
 Per strategy: the median over timed steps of the slowest rank's step time (forward, backward with
 the hook, optimizer), CPU time per step (user + system of the rank's process, all threads), bytes on
@@ -253,6 +253,8 @@ def worker(args: argparse.Namespace) -> None:
                 "schemes": sorted({p["scheme"] for h in history for p in h["params"].values()}),
                 "phases_s": [h["phases_s"] for h in history],
             }
+            if state.auto_profile is not None and rank == 0 and args.strategy.endswith("@warmup"):
+                pathlib.Path(args.out, "warmup_profile.json").write_text(state.auto_profile.to_json())
             if state.auto_choice is not None:
                 report["zensync"]["auto_choice"] = {
                     "spec": state.auto_choice.spec,
@@ -386,11 +388,14 @@ def _prediction_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[
         choice = r.get("auto_choice")
         if choice:
             options = ", ".join(f"{spec} {t * 1e3:.1f}" for spec, t in choice["predicted_s"].items())
+            how = "profile='warmup'" if r["strategy"].endswith("@warmup") else "profile=<the calibration run's>"
             lines += [
                 "",
-                f"auto (`zensync.register(ddp, strategy='auto', profile=...)`) chose {choice['spec']}; "
+                f"{r['strategy']} (`zensync.register(ddp, strategy='auto', {how})`) chose {choice['spec']}; "
                 f"its predicted ms/step per candidate: {options}.",
             ]
+    for strategy, summaries in meta.get("warmup_profiles", {}).items():
+        lines += ["", f"{strategy}'s own profile, measured in its warm-up steps, per round: " + "; ".join(summaries)]
     return lines
 
 
@@ -488,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     forwarded = list(argv if argv is not None else sys.argv[1:])
     rows = []
     step_profile = None
+    warmup_profiles: dict[str, list[str]] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
         LoopbackCluster(args.hosts) if args.loopback else make_cluster(args.hosts, rate=args.rate) as cluster,
@@ -511,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
             if strategy == "profile":
                 step_profile = _read_profile(pathlib.Path(tmp, "profile.json"))
                 continue
+            measured_in_warmup = _read_profile(pathlib.Path(tmp, "warmup_profile.json"))
+            if measured_in_warmup is not None:  # auto@warmup's own profile (rank 0's copy; every rank's is the same)
+                warmup_profiles.setdefault(strategy, []).append(_calibration_summary(measured_in_warmup))
+                pathlib.Path(tmp, "warmup_profile.json").unlink()
             ranks = []
             for r in range(args.hosts):
                 path = pathlib.Path(tmp, f"{strategy.replace(':', '_')}_rank{r}.json")
@@ -540,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if step_profile is not None:
         meta["calibration_summary"] = _calibration_summary(step_profile)
+    if warmup_profiles:
+        meta["warmup_profiles"] = warmup_profiles
     out_dir = pathlib.Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"compression_{label}_{args.buckets}_{date}"

@@ -153,9 +153,9 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     # failure reach the user with its own type and message (a Future's error cannot carry them).
     runtime.lane.drain()  # the step's jobs: its check, and every bucket sent through the lane
     # Then the buckets on DDP's group, this one included, unless the step failed (see finish_step).
-    if state.warmup is not None:
-        state.warmup.step_end(step)
     failure = state.finish_step()
+    if state.warmup is not None:
+        state.warmup.step_end(step)  # after the step's collectives: the rest of the step starts here
     if failure is not None:
         raise failure
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -37,7 +37,7 @@ from zensync.hooks.runtime import Runtime
 from zensync.hooks.steplog import StepLog
 from zensync.hooks.strategy import Strategy, auto_compression, read_step_profile, resolve_strategy
 from zensync.hooks.warmup import WarmupProfiler
-from zensync.planner import AutoChoice
+from zensync.planner import AutoChoice, StepProfile
 from zensync.sync import SCHEMES
 from zensync.sync.agreement import compare_with_rank0_async
 from zensync.sync.registration import agree, checked_parameters
@@ -73,6 +73,7 @@ class ZenSyncState:
         "strategy",
         "param_names",
         "auto_choice",
+        "auto_profile",
         "_profile_digest",
         # The parts, and the decider and executor built on them.
         "memory",
@@ -114,6 +115,8 @@ class ZenSyncState:
         self.auto_choice: AutoChoice | None = None
         """Strategy "auto" with a step profile: the compressor chosen ("fp32": none) and every candidate's
         predicted step (``zensync.planner.choose_compression``); None without a profile."""
+        self.auto_profile: StepProfile | None = None
+        """The step profile auto chose from (given, or measured in its warm-up: ``profile="warmup"``)."""
         self._profile_digest = ""
         described = ""
         if failure is None:
@@ -176,6 +179,7 @@ class ZenSyncState:
         """Strategy "auto" with a step profile: compress where the planner predicts it pays (``auto_compression``)."""
         assert config.profile is not None
         profile, self._profile_digest = read_step_profile(config.profile)
+        self.auto_profile = profile
         foreign = sorted({t.name for t in profile.profile.tensors} - set(self.param_names.values()))
         if foreign:
             raise ValueError(
@@ -197,7 +201,7 @@ class ZenSyncState:
             self.strategy, profile, self.config.auto_compressors, transport.world_size, self.config.switch_margin
         )
         with self.lock:
-            self.strategy, self.auto_choice = strategy, choice
+            self.strategy, self.auto_choice, self.auto_profile = strategy, choice, profile
             self.decider.strategy = strategy
             self._profiled_step = self.step
         if transport.rank == 0:

@@ -5,14 +5,16 @@ allreduce while in warm-up): each forward's start (DDP's forward pre-hook) and e
 hook), each bucket's hook call (its gradients are ready) and the return of each step's last bucket.
 At the next step, before its first bucket syncs, every rank (``WarmupProfiler.profile``):
 
-1. compute, agreed over ranks (``zensync.profiling.agreed_compute``), from every step but the first
-   (DDP's initial buckets): forward = forward end - start; backward = last bucket's call - forward
-   end (the loss and the backward, as the planner counts it; the warm-up's dense buckets run beside
-   it, as communication will); a parameter is ready at its bucket's call - forward end; the rest
-   of the step = next forward's start - the last bucket's return (optimizer, zeroing, data);
+1. compute, agreed over ranks (``zensync.profiling.agreed_compute``), from the second half of the
+   marked steps (the first is DDP's initial buckets, and the next ones still run slower):
+   forward = forward end - start; backward = last bucket's call - forward end (the loss and the
+   backward, as the planner counts it; the warm-up's dense buckets run beside it, as
+   communication will); a parameter is ready at its bucket's call - forward end; the rest of the
+   step = next forward's start - the last bucket's return, after its collectives (optimizer,
+   zeroing, data);
 2. the links and the compressors at the buckets' sizes (``zensync.profiling.profile_links``), in
    the hook's own group, on the training thread (blocking collectives: this step pays for them once);
-3. the planner's choice (``ZenSyncState.adopt_profile``), as with a profile given to ``register``.
+3. the planner's choice (``ZenSyncState.measure_warmup_profile``), as with a profile given to ``register``.
 
 A rank that missed a mark (a forward without grad, say) makes every rank fail with the same error.
 """
@@ -102,6 +104,12 @@ class WarmupProfiler:
         if marks is not None:
             marks.end = self._clock()
 
+    @property
+    def untimed(self) -> int:
+        """Marked steps left out first: half of them, at least DDP's first (its initial buckets); the
+        first steps after it still run slower (caches, allocator, the optimizer's first buffers)."""
+        return max(1, self.steps // 2)
+
     def due(self, step: int) -> bool:
         """Whether ``step`` is the one that measures the profile (the first after the marked ones)."""
         return not self.done and self.first_step is not None and step >= self.first_step + self.steps
@@ -114,7 +122,7 @@ class WarmupProfiler:
         """
         assert self.first_step is not None
         self.done = True
-        timed = range(self.first_step + 1, self.first_step + self.steps)
+        timed = range(self.first_step + self.untimed, self.first_step + self.steps)
         missing = [s for s in timed if not self._complete(s)]
         flags = transport.all_gather(torch.tensor([len(missing)], dtype=torch.int64))
         if any(int(f.item()) for f in flags):

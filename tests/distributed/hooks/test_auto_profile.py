@@ -80,7 +80,7 @@ def _train(rank: int, **options: Any) -> dict[str, Any]:
 
 
 def _warmup_train(rank: int, steps: int) -> dict[str, Any]:
-    """Auto measuring its own profile in the warm-up steps (4), then training on."""
+    """Auto measuring its own profile in the warm-up steps (8), then training on."""
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=0.01)  # several buckets
     state = zensync.register(ddp, strategy="auto", profile="warmup", adapt=False)
@@ -117,7 +117,7 @@ def _worker(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
         "slow_file": _train(rank, profile=slow_file),
         "fast": _train(rank, profile=_profile(world_size, FAST)),
         "warm": _train(rank, profile=_profile(world_size, SLOW), warmup_steps=2),
-        "warmup_profile": _warmup_train(rank, 8),
+        "warmup_profile": _warmup_train(rank, 12),
     }
     for case, options in {
         "other_world": {"profile": _profile(world_size + 1, SLOW)},
@@ -173,24 +173,24 @@ class TestAutoWithProfile:
             ]
 
     def test_warmup_profile_chooses_once_alike_on_every_rank(self, results: list[dict[str, Any]]) -> None:
-        """profile="warmup": dense for the 4 warm-up steps, the planner's choice (whatever this
-        machine measured) from step 4 on, the same on every rank, its prediction beside each step."""
+        """profile="warmup": dense for the 8 warm-up steps, the planner's choice (whatever this
+        machine measured) from step 8 on, the same on every rank, its prediction beside each step."""
         first = results[0]["warmup_profile"]
         predicted = first["predicted"]
         assert "fp32" in predicted and len(predicted) > 1
         best = min(predicted, key=predicted.__getitem__)
         assert first["choice"] in (best, "fp32")  # fp32 unless another is faster by the margin
-        assert first["chosen_at"] == 4
-        assert all(s == "dense" for s in first["fc1"][:4]), first["fc1"]
+        assert first["chosen_at"] == 8
+        assert all(s == "dense" for s in first["fc1"][:8]), first["fc1"]
         if first["choice"] == "fp32":
-            assert all(not s.startswith("compress:") for s in first["fc1"][4:]), first["fc1"]
+            assert all(not s.startswith("compress:") for s in first["fc1"][8:]), first["fc1"]
         else:
-            assert all(s.startswith(f"compress:{first['choice']}|") for s in first["fc1"][4:]), first["fc1"]
+            assert all(s.startswith(f"compress:{first['choice']}|") for s in first["fc1"][8:]), first["fc1"]
         # Record k holds step k-1's interval. No prediction beside the warm-up's steps nor beside
-        # step 4, which measured (it paid for that); each later step has it beside its interval.
-        assert [expected for _, expected in first["records"][:6]] == [None] * 6
-        assert len(first["records"]) == 8
-        for interval, expected in first["records"][6:]:
+        # step 8, which measured (it paid for that); each later step has it beside its interval.
+        assert [expected for _, expected in first["records"][:10]] == [None] * 10
+        assert len(first["records"]) == 12
+        for interval, expected in first["records"][10:]:
             assert interval > 0 and expected == predicted[first["choice"]]
         for other in results[1:]:
             mine = other["warmup_profile"]

@@ -45,11 +45,11 @@ def _script(profiler: WarmupProfiler, clock: _Clock, rank: int, steps: int, skip
 def test_the_compute_profile_is_the_marks_slowest_rank_and_mean_ready_times() -> None:
     def body(t):  # type: ignore[no-untyped-def]
         clock = _Clock()
-        profiler = WarmupProfiler(4, SHAPES, 4, ("fp16", "topk:0.01"), clock=clock)
-        _script(profiler, clock, t.rank, 4)
-        assert profiler.due(4) and not profiler.due(3)
+        profiler = WarmupProfiler(8, SHAPES, 4, ("fp16", "topk:0.01"), clock=clock)
+        _script(profiler, clock, t.rank, 8)
+        assert profiler.due(8) and not profiler.due(7)
         step = profiler.profile(t, t.world_size, repeats=1)
-        assert not profiler.due(5)  # once
+        assert not profiler.due(9)  # once
         return step
 
     steps = SimulatedWorld(2).run(body)
@@ -71,8 +71,8 @@ def test_the_compute_profile_is_the_marks_slowest_rank_and_mean_ready_times() ->
 def test_a_rank_that_missed_a_mark_fails_every_rank() -> None:
     def body(t):  # type: ignore[no-untyped-def]
         clock = _Clock()
-        profiler = WarmupProfiler(4, SHAPES, 4, ("fp16",), clock=clock)
-        _script(profiler, clock, t.rank, 4, skip_end_of=2 if t.rank == 1 else None)
+        profiler = WarmupProfiler(8, SHAPES, 4, ("fp16",), clock=clock)
+        _script(profiler, clock, t.rank, 8, skip_end_of=5 if t.rank == 1 else None)
         try:
             profiler.profile(t, t.world_size, repeats=1)
         except RuntimeError as exc:
@@ -80,13 +80,13 @@ def test_a_rank_that_missed_a_mark_fails_every_rank() -> None:
         return "no error"
 
     for message in SimulatedWorld(2).run(body):
-        assert "rank(s) [1] did not see every forward" in message and "steps 1-3" in message
+        assert "rank(s) [1] did not see every forward" in message and "steps 4-7" in message
 
 
 def test_warmup_profile_options() -> None:
     assert HookConfig(profile="warmup").warmup_steps == WARMUP_PROFILE_STEPS  # 0: the fewest that measure
-    assert HookConfig(profile="warmup", warmup_steps=6).warmup_steps == 6
-    with pytest.raises(ValueError, match="warmup_steps=2 must be >= 4"):
-        HookConfig(profile="warmup", warmup_steps=2)
+    assert HookConfig(profile="warmup", warmup_steps=10).warmup_steps == 10
+    with pytest.raises(ValueError, match="warmup_steps=4 must be >= 8"):
+        HookConfig(profile="warmup", warmup_steps=4)
     with pytest.raises(ValueError, match="profile= is read by strategy='auto' only"):
         HookConfig(strategy="topk:0.01", profile="warmup")
