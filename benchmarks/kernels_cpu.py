@@ -85,8 +85,11 @@ def _round_robin(variants: dict[str, Callable[[], object]], rounds: int) -> dict
 
 
 def _equal(a: Any, b: Any) -> bool:
+    """Equal; float64 results (sign_encode's sums, added in another order) to float64 rounding."""
     if isinstance(a, tuple):
         return all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if a.dtype == torch.float64:
+        return b.dtype == torch.float64 and torch.allclose(a, b, rtol=1e-12, atol=0)
     return a.dtype == b.dtype and torch.equal(a, b)
 
 
@@ -113,9 +116,26 @@ def _cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     signs = torch.randn(args.topk_numel, generator=g) >= 0
     packed = reference.pack_bits(signs, 1)
     levels = torch.tensor([-1.0, 1.0])
+    # The sign family on a bucket-sized gradient: encode, the 4-sender decode, the in-place residual
+    # (applied to the same tensor each call: its values drift, its cost does not).
+    grad = torch.randn(args.sign_numel, generator=g)
+    residual = grad.clone()
+    sign_packed = [reference.pack_bits(torch.randn(grad.numel(), generator=g) >= 0, 1) for _ in range(4)]
+    sign_levels = torch.tensor([[-0.5, 0.5], [-0.25, 0.75], [-1.0, 1.0], [-0.3, 0.1]])
+    decoded = torch.empty_like(grad)
 
-    def case(label: str, baseline: Callable, name: str, module: Any, call: tuple, nbytes: int) -> dict[str, Any]:
-        return {"label": label, "baseline": baseline, "name": name, "module": module, "args": call, "bytes": nbytes}
+    def case(
+        label: str, baseline: Callable, name: str, module: Any, call: tuple, nbytes: int, in_place: bool = False
+    ) -> dict[str, Any]:
+        return {
+            "label": label,
+            "baseline": baseline,
+            "name": name,
+            "module": module,
+            "args": call,
+            "bytes": nbytes,
+            "in_place": in_place,
+        }
 
     return [
         case("bucket_nonzero (hash + bucket)", lambda: reference.bucket_nonzero(x2d, part), "bucket_nonzero", cpu,
@@ -137,6 +157,12 @@ def _cases(args: argparse.Namespace) -> list[dict[str, Any]]:
              signs.nbytes),
         case("unpack_bits (1 bit, +-1 levels)", lambda: reference.unpack_bits(packed, 1, signs.numel(), levels),
              "unpack_bits", cpu_codec, (packed, 1, signs.numel(), levels), signs.numel() * 4),
+        case(f"sign_encode ({grad.numel():,})", lambda: reference.sign_encode(grad), "sign_encode", cpu_codec,
+             (grad,), grad.nbytes),
+        case("sign_decode_sum (4 senders)", lambda: reference.sign_decode_sum(sign_packed, sign_levels, decoded),
+             "sign_decode_sum", cpu_codec, (sign_packed, sign_levels, decoded), grad.nbytes),
+        case("sign_residual (in place)", lambda: reference.sign_residual(residual, levels), "sign_residual",
+             cpu_codec, (residual, levels), grad.nbytes, in_place=True),
     ]  # fmt: skip
 
 
@@ -148,6 +174,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=50_000, help="rows of the embedding-gradient hashing input")
     parser.add_argument("--row-width", type=int, default=768)
     parser.add_argument("--topk-numel", type=int, default=25_000_000, help="elements of the selection/codec input")
+    parser.add_argument("--sign-numel", type=int, default=8_403_978, help="elements of the sign kernels' input")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-gpu", action="store_true", help="skip the GPU section even when a GPU is present")
     args = parser.parse_args()
@@ -160,7 +187,11 @@ def main() -> None:
     rows = []
     for c in _cases(args):
         numba_fn = getattr(c["module"], c["name"])
-        assert _equal(numba_fn(*c["args"]), getattr(reference, c["name"])(*c["args"])), c["label"]
+        if c["in_place"]:  # each on a copy of the first argument
+            copies = [(c["args"][0].clone(), *c["args"][1:]) for _ in range(2)]
+            assert _equal(numba_fn(*copies[0]), getattr(reference, c["name"])(*copies[1])), c["label"]
+        else:
+            assert _equal(numba_fn(*c["args"]), getattr(reference, c["name"])(*c["args"])), c["label"]
         src, dst = torch.ones(c["bytes"], dtype=torch.uint8), torch.zeros(c["bytes"], dtype=torch.uint8)
         variants = {
             "baseline": c["baseline"],

@@ -517,10 +517,10 @@ def main(argv: list[str] | None = None) -> int:
             if strategy == "profile":
                 step_profile = _read_profile(pathlib.Path(tmp, "profile.json"))
                 continue
-            measured_in_warmup = _read_profile(pathlib.Path(tmp, "warmup_profile.json"))
-            if measured_in_warmup is not None:  # auto@warmup's own profile (rank 0's copy; every rank's is the same)
-                warmup_profiles.setdefault(strategy, []).append(_calibration_summary(measured_in_warmup))
-                pathlib.Path(tmp, "warmup_profile.json").unlink()
+            own = pathlib.Path(tmp, "warmup_profile.json")
+            if own.exists():  # auto@warmup's own profile (rank 0's copy; every rank's is the same)
+                warmup_profiles.setdefault(strategy, []).append(_calibration_summary(_read_profile(own)))
+                own.unlink()
             ranks = []
             for r in range(args.hosts):
                 path = pathlib.Path(tmp, f"{strategy.replace(':', '_')}_rank{r}.json")
