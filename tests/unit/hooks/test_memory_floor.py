@@ -10,6 +10,7 @@ copy or a new output, raises it by that size, since blocks this large are fresh 
 from __future__ import annotations
 
 import pathlib
+import statistics
 
 import pytest
 import torch
@@ -114,5 +115,11 @@ def test_sparse_parameter_step_allocates_nothing_of_its_size(strategy: str) -> N
     for _, collectives in outcomes:
         assert collectives[0] == 4 and set(collectives[1:]) == ({3} if strategy == "zen" else {4}), collectives
     param_kib = ROWS * DIM * 4 // 1024
-    # Both ranks' steps together: far below one parameter-sized allocation (37,500 KiB).
-    assert max(growth_kib) < param_kib // 4, f"peak RSS grew {growth_kib} KiB per step; the parameter is {param_kib}"
+    # Both ranks' steps together: no step allocates a block of the parameter's size (37,500 KiB:
+    # above glibc's largest mmap threshold, such a block is a fresh mapping every step), and the
+    # typical step not even a quarter of it. The heaps of the two rank threads grow by 2-14 MiB
+    # in a random one of the steps now and then (every revision did so: the sparse_ps case failed
+    # 2 of 3 runs against a quarter as the bound of every step), which the median leaves out.
+    message = f"peak RSS grew {growth_kib} KiB per step; the parameter is {param_kib}"
+    assert max(growth_kib) < param_kib, message
+    assert statistics.median(growth_kib) < param_kib // 4, message
