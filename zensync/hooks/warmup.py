@@ -48,7 +48,8 @@ class WarmupProfiler:
     """Marks ``steps`` steps from the first it sees on, then measures the step profile (``profile``).
 
     Args:
-        steps: Steps to mark (the first is not timed: DDP rebuilds its buckets after it).
+        steps: Steps to mark; the first half is not timed (``untimed``: DDP rebuilds its buckets after
+            the first, and the next ones still run slower).
         shapes: Each parameter's shape, by name.
         dtype_bytes: Bytes per gradient element.
         specs: The compressors to time (``HookConfig.auto_compressors``).
