@@ -136,8 +136,8 @@ def _register(ddp: nn.parallel.DistributedDataParallel, strategy: str, profile: 
     if variant not in variants:
         raise ValueError(f"unknown strategy variant @{variant} (known: @serial, @thread, @warmup)")
     options = variants[variant]
-    if strategy == "auto" and profile is not None and variant != "warmup":
-        return zensync.register(ddp, strategy="auto", profile=profile, **options)
+    if strategy == "auto" and profile is not None:
+        options = {"profile": profile, **options}  # a variant's own profile ("warmup") wins
     return zensync.register(ddp, strategy=strategy, **options)
 
 

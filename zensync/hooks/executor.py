@@ -130,19 +130,16 @@ class BucketExecutor:
         dense = [i for i, d in enumerate(work.decisions) if d.kind is DecisionKind.DENSE]
         start = time.perf_counter()
         with transport.phase("dense"):
-            if len(dense) == len(views):
-                pending = transport.all_reduce_async(work.buffer, inplace=True)
-                if last:
-                    hand_on()
-                await pending
-            elif dense:
-                fused = torch.cat([views[i].reshape(-1) for i in dense])
+            if dense:
+                whole = len(dense) == len(views)  # in place on the bucket; else a fused copy
+                fused = work.buffer if whole else torch.cat([views[i].reshape(-1) for i in dense])
                 pending = transport.all_reduce_async(fused, inplace=True)
                 if last:
                     hand_on()
                 summed = await pending
-                for i, part in zip(dense, summed.split([views[i].numel() for i in dense]), strict=True):
-                    views[i].view(-1).copy_(part)
+                if not whole:
+                    for i, part in zip(dense, summed.split([views[i].numel() for i in dense]), strict=True):
+                        views[i].view(-1).copy_(part)
         elapsed = time.perf_counter() - start
         with self.lock:
             self.note_dense([names[i] for i in dense], [views[i].numel() for i in dense], elapsed)

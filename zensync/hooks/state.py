@@ -168,12 +168,7 @@ class ZenSyncState:
         if self.runtime.transport.rank == 0:
             logger.info("zensync hook: %s on %d ranks", config, self.runtime.transport.world_size)
             if self.auto_choice is not None:
-                logger.info(
-                    "zensync auto: %s, predicted %.1f ms/step from the profile (%s)",
-                    "no compression" if self.auto_choice.spec == "fp32" else self.auto_choice.spec,
-                    self.auto_choice.step_s * 1e3,
-                    ", ".join(f"{s} {t * 1e3:.1f}" for s, t in self.auto_choice.predicted_s.items()),
-                )
+                _log_choice(self.auto_choice, "the profile")
 
     def _auto_compression(self, config: HookConfig, world_size: int) -> None:
         """Strategy "auto" with a step profile: compress where the planner predicts it pays (``auto_compression``)."""
@@ -196,7 +191,7 @@ class ZenSyncState:
         compress from now on where the planner predicts it pays, as with a given profile."""
         assert self.warmup is not None
         transport = self.runtime.transport
-        profile = self.warmup.profile(transport, transport.world_size)
+        profile = self.warmup.profile(transport)
         strategy, choice = auto_compression(
             self.strategy, profile, self.config.auto_compressors, transport.world_size, self.config.switch_margin
         )
@@ -205,13 +200,7 @@ class ZenSyncState:
             self.decider.strategy = strategy
             self._profiled_step = self.step
         if transport.rank == 0:
-            logger.info(
-                "zensync auto: %s from step %d, predicted %.1f ms/step from its warm-up profile (%s)",
-                "no compression" if choice.spec == "fp32" else choice.spec,
-                self.step,
-                choice.step_s * 1e3,
-                ", ".join(f"{s} {t * 1e3:.1f}" for s, t in choice.predicted_s.items()),
-            )
+            _log_choice(choice, f"its warm-up profile, from step {self.step}")
 
     def _describe(self) -> str:
         """This rank's options and model as text; ``agree`` checks that every rank's is the same."""
@@ -509,3 +498,14 @@ class ZenSyncState:
         check, self._check = self._check, None
         if check is not None and check.wait_done(timeout=60):
             self.runtime.transport.release()
+
+
+def _log_choice(choice: AutoChoice, source: str) -> None:
+    """Log auto's choice and every candidate's predicted step (rank 0)."""
+    logger.info(
+        "zensync auto: %s, predicted %.1f ms/step from %s (%s)",
+        "no compression" if choice.spec == "fp32" else choice.spec,
+        choice.step_s * 1e3,
+        source,
+        ", ".join(f"{s} {t * 1e3:.1f}" for s, t in choice.predicted_s.items()),
+    )

@@ -115,7 +115,7 @@ class WarmupProfiler:
         """Whether ``step`` is the one that measures the profile (the first after the marked ones)."""
         return not self.done and self.first_step is not None and step >= self.first_step + self.steps
 
-    def profile(self, transport: Transport, world_size: int, repeats: int = 5) -> StepProfile:
+    def profile(self, transport: Transport, repeats: int = 5) -> StepProfile:
         """Steps 1 and 2 of the module docstring (collective); the same ``StepProfile`` on every rank.
 
         Raises:
@@ -147,7 +147,7 @@ class WarmupProfiler:
                     ready[name].append(called - marks.forward_end)
         buckets = tuple(names for names, _ in self._marks[timed.stop - 1].buckets)
         measured = {name: times for name, times in ready.items() if times}
-        device = f"measured in warm-up steps {timed.start}-{timed.stop - 1}, x{world_size} ranks"
+        device = f"measured in warm-up steps {timed.start}-{timed.stop - 1}, x{transport.world_size} ranks"
         profile, other_s = agreed_compute(
             transport,
             forward,

@@ -444,10 +444,8 @@ class Lane:
                     return True
                 task = next(iter(self._unfinished))
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not task.wait_done(left):
+            if not task.wait_done(left):  # returns after the done callbacks: _on_done removed it
                 return False
-            with self._lock:  # done callbacks ran (wait_done returns after them): it is gone
-                self._unfinished.discard(task)
 
 
 def _lane_thread(lane_ref: weakref.ref[Lane], wake: queue.SimpleQueue[bool]) -> None:

@@ -48,7 +48,7 @@ def test_the_compute_profile_is_the_marks_slowest_rank_and_mean_ready_times() ->
         profiler = WarmupProfiler(8, SHAPES, 4, ("fp16", "topk:0.01"), clock=clock)
         _script(profiler, clock, t.rank, 8)
         assert profiler.due(8) and not profiler.due(7)
-        step = profiler.profile(t, t.world_size, repeats=1)
+        step = profiler.profile(t, repeats=1)
         assert not profiler.due(9)  # once
         return step
 
@@ -74,7 +74,7 @@ def test_a_rank_that_missed_a_mark_fails_every_rank() -> None:
         profiler = WarmupProfiler(8, SHAPES, 4, ("fp16",), clock=clock)
         _script(profiler, clock, t.rank, 8, skip_end_of=5 if t.rank == 1 else None)
         try:
-            profiler.profile(t, t.world_size, repeats=1)
+            profiler.profile(t, repeats=1)
         except RuntimeError as exc:
             return str(exc)
         return "no error"

@@ -49,16 +49,14 @@ class AllGatherCollective(CompressedCollective):
         with transport.timed("compress"):
             packed = compressor.compress(x, name=name, step=step)
             payload = pack(*packed.payloads)
-        pending = transport.all_gather_v_async(payload)
-        codec.issued_last()
-        early = want_own and codec.keep_own is not None
-        if early:  # the payload is a buffer of its own: x may become the residual now
-            assert codec.keep_own is not None
-            codec.keep_own(packed)
+        pending = codec.last(transport.all_gather_v_async(payload))
+        keep_own = codec.keep_own if want_own else None
+        if keep_own is not None:  # the payload is a buffer of its own: x may become the residual now
+            keep_own(packed)
         gathered = await pending
         # The gathered buffers are the collective's own memory: writing out (which may be x) is safe.
         with transport.timed("decompress"):
             parts = [unpack(buf, packed) for buf in gathered]
             target = torch.empty_like(x, memory_format=torch.contiguous_format) if out is None else out
             compressor.decompress_sum(parts, target)
-        return target, parts[transport.rank] if want_own and not early else None
+        return target, parts[transport.rank] if want_own and keep_own is None else None

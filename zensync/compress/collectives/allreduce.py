@@ -66,10 +66,7 @@ class AllReduceCollective(CompressedCollective):
             flat = t.reshape(-1)
             fresh = flat.is_contiguous() and flat.untyped_storage().data_ptr() != storage
             start = time.perf_counter()
-            pending = transport.all_reduce_async(flat, inplace=fresh)
-            if last:
-                codec.issued_last()
-            summed = await pending
+            summed = await codec.last(transport.all_reduce_async(flat, inplace=fresh), last=last)
             waited_s += time.perf_counter() - start
             return summed.view(t.shape)
 

@@ -54,9 +54,7 @@ class AllToAllAllGatherCollective(CompressedCollective):
         with transport.timed("compress"):
             server = codec.server_recompress(sum_in_rank_order(mine, chunks[r]), f"{name}#{r}", step)
         # Step 3: everyone gathers the re-compressed chunks.
-        pending = transport.all_gather_v_async(pack(*server.payloads))
-        codec.issued_last()
-        gathered = await pending
+        gathered = await codec.last(transport.all_gather_v_async(pack(*server.payloads)))
         with transport.timed("decompress"):
             like = [
                 server if j == r else codec.server_layout(c, packed[j], f"{name}#{j}", step)

@@ -25,13 +25,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable
-from typing import ClassVar, Literal, get_args
+from typing import ClassVar, Literal, TypeVar, get_args
 
 import torch
 
 from zensync.compress.base import Compressed, Compressor, Parts, sum_in_rank_order
 from zensync.compress.error_feedback import ErrorFeedback
-from zensync.transport import Transport
+from zensync.transport import Handle, Transport
 from zensync.transport.packing import ByteReader
 
 __all__ = [
@@ -46,6 +46,8 @@ __all__ = [
     "sum_in_rank_order",
     "unpack",
 ]
+
+T = TypeVar("T")
 
 Own = torch.Tensor | Compressed | None
 """This rank's own transmitted approximation, as a collective returns it: decompressed, still
@@ -72,8 +74,8 @@ class Codec:
     """The (name, shape) of each tensor a fused 1-D input concatenates, for compressors that
     compress part by part (``Compressor.fuses_named_parts``; the allreduce scheme passes them on)."""
     on_issued: Callable[[], None] | None = None
-    """Called once the collective has issued its last transport collective (``issued_last``): the
-    DDP hook then lets the next bucket start (``zensync.transport.hand_on``)."""
+    """Called once the collective has issued its last transport collective (``last``): the DDP
+    hook then lets the next bucket start (``zensync.transport.hand_on``)."""
 
     keep_own: Callable[[Compressed], None] | None = None
     """Error feedback's early residual: a collective that knows this rank's own transmitted payloads
@@ -81,11 +83,12 @@ class Codec:
     after issuing them, before waiting, so the residual is computed while they are on the wire (it
     then returns no ``own``)."""
 
-    def issued_last(self) -> None:
-        """Each collective calls this right after issuing its last transport collective (before
-        awaiting it); nothing may be issued after it."""
-        if self.on_issued is not None:
+    def last(self, pending: Handle[T], *, last: bool = True) -> Handle[T]:
+        """``pending``, the collective's last transport collective (where ``last``), just issued and
+        not yet awaited: ``on_issued`` runs now. Nothing may be issued after it."""
+        if last and self.on_issued is not None:
             self.on_issued()
+        return pending
 
     def roundtrip(self, x: torch.Tensor, name: str, step: int) -> torch.Tensor:
         """decompress(compress(x)): what one rank alone transmits."""
@@ -116,7 +119,7 @@ class CompressedCollective(abc.ABC):
     """Sum over ranks of a compressed tensor (``reduce``); subclasses implement ``_reduce``.
 
     Collectives are stateless: the compressor and the server-side memory come in a ``Codec``.
-    Each calls ``codec.issued_last()`` right after issuing its last transport collective.
+    Each passes its last transport collective through ``codec.last`` as it issues it.
     """
 
     name: ClassVar[str]

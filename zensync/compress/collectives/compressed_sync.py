@@ -215,7 +215,7 @@ class CompressedSync:
 
                 def keep_own(own: Compressed) -> None:
                     with transport.timed("error_feedback"):
-                        self.worker_memory.keep_remainder(name, self.compressor.subtract_transmitted(compensated, own))
+                        self._keep_sent(name, compensated, own)
                     kept.append(True)
 
                 codec = dataclasses.replace(codec, keep_own=keep_own)
@@ -240,8 +240,8 @@ class CompressedSync:
 
         compensate made the compensated tensor for this call: the residual is computed in it.
         """
-        if isinstance(own, Compressed):  # the allgather's own payloads: the residual in one pass
-            self.worker_memory.keep_remainder(name, self.compressor.subtract_transmitted(compensated, own))
+        if isinstance(own, Compressed):
+            self._keep_sent(name, compensated, own)
         elif own is not None:
             self.worker_memory.update(name, compensated, own, consume=True)
         else:
@@ -249,6 +249,10 @@ class CompressedSync:
             # is then the rank's part of the total loss, compensated - out / n, which sums to it
             # exactly. summed is of scale * compensated, so this rank's share is summed / (n scale).
             self.worker_memory.update(name, compensated, summed, scale=1 / n_scale, consume=True)
+
+    def _keep_sent(self, name: str, compensated: torch.Tensor, own: Compressed) -> None:
+        """The residual from this rank's own payloads (the allgather's), in one pass in ``compensated``."""
+        self.worker_memory.keep_remainder(name, self.compressor.subtract_transmitted(compensated, own))
 
     def _begin_step(self) -> None:
         """Hold back the residual updates and compressor state changes of this call (Step 4)."""

@@ -56,8 +56,6 @@ class GatherBroadcastCollective(CompressedCollective):
                 like = codec.server_layout(x, packed, key, step)
                 out_buf = torch.empty(like.nbytes, dtype=torch.uint8, device=x.device)
         # Step 2: the root broadcasts the re-compressed sum.
-        pending = transport.broadcast_async(out_buf, ROOT)
-        codec.issued_last()
-        out_buf = await pending
+        out_buf = await codec.last(transport.broadcast_async(out_buf, ROOT))
         with transport.timed("decompress"):
             return compressor.decompress(unpack(out_buf, like)), own

@@ -73,6 +73,5 @@ async def two_level(
         want_own=False,
     )
     # Step 3: intra-node allgather of the summed shards.
-    pending = intra.all_gather_v_async(summed.reshape(-1).contiguous())
-    codec.issued_last()
-    return torch.cat(await pending).view(x.shape)
+    gathered = await codec.last(intra.all_gather_v_async(summed.reshape(-1).contiguous()))
+    return torch.cat(gathered).view(x.shape)
