@@ -157,9 +157,10 @@ def _priced_specs(strategies: list[str]) -> list[str]:
 
 def _prediction_of(strategy: str) -> tuple[str, bool] | None:
     """(spec predict_step prices, whether the zensync hook runs) for a strategy; None: not priced
-    (no_sync is the compute floor, not a sync; PowerSGD's payload depends on the matrix shapes).
-    "auto": its own prediction, made by the hook from the same profile. "@serial" variants: the
-    same prediction as the strategy (the planner does not model the buckets' overlap)."""
+    (no_sync is the compute floor, not a sync; torch's PowerSGD hook computes otherwise than the
+    zensync PowerSGD the profile times on the buckets). "auto": its own prediction, made by the
+    hook from the same profile. "@serial" variants: the same prediction as the strategy (the
+    planner does not model the buckets' overlap)."""
     strategy = strategy.partition("@")[0]
     if strategy == "ddp":
         return "fp32", False
@@ -170,8 +171,6 @@ def _prediction_of(strategy: str) -> tuple[str, bool] | None:
         return (spec, False) if spec in ("fp16", "bf16") else None
     if strategy == "auto":
         return "auto", True
-    if strategy.startswith("powersgd"):
-        return None
     return strategy, True
 
 

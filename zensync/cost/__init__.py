@@ -34,6 +34,7 @@ from zensync.cost.compressors import (
     compressor_model,
     measured_compressor_model,
     read_measured_costs,
+    shape_priced,
 )
 from zensync.cost.network import CostModel, fit_affine
 from zensync.cost.sparse import TensorShape, independent_union, measured_union, predict_bytes, predict_time
@@ -65,4 +66,5 @@ __all__ = [
     "predict_time",
     "read_measured_costs",
     "reduce_scatter_s",
+    "shape_priced",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "compressor_model",
     "measured_compressor_model",
     "read_measured_costs",
+    "shape_priced",
 ]
 
 Device = Literal["gpu", "cpu"]
@@ -294,6 +295,19 @@ def compressor_model(spec: str, overrides: Mapping[str, Any] | None = None) -> C
     return CompressorModel.family(
         family, bits_per_element=bits, allreduce_compatible=comp.allreduce_compatible, **fields
     )
+
+
+def shape_priced(spec: str) -> str | None:
+    """The spec of ``spec``'s compressor when its payload and work follow each tensor's matrix shape
+    (PowerSGD: ``compressor_model`` refuses it, a step profile times it per bucket); None otherwise.
+
+    Raises:
+        ValueError: If the spec is invalid.
+    """
+    from zensync import compress
+
+    comp = compress.build(spec)
+    return comp.spec() if comp.name in _SHAPE_PRICED else None
 
 
 MEASURABLE_COSTS = ("gpu_compress", "gpu_decompress", "cpu_compress", "cpu_decompress")

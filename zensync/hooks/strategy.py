@@ -128,21 +128,14 @@ def auto_compression(
             f"profile: measured on {profile.world_size} ranks, and this group has {world_size}; "
             f"measure it in this group (zensync.profile_group)"
         )
-    measured = [spec for spec in compressors if _measured(profile, spec)]
+    measured = [spec for spec in compressors if profile.measured(spec)]
     if not measured:
         raise ValueError(
             f"profile: none of auto_compressors={list(compressors)} was measured in it (measured: "
-            f"{', '.join(sorted(profile.compressor_costs)) or 'none'}); pass them as profile_group(specs=...)"
+            f"{', '.join(sorted([*profile.compressor_costs, *profile.bucket_costs])) or 'none'}); "
+            f"pass them as profile_group(specs=...)"
         )
     choice = choose_compression(profile, measured, margin=margin)
     if choice.spec == "fp32":
         return strategy, choice
     return dataclasses.replace(strategy, kind="compress", compressor=build(choice.spec).spec()), choice
-
-
-def _measured(profile: StepProfile, spec: str) -> bool:
-    try:
-        profile.compressor(spec)
-    except ValueError:
-        return False
-    return True

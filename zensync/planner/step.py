@@ -15,7 +15,10 @@ separate calibration run:
 - ``round_s``: one small all-gather, what the hook's per-step agreement check adds to the comm stream;
 - ``compressor_costs``: each compressor's local work before the first collective (``compress``:
   error feedback's compensation, the encode) and after it (``decompress``: the decode of every
-  rank's payload, the residual, the finite check), fitted per element.
+  rank's payload, the residual, the finite check), fitted per element;
+- ``bucket_costs``: for compressors whose work and payload follow each tensor's matrix shape
+  (PowerSGD), the same two times measured on each bucket's real tensors, with the bytes of each
+  of the bucket's collectives (``BucketCost``).
 
 ``predict_step`` runs the planner's timeline simulator on them for one strategy, with DDP's buckets as
 the fusion groups; ``choose_compression`` is "auto"'s choice among compressors on a dense model. In
@@ -30,7 +33,17 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zensync.cost import FP16_MODEL, FP32_MODEL, AffineCost, CompressorModel, compressor_model, read_measured_costs
+from zensync.cost import (
+    FP16_MODEL,
+    FP32_MODEL,
+    AffineCost,
+    CompressorModel,
+    allgather_s,
+    allreduce_s,
+    compressor_model,
+    read_measured_costs,
+    shape_priced,
+)
 from zensync.planner._reader import Fields, parse_json
 from zensync.planner.cluster import ClusterSpec
 from zensync.planner.options import FP16_OPTION, FP32_OPTION, TensorOption
@@ -41,6 +54,7 @@ __all__ = [
     "AUTO_COMPRESSORS",
     "STEP_PROFILE_VERSION",
     "AutoChoice",
+    "BucketCost",
     "LinkFit",
     "StepPrediction",
     "StepProfile",
@@ -49,7 +63,7 @@ __all__ = [
 ]
 
 STEP_PROFILE_VERSION = 1
-AUTO_COMPRESSORS = ("fp16", "topk:0.01", "dgc:0.01", "efsignsgd", "onebit")
+AUTO_COMPRESSORS = ("fp16", "topk:0.01", "dgc:0.01", "efsignsgd", "onebit", "powersgd:4")
 """What "auto" may compress dense parameters with, given a step profile (and what ``profile_group``
 times by default): the cast and the lossy compressors whose error feedback (or rounding) the
 compression tests bound the loss of."""
@@ -65,6 +79,31 @@ class LinkFit:
     """Bytes per rank of the timed calls."""
     seconds: tuple[float, ...] = ()
     """Their median times (of the slowest rank's, per call)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BucketCost:
+    """A shape-priced compressor's measured work on one bucket, around the bucket's collectives.
+
+    PowerSGD's payload and matrix products follow each tensor's (n, m) view, not the bucket's size,
+    so it is timed on the bucket's real tensors (the sizes of the other compressors' fits do not
+    describe it): ``before_s`` is the work before the first collective (error feedback's
+    compensation, the concatenation of the tensors sent as they are), ``after_s`` the rest (the
+    products M Q and M^T P, the orthogonalization, P Q^T, the residual, the finite check), which
+    runs between and after the collectives, on the comm stream.
+    """
+
+    before_s: float
+    after_s: float
+    rounds: tuple[tuple[str, int], ...]
+    """Each collective of the bucket in issue order: ("allreduce" or "allgather", bytes per rank)."""
+
+    def __post_init__(self) -> None:
+        if not (self.before_s >= 0 and self.after_s >= 0):
+            raise ValueError(f"BucketCost: before_s={self.before_s} and after_s={self.after_s} must be >= 0")
+        for op, nbytes in self.rounds:
+            if op not in ("allreduce", "allgather") or int(nbytes) != nbytes or nbytes < 0:
+                raise ValueError(f"BucketCost: round ({op!r}, {nbytes!r}) must be (allreduce|allgather, bytes >= 0)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,6 +123,8 @@ class StepProfile:
     allreduce_half: LinkFit | None = None
     """The allreduce of float16 payloads (the fp16 and bf16 casts' collective), where it was measured:
     a backend may sum half precision at another speed than float32 (gloo's sum is software)."""
+    bucket_costs: Mapping[str, tuple[BucketCost, ...]] = dataclasses.field(default_factory=dict)
+    """spec -> one ``BucketCost`` per bucket (in ``buckets`` order), for shape-priced compressors."""
 
     def __post_init__(self) -> None:
         names = {t.name for t in self.profile.tensors}
@@ -98,6 +139,23 @@ class StepProfile:
                 f"StepProfile: world_size={self.world_size} must be >= 1, other_s={self.other_s} and "
                 f"round_s={self.round_s} >= 0"
             )
+        for spec, costs in self.bucket_costs.items():
+            if len(costs) != len(self.buckets):
+                raise ValueError(
+                    f"StepProfile: bucket_costs[{spec!r}] has {len(costs)} entries for {len(self.buckets)} buckets"
+                )
+
+    def measured(self, spec: str) -> bool:
+        """Whether ``predict_step`` can price ``spec`` from this profile."""
+        if spec in ("fp32", "none"):
+            return True
+        try:
+            if shape_priced(spec) is not None:
+                return shape_priced(spec) in self.bucket_costs
+            self.compressor(spec)
+        except ValueError:
+            return False
+        return True
 
     def compressor(self, spec: str) -> CompressorModel:
         """The compressor's model with the costs measured here (fp32: free; the others need a measurement)."""
@@ -126,6 +184,10 @@ class StepProfile:
             "allgather": dataclasses.asdict(self.allgather),
             "round_s": self.round_s,
             "compressor_costs": {k: {n: dict(f) for n, f in v.items()} for k, v in self.compressor_costs.items()},
+            "bucket_costs": {
+                k: [{"before_s": c.before_s, "after_s": c.after_s, "rounds": [list(r) for r in c.rounds]} for c in v]
+                for k, v in self.bucket_costs.items()
+            },
         }
         return json.dumps(data, indent=1)
 
@@ -144,6 +206,17 @@ class StepProfile:
             allgather=_link(data["allgather"]),
             round_s=float(data["round_s"]),
             compressor_costs=_costs(data["compressor_costs"]),
+            bucket_costs={
+                str(spec): tuple(
+                    BucketCost(
+                        before_s=float(c["before_s"]),
+                        after_s=float(c["after_s"]),
+                        rounds=tuple((str(op), int(nbytes)) for op, nbytes in c["rounds"]),
+                    )
+                    for c in costs
+                )
+                for spec, costs in dict(data.get("bucket_costs") or {}).items()
+            },
         )
 
 
@@ -182,7 +255,9 @@ def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPr
 
     1. one option for every tensor: the fp32 or fp16 allreduce, or the compressor over its scheme
        (allreduce when its payloads sum, else allgather), on the training device's stream, flat;
-       DDP's buckets are the fusion groups (the hook compresses a bucket as one vector);
+       DDP's buckets are the fusion groups (the hook compresses a bucket as one vector); a
+       shape-priced compressor (PowerSGD) takes each bucket's measured ``BucketCost`` instead:
+       ``before_s`` delays the backward, its collectives and ``after_s`` hold the comm stream;
     2. price the groups with the measured compressor costs, on a cluster whose one link is the
        collective's measured alpha-beta (allreduce's for allreduce schemes, of float16 payloads for
        the casts where measured; allgather's otherwise);
@@ -200,8 +275,11 @@ def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPr
         The ``StepPrediction``.
 
     Raises:
-        ValueError: If ``spec`` was not measured, or its payloads are priced by matrix shape (PowerSGD).
+        ValueError: If ``spec`` was not measured in ``step``.
     """
+    keyed = shape_priced(spec) if spec not in ("fp32", "none", "fp16") else None
+    if keyed is not None:
+        return _predict_measured_buckets(step, keyed, hooked=hooked)
     # Step 1: the options and groups.
     model = step.compressor(spec)
     option: TensorOption
@@ -226,12 +304,55 @@ def predict_step(step: StepProfile, spec: str, *, hooked: bool = True) -> StepPr
         inter_latency_s=link.latency_s,
     )
     units = price_units(profile, cluster, model, strategy, fp16_model=model if spec == "fp16" else FP16_MODEL)
+    return _simulate(step, spec, profile, units, hooked=hooked)
+
+
+def _simulate(
+    step: StepProfile, spec: str, profile: ModelProfile, units: list[Unit], *, hooked: bool
+) -> StepPrediction:
+    """Steps 3 and 4 of ``predict_step``."""
     # Step 3: the agreement round, ahead of the first bucket.
     if hooked and step.world_size > 1:
         units.insert(0, Unit(label="agreement", ready_s=0.0, stages=(("comm", step.round_s),)))
     # Step 4: the timeline.
     result = simulate_units(units, forward_s=profile.forward_s, backward_s=profile.backward_s)
     return StepPrediction(spec=spec, step_s=result.iteration_s + step.other_s, result=result)
+
+
+def _predict_measured_buckets(step: StepProfile, spec: str, *, hooked: bool) -> StepPrediction:
+    """``predict_step`` of a shape-priced compressor: each bucket's ``BucketCost`` as its unit."""
+    costs = step.bucket_costs.get(spec)
+    if costs is None:
+        raise ValueError(
+            f"StepProfile has no measured bucket costs for {spec!r} (its work follows the matrix shapes: "
+            f"profile_group(specs=[{spec!r}]) times it on the buckets); measured: "
+            f"{', '.join(sorted(step.bucket_costs)) or 'none'}"
+        )
+    by_bucket = dict(zip(step.buckets, costs, strict=True))
+    profile, groups = _bucket_order(step.profile, step.buckets)
+    members: dict[int, list[str]] = {}
+    for tensor, group in zip(profile.tensors, groups, strict=True):
+        members.setdefault(group, []).append(tensor.name)
+    ready = {t.name: t.ready_s for t in profile.tensors}
+    n = step.world_size
+    units = []
+    for group in sorted(members):
+        names = members[group]
+        cost = by_bucket[next(b for b in step.buckets if set(b) == set(names))]
+        comm = 0.0
+        for op, nbytes in cost.rounds:
+            fit, seconds = (step.allreduce, allreduce_s) if op == "allreduce" else (step.allgather, allgather_s)
+            comm += seconds(float(nbytes), n, fit.bandwidth_bytes_per_s, fit.latency_s)
+        units.append(
+            Unit(
+                label=names[0] if len(names) == 1 else f"{names[0]}+{len(names) - 1}",
+                ready_s=ready[names[-1]],
+                compute_s=cost.before_s,
+                stages=(("wait", cost.before_s), ("comm", comm + cost.after_s)),
+                gpu_kernel_s=cost.before_s + cost.after_s,
+            )
+        )
+    return _simulate(step, spec, profile, units, hooked=hooked)
 
 
 def _bucket_order(profile: ModelProfile, buckets: Sequence[Sequence[str]]) -> tuple[ModelProfile, tuple[int, ...]]:

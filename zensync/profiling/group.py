@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from zensync.compress import ErrorFeedback, all_finite, build
-from zensync.cost import compressor_model, fit_affine
-from zensync.planner import AUTO_COMPRESSORS, LinkFit, ModelProfile, StepProfile, TensorProfile
+from zensync.compress import Compressor, ErrorFeedback, all_finite, build
+from zensync.cost import compressor_model, fit_affine, shape_priced
+from zensync.planner import AUTO_COMPRESSORS, BucketCost, LinkFit, ModelProfile, StepProfile, TensorProfile
 from zensync.profiling.costs import clamped_fit
 from zensync.transport import GradBucket, TorchTransport, Transport
 
@@ -124,9 +124,13 @@ def profile_links(
     allreduce_half = _fit_link(transport, "allreduce", half_sizes, repeats, 2 * (n - 1) / n, torch.float16)
     allgather = _fit_link(transport, "allgather", _ALLGATHER_BYTES, repeats, float(n - 1))
     round_s = _median_s(transport, lambda: transport.all_gather(_round_payload()), repeats)
-    # Step 3: the compressors at the buckets' sizes.
+    # Step 3: the compressors at the buckets' sizes; shape-priced ones on the buckets' tensors.
     sizes = sorted({_SMALL_NUMEL, *(_numel(profile, b) for b in buckets)})
-    costs = {_key(spec): _compressor_costs(transport, spec, sizes, repeats) for spec in specs}
+    shaped = {spec: shape_priced(spec) for spec in specs}
+    costs = {_key(spec): _compressor_costs(transport, spec, sizes, repeats) for spec in specs if not shaped[spec]}
+    bucket_costs = {
+        key: _bucket_costs(transport, key, profile, buckets, repeats) for key in dict.fromkeys(shaped.values()) if key
+    }
     return _as_rank0(
         transport,
         StepProfile(
@@ -139,6 +143,7 @@ def profile_links(
             allgather=allgather,
             round_s=round_s,
             compressor_costs=costs,
+            bucket_costs=bucket_costs,
         ),
     )
 
@@ -390,6 +395,73 @@ def _compressor_costs(
         dec.append(_median_s(transport, decode, repeats))
         work.append(float(model.aggregate_elements(np.array([float(numel)]), 1 if allreduce else n)[0]))
     return {"gpu_compress": _affine(sizes, enc), "gpu_decompress": _affine(work, dec)}
+
+
+def _bucket_costs(
+    transport: Transport, spec: str, profile: ModelProfile, buckets: Sequence[Sequence[str]], repeats: int
+) -> tuple[BucketCost, ...]:
+    """``BucketCost`` of a shape-priced compressor (PowerSGD) on each bucket's tensors, every rank at once.
+
+    The hook's fused call (``CompressedSync.sync_async(parts=...)`` on the flat allreduce, with error
+    feedback) runs with a collective that returns its input at once: the time up to its first call
+    is ``before_s``, the rest ``after_s``, and each call's bytes are a round.
+    """
+    comp = build(spec)
+    scale = 1.0 / transport.world_size
+    shapes = {t.name: torch.Size(t.shape) for t in profile.tensors}
+    gen = torch.Generator().manual_seed(transport.rank)
+    costs = []
+    for bucket in buckets:
+        parts = tuple((name, shapes[name]) for name in bucket)
+        x = torch.randn(sum(shape.numel() for _, shape in parts), generator=gen)
+        out = torch.empty_like(x)
+        memory = ErrorFeedback()
+        memory.keep_remainder("b", torch.zeros_like(x))  # a residual exists from the second step on
+        _time_fused_call(comp, x, out, memory, parts, scale)  # warm-up: the initial Qs, the allocations
+        before, after = [], []
+        for _ in range(repeats):
+            transport.barrier()
+            b, a, rounds = _time_fused_call(comp, x, out, memory, parts, scale)
+            before.append(b)
+            after.append(a)
+        slowest = _slowest(transport, [statistics.median(before), statistics.median(after)])
+        costs.append(BucketCost(before_s=slowest[0], after_s=slowest[1], rounds=rounds))
+    return tuple(costs)
+
+
+def _time_fused_call(
+    comp: Compressor,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    memory: ErrorFeedback,
+    parts: tuple[tuple[str, torch.Size], ...],
+    scale: float,
+) -> tuple[float, float, tuple[tuple[str, int], ...]]:
+    """(seconds to the first collective, seconds after it, the rounds) of one fused call with error
+    feedback, its collectives returning their input at once."""
+    rounds: list[tuple[str, int]] = []
+    marks: list[float] = []
+
+    async def local(tensor: torch.Tensor, *, last: bool = False) -> torch.Tensor:
+        marks.append(time.perf_counter())
+        rounds.append(("allreduce", tensor.numel() * tensor.element_size()))
+        return tensor
+
+    start = time.perf_counter()
+    compensated = memory.compensate("b", x)
+    call = comp.allreduce_sync(compensated, local, name="b", parts=parts, scale=scale, out=out)
+    try:
+        call.send(None)
+    except StopIteration as stop:
+        summed = stop.value
+    else:  # pragma: no cover - the local collective never suspends
+        call.close()
+        raise RuntimeError(f"{comp.spec()}: allreduce_sync suspended on a collective that returns at once")
+    memory.update("b", compensated, summed, scale=1.0, consume=True)
+    bool(all_finite(summed))
+    end = time.perf_counter()
+    first = marks[0] if marks else end
+    return first - start, end - first, tuple(rounds)
 
 
 def _affine(x: Sequence[float], seconds: Sequence[float]) -> dict[str, float]:

@@ -3,6 +3,7 @@ bad spec refused on every rank before anything is timed."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from zensync.planner import StepProfile, predict_step
 from zensync.profiling import profile_group
 
 SPECS = ("fp16", "topk:0.01", "efsignsgd")
+RANK = 4
+"""PowerSGD's rank: the first two weights are smaller as rank-4 factors, the last (4 x 128) is not."""
 BUCKET_CAP_MB = 0.05
 """Smaller than the two larger layers: DDP makes several buckets."""
 
@@ -33,7 +36,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         lambda: (x, y),
         nn.functional.cross_entropy,
         optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
-        specs=SPECS,
+        specs=(*SPECS, f"powersgd:{RANK}"),
         iterations=2,
         warmup=1,
         repeats=2,
@@ -41,6 +44,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "json": measured.to_json(),
         "names": sorted(n for n, _ in ddp.module.named_parameters()),
+        "shapes": {n: tuple(p.shape) for n, p in ddp.module.named_parameters()},
         "unchanged": all(torch.equal(a, b) for a, b in zip(before, ddp.parameters(), strict=True)),
     }
     try:
@@ -78,6 +82,26 @@ class TestProfileGroup:
             costs = measured.compressor(spec)
             assert costs.gpu_compress(1e6) > 0 and costs.gpu_decompress(1e6) > 0
             assert predict_step(measured, spec).step_s > measured.profile.forward_s + measured.other_s
+
+    def test_powersgd_is_timed_on_each_bucket_with_its_rounds(self, results: list[dict[str, Any]]) -> None:
+        """One cost per bucket, its rounds the bytes of what it sends as is (the biases, a weight whose
+        factors are not smaller), of its P factors and of its Q factors."""
+        measured = StepProfile.from_json(results[0]["json"])
+        costs = measured.bucket_costs[f"powersgd:{RANK}"]
+        shapes = results[0]["shapes"]
+        assert len(costs) == len(measured.buckets)
+        for bucket, cost in zip(measured.buckets, costs, strict=True):
+            factored = [n for n in bucket if len(shapes[n]) == 2 and sum(shapes[n]) * RANK < math.prod(shapes[n])]
+            plain = [math.prod(shapes[n]) for n in bucket if n not in factored]
+            weights = [shapes[n] for n in factored]
+            expected = [("allreduce", 4 * sum(plain))] if plain else []
+            if weights:
+                expected += [("allreduce", 4 * RANK * sum(n for n, _ in weights))]
+                expected += [("allreduce", 4 * RANK * sum(m for _, m in weights))]
+            assert list(cost.rounds) == expected, bucket
+            assert cost.before_s > 0 and cost.after_s > 0
+        step_s = predict_step(measured, f"powersgd:{RANK}").step_s
+        assert step_s > measured.profile.forward_s + measured.profile.backward_s + measured.other_s
 
     def test_the_models_parameters_are_not_touched(self, results: list[dict[str, Any]]) -> None:
         assert all(r["unchanged"] for r in results)

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from zensync.cost import allgather_s, allreduce_s, compressor_model
-from zensync.planner import LinkFit, ModelProfile, StepProfile, TensorProfile, choose_compression, predict_step
+from zensync.planner import (
+    BucketCost,
+    LinkFit,
+    ModelProfile,
+    StepProfile,
+    TensorProfile,
+    choose_compression,
+    predict_step,
+)
 from zensync.planner.step import _bucket_order
 
 FORWARD_S, BACKWARD_S, OTHER_S, ROUND_S = 0.02, 0.05, 0.01, 2e-4
@@ -158,3 +166,59 @@ def test_the_casts_take_the_half_precision_allreduce_where_it_was_measured() -> 
     assert predict_step(slow_half, "fp16").step_s == pytest.approx(predict_step(step, "fp16").step_s + extra)
     assert predict_step(slow_half, "fp32").step_s == predict_step(step, "fp32").step_s
     assert StepProfile.from_json(slow_half.to_json()) == slow_half
+
+
+POWERSGD = BucketCost(
+    before_s=3e-3, after_s=7e-3, rounds=(("allreduce", 400), ("allreduce", 8800), ("allreduce", 1600))
+)
+
+
+def _powersgd_step(**kwargs: object) -> StepProfile:
+    return dataclasses.replace(_step(**kwargs), bucket_costs={"powersgd:4": (POWERSGD,)})  # type: ignore[arg-type]
+
+
+def test_powersgd_is_priced_from_its_measured_bucket() -> None:
+    """before_s on the compute stream at the ready time, then its three allreduces and after_s."""
+    step = _powersgd_step()
+    comm = sum(
+        allreduce_s(float(nbytes), 4, ALLREDUCE.bandwidth_bytes_per_s, ALLREDUCE.latency_s)
+        for _, nbytes in POWERSGD.rounds
+    )
+    expected = FORWARD_S + BACKWARD_S + POWERSGD.before_s + comm + POWERSGD.after_s + OTHER_S
+    assert predict_step(step, "powersgd:4").step_s == pytest.approx(expected, rel=1e-12)
+    assert step.measured("powersgd:4") and step.measured("topk:0.01") and not step.measured("powersgd:2")
+
+
+def test_powersgd_buckets_are_placed_by_their_ready_times() -> None:
+    """Two buckets, the later one listed first: each takes its own cost at its own ready time."""
+    fast = BucketCost(before_s=1e-3, after_s=1e-3, rounds=(("allreduce", 400),))
+    slow = BucketCost(before_s=2e-3, after_s=30e-3, rounds=(("allreduce", 400),))
+    step = dataclasses.replace(
+        _step(ready=(0.01, 0.05), buckets=(("w1",), ("w0",))), bucket_costs={"powersgd:4": (slow, fast)}
+    )
+    comm = allreduce_s(400.0, 4, ALLREDUCE.bandwidth_bytes_per_s, ALLREDUCE.latency_s)
+    # w0 (fast, ready at 0.01) is done long before w1 (slow, ready at 0.05 after w0's 1 ms delay).
+    expected = FORWARD_S + 0.05 + fast.before_s + slow.before_s + comm + slow.after_s + OTHER_S
+    assert predict_step(step, "powersgd:4", hooked=False).step_s == pytest.approx(expected, rel=1e-12)
+
+
+def test_auto_may_choose_powersgd_and_it_round_trips() -> None:
+    step = _powersgd_step()
+    choice = choose_compression(step, ["fp16", "topk:0.01", "powersgd:4"])
+    assert choice.predicted_s["powersgd:4"] == predict_step(step, "powersgd:4").step_s
+    assert choice.spec == min(choice.predicted_s, key=choice.predicted_s.__getitem__)
+    again = StepProfile.from_json(step.to_json())
+    assert again == step
+    assert predict_step(again, "powersgd:4").step_s == predict_step(step, "powersgd:4").step_s
+
+
+def test_unmeasured_powersgd_names_what_to_measure() -> None:
+    with pytest.raises(ValueError, match=r"no measured bucket costs for 'powersgd:4'.*profile_group"):
+        predict_step(_step(), "powersgd:4")
+
+
+def test_bucket_costs_need_one_entry_per_bucket() -> None:
+    with pytest.raises(ValueError, match=r"bucket_costs\['powersgd:4'\] has 2 entries for 1 buckets"):
+        dataclasses.replace(_step(), bucket_costs={"powersgd:4": (POWERSGD, POWERSGD)})
+    with pytest.raises(ValueError, match="before_s=-1"):
+        BucketCost(before_s=-1.0, after_s=0.0, rounds=())
