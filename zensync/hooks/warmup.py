@@ -11,7 +11,8 @@ At the next step, before its first bucket syncs, every rank (``WarmupProfiler.pr
    backward, as the planner counts it; the warm-up's dense buckets run beside it, as
    communication will); a parameter is ready at its bucket's call - forward end; the rest of the
    step = next forward's start - the last bucket's return, after its collectives (optimizer,
-   zeroing, data);
+   zeroing, data), the least rank's per step: the training loop may wait there for the other
+   ranks (a barrier, a logged loss's allreduce), and the rank that arrives last waits the least;
 2. the links and the compressors at the buckets' sizes (``zensync.profiling.profile_links``), in
    the hook's own group, on the training thread (blocking collectives: this step pays for them once);
 3. the planner's choice (``ZenSyncState.measure_warmup_profile``), as with a profile given to ``register``.
@@ -159,6 +160,7 @@ class WarmupProfiler:
             self.dtype_bytes,
             "warmup",
             device,
+            other_waits=True,
         )
         self._marks.clear()
         return profile_links(transport, profile, other_s, buckets, self.specs, repeats)

@@ -238,17 +238,25 @@ def agreed_compute(
     dtype_bytes: int,
     name: str,
     device: str,
+    *,
+    other_waits: bool = False,
 ) -> tuple[ModelProfile, float]:
     """(compute profile, other_s) from per-step times measured on this rank, agreed over ranks
     (collective; every rank passes as many steps and the same names): durations are the slowest
     rank's per step, then the mean over steps; ready times (seconds after the start of backward,
-    per parameter) the mean over ranks of each rank's mean. Only the bucketed parameters count."""
+    per parameter) the mean over ranks of each rank's mean. Only the bucketed parameters count.
+
+    ``other_waits``: ``other`` spans the caller's code between steps, which may wait for the other
+    ranks (a barrier, a loss allreduce) after the step's collectives let them go at different
+    times; the step's own work there is then the least rank's time, per step (the rank that
+    arrives last at such a collective waits the least), not the slowest rank's, which would count
+    the others' wait as work.
+    """
     # Ready times: the mean over ranks; durations: the slowest rank's, per step.
     ordered = sorted(ready)
     mean_ready = _mean(transport, [statistics.fmean(ready[n]) if ready[n] else 0.0 for n in ordered])
-    forward_s, backward_s, other_s = (
-        statistics.fmean(_slowest(transport, times)) for times in (forward, backward, other)
-    )
+    forward_s, backward_s = (statistics.fmean(_slowest(transport, times)) for times in (forward, backward))
+    other_s = statistics.fmean(_least(transport, other) if other_waits else _slowest(transport, other))
     bucketed = {n for b in buckets for n in b}
     measured = sorted((t, n) for n, t in zip(ordered, mean_ready, strict=True) if n in bucketed)
     tensors = tuple(TensorProfile(name=n, shape=shapes[n], ready_s=t) for t, n in measured)
@@ -344,6 +352,12 @@ def _slowest(transport: Transport, values: Sequence[float]) -> list[float]:
     """
     gathered = transport.all_gather(torch.tensor(list(values), dtype=torch.float64))
     return torch.stack(gathered).amax(dim=0).tolist()
+
+
+def _least(transport: Transport, values: Sequence[float]) -> list[float]:
+    """Elementwise minimum over ranks of ``values`` (exact: the same on every rank)."""
+    gathered = transport.all_gather(torch.tensor(list(values), dtype=torch.float64))
+    return torch.stack(gathered).amin(dim=0).tolist()
 
 
 def _mean(transport: Transport, values: Sequence[float]) -> list[float]:

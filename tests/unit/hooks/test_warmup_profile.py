@@ -42,7 +42,7 @@ def _script(profiler: WarmupProfiler, clock: _Clock, rank: int, steps: int, skip
     profiler.forward_start(steps)  # the measuring step's forward
 
 
-def test_the_compute_profile_is_the_marks_slowest_rank_and_mean_ready_times() -> None:
+def test_the_compute_profile_is_the_marks_slowest_rank_the_rest_the_least_and_mean_ready_times() -> None:
     def body(t):  # type: ignore[no-untyped-def]
         clock = _Clock()
         profiler = WarmupProfiler(8, SHAPES, 4, ("fp16", "topk:0.01"), clock=clock)
@@ -60,7 +60,9 @@ def test_the_compute_profile_is_the_marks_slowest_rank_and_mean_ready_times() ->
     assert step.buckets == BUCKETS
     assert model.forward_s == pytest.approx(0.011)  # the slowest rank's (rank 1's 10 + 1 ms)
     assert model.backward_s == pytest.approx(0.007)  # forward end to the last bucket
-    assert step.other_s == pytest.approx(0.007)  # the last bucket's return to the next forward: rank 1
+    # The last bucket's return to the next forward, the least rank's: rank 0's 5 ms (rank 1's 7 ms
+    # may be a wait for rank 0 in the training loop, such as a barrier).
+    assert step.other_s == pytest.approx(0.005)
     ready = {t.name: t.ready_s for t in model.tensors}
     assert ready == pytest.approx({"b.weight": 0.003, "a.bias": 0.007, "a.weight": 0.007})
     assert {t.name: t.shape for t in model.tensors} == SHAPES
