@@ -6,9 +6,10 @@ they assigned, all at once. A malformed dict raises ValueError and leaves the st
 
 Ranks must hold the same engine state (step counter, records' schemes, cost model), or they would
 choose different collectives and hang. ``fingerprint`` digests what must agree; the hook compares it
-across ranks in one small all-gather at the start of every step (``ZenSyncState.check_agreement``),
-so a load on some ranks only, or of different checkpoints, raises the same ValueError on every rank
-at the next step instead of hanging.
+across ranks in one small all-gather at the first step and every ``check_every`` steps
+(``ZenSyncState.check_agreement``), and a loaded checkpoint takes effect only at such a step, so a
+load on some ranks only, or of different checkpoints, raises the same ValueError on every rank at
+that step instead of hanging.
 """
 
 from __future__ import annotations

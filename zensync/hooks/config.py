@@ -29,6 +29,7 @@ _LOWER_BOUNDS = (
     ("switch_margin", 0),
     ("explore_every", 1),
     ("recheck_every", 1),
+    ("check_every", 1),
     ("history_size", 1),
     ("hint_check_every", 1),
 )
@@ -50,6 +51,7 @@ class HookConfig:
         adapt: Correct predictions by measured times and try plausible untried schemes ("auto").
         explore_every: With adapt, re-measure a close runner-up scheme every this many steps.
         recheck_every: Buckets found clearly dense re-count their non-zeros every this many steps.
+        check_every: The ranks compare their engine states at the first step and every this many steps.
         history_size: Step records kept in ``ZenSyncState.history``.
         row_hints: Embeddings with dense gradients: detect from the rows the lookups touched (verified).
         hint_check_every: With row_hints, verify a hint against the full scan every this many steps.
@@ -91,6 +93,13 @@ class HookConfig:
     expected within 1.5x of the best (a correction measured at another density must not go stale)."""
     recheck_every: int = 10
     """Buckets that were clearly dense re-measure their density only every this many steps."""
+    check_every: int = 100
+    """The ranks compare their engine states (``ZenSyncState.check_agreement``: one small all-gather
+    beside the forward) at the first step and every this many steps after. Between two comparisons
+    nothing can differ: the hook's steps change the
+    state alike on every rank, and ``load_state_dict`` takes effect only at a comparison that finds
+    the same checkpoint loaded on every rank. 1: every step (a checkpoint loaded mid-training then
+    takes effect at the next step; an engine bug that made ranks differ is caught at once)."""
     history_size: int = 1000
     """Step records kept in memory (oldest dropped)."""
     row_hints: bool = True

@@ -2,9 +2,10 @@
 
 The hook turns each bucket into a step job (``hooks.pipeline``: views, detection, decision,
 execution) on the state's lane and returns its future; DDP waits for the futures at the end of
-backward. Each step's ranks compare their engine states (``check_agreement``) in one small
-all-gather issued at DDP's forward (a forward pre-hook, ``begin_check``), whose round overlaps the
-forward and backward and gates the buckets' collectives (``open_step``). The last
+backward. The ranks compare their engine states (``check_agreement``) at the first step and every
+``check_every`` steps in one small all-gather issued at DDP's forward (a forward pre-hook,
+``begin_check``), whose round overlaps the forward and backward and gates the buckets'
+collectives (``open_step``). The last
 bucket's hook waits for the step, so a failure reaches ``backward()`` with its own type and
 message; a bucket that fails makes the step's remaining buckets on that rank skip their collectives.
 """
@@ -120,8 +121,9 @@ def _forward_end(state: ZenSyncState, module: Any, _inputs: object, _output: obj
 def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: ``ddp_model.register_comm_hook(state, zensync_hook)``; see the module docstring."""
     if not state.step_open:
-        # The step's first bucket: the ranks compare their engine state (a checkpoint loaded on one
-        # rank only fails every rank at this step instead of hanging later). The check's gather is
+        # The step's first bucket: on the steps that compare (check_due), the ranks compare their
+        # engine state (a checkpoint loaded on one rank only fails every rank at such a step, before
+        # it changed what any rank syncs, instead of hanging later). The check's gather is
         # the step's first collective on zensync's group, issued at the forward (``_begin_check``):
         # its round overlaps the forward and backward, and the buckets' collectives wait for it and
         # fail with its exception on every rank.

@@ -9,11 +9,13 @@
 
 plus the decider and the executor built on them, and what one step needs to end cleanly (its first
 failure, its async dense buckets). Checkpoints (``state_dict``) cover the step counter, the memory's
-records and the cost model; the ranks compare them at the start of every step (``check_agreement``).
+records and the cost model; the ranks compare them at the first step and every ``check_every``
+steps (``check_agreement``), and a loaded checkpoint takes effect at such a step.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -27,7 +29,7 @@ import torch
 from zensync import kernels
 from zensync.compress import CompressedSync, Hierarchy, hierarchy
 from zensync.cost import CostModel
-from zensync.hooks.checkpoint import STATE_DICT_VERSION, fingerprint, parse_state_dict
+from zensync.hooks.checkpoint import STATE_DICT_VERSION, LoadedState, fingerprint, parse_state_dict
 from zensync.hooks.config import WARMUP_PROFILE, HookConfig
 from zensync.hooks.decider import Decider
 from zensync.hooks.executor import BucketExecutor
@@ -89,6 +91,9 @@ class ZenSyncState:
         "_opened_s",
         "_pending",
         "_load_mark",
+        # The comparisons' schedule (steps opened since registration) and a load staged for the next one.
+        "_opened",
+        "_staged",
         # Row hints of the model's embeddings; the forward hook that issues each step's check.
         "hints",
         "forward_hook",
@@ -151,6 +156,12 @@ class ZenSyncState:
         """``time.perf_counter()`` when the last step opened (its record's ``step_interval_s``)."""
         self._load_mark = 0
         """Digest of the last loaded checkpoint (0: none); part of what ranks must agree on."""
+        self._opened = 0
+        """Steps opened since registration: the same count on every rank (each step syncs), unlike
+        the step counter, which a checkpoint sets; the comparisons' schedule (``check_due``)."""
+        self._staged: tuple[LoadedState, dict[str, Any]] | None = None
+        """A checkpoint loaded between two comparisons (its parsed state and the dict), applied just
+        before the next comparison is issued (``load_state_dict``)."""
         self.hints: RowHints | None = None
         """Row hints of the model's dense-gradient embeddings (``attach_hints``)."""
         self.forward_hook: Any = None
@@ -337,17 +348,34 @@ class ZenSyncState:
         it is now, which only the hook's steps and ``load_state_dict`` change: ``load_state_dict``
         refuses to run while a check is pending, so the state the step uses is the state checked.
         """
-        if self._check is None and not self.step_open:
+        if self._check is None and not self.step_open and self.check_due:
             self._issue_check(make_check)
 
+    @property
+    def check_due(self) -> bool:
+        """Whether the coming step compares the ranks' engine states (``HookConfig.check_every``): the
+        first step after registration and every ``check_every``-th after it; every rank answers
+        alike, without communicating. (A failed comparison fails the step's backward, after which
+        DDP cannot run another: training goes on with a new DDP model and a new state.)"""
+        return self._opened % self.config.check_every == 0
+
+    @property
+    def load_pending(self) -> bool:
+        """A loaded checkpoint waits for the next comparison (``load_state_dict``)."""
+        return self._staged is not None
+
     def _issue_check(self, make_check: Callable[[ZenSyncState], Coroutine[Any, Any, torch.Tensor]]) -> None:
+        if self._staged is not None:  # the comparison sees the loaded state, on every rank that loaded it
+            self._apply_loaded(self._staged[0])
+            self._staged = None
         task = Task(make_check(self), self.runtime.segment_context()).start()
         self._check = task
         self.runtime.transport.hold(task)
 
     def open_step(self, make_check: Callable[[ZenSyncState], Coroutine[Any, Any, torch.Tensor]]) -> None:
         """Begin the step at its first bucket, with the check ``begin_check`` issued at the forward, or
-        (a backward whose forward did not pass DDP's module) issued now.
+        (a backward whose forward did not pass DDP's module) issued now, on the steps that compare
+        (``check_due``).
 
         The check's all-gather is the step's first collective on the hook's group. The buckets' jobs
         start at once: their local passes (detection, compensation, compression) overlap the check's
@@ -356,8 +384,9 @@ class ZenSyncState:
         """
         self.step_open = True
         self._note_step_times(time.perf_counter())
-        if self._check is None:
+        if self._check is None and self.check_due:
             self._issue_check(make_check)
+        self._opened += 1
 
     def _note_step_times(self, now_s: float) -> None:
         """The opening step's measured interval since the last one opened, and auto's prediction of it."""
@@ -412,7 +441,9 @@ class ZenSyncState:
         return failure
 
     async def check_agreement(self) -> None:
-        """Compare the ranks' engine state in one small all-gather (the first job of every step).
+        """Compare the ranks' engine state in one small all-gather (the first job of a step that compares).
+
+        The steps that compare are those ``check_due`` names.
 
         Raises:
             ValueError: On every rank, when some rank's step counter, schemes, scheme corrections,
@@ -439,7 +470,10 @@ class ZenSyncState:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Step counter, per-parameter records and the cost model (no process group)."""
+        """Step counter, per-parameter records and the cost model (no process group); a checkpoint
+        loaded and waiting for the next comparison (``load_pending``) as it was loaded."""
+        if self._staged is not None:
+            return copy.deepcopy(self._staged[1])
         model = self.runtime.cost_model
         return {
             "version": STATE_DICT_VERSION,
@@ -454,8 +488,12 @@ class ZenSyncState:
 
         Every field is validated first (``checkpoint.parse_state_dict``: types, ranges, and records of
         this model's parameters only); the state is changed only when all of it is valid. Every rank
-        must load the same state dict: the next step compares the ranks' engine state
-        (``check_agreement``) and raises the same ValueError on every rank when they differ.
+        must load the same state dict: the next comparison of the ranks' engine states
+        (``check_agreement``, on the steps ``check_due`` names) raises the same ValueError on every
+        rank when they differ. The state takes effect now when the coming step compares (before the
+        first step, say: the usual resume), else just before the next comparison is issued
+        (``load_pending`` until then; ``state_dict`` returns it meanwhile): a checkpoint loaded on
+        some ranks only must not change what they sync before the ranks have compared.
         """
         if self._check is not None or self.step_open:
             raise RuntimeError(
@@ -463,6 +501,13 @@ class ZenSyncState:
                 "step's agreement check has already compared the engine state; load checkpoints before the forward"
             )
         loaded = parse_state_dict(state, set(self.param_names.values()))
+        if self.check_due:
+            self._apply_loaded(loaded)
+            self._staged = None
+        else:
+            self._staged = (loaded, copy.deepcopy(state))
+
+    def _apply_loaded(self, loaded: LoadedState) -> None:
         with self.lock:
             self.log.restart(loaded.step)
             self.memory.restore(loaded.records, loaded.scheme_correction)

@@ -12,7 +12,8 @@ separate calibration run:
 - ``allreduce`` (float32; ``allreduce_half``: float16 payloads) and ``allgather``: alpha (s per
   collective) and beta (bytes/s) of each, fitted to timed collectives of the group
   (``latency_s + volume * nbytes / bandwidth``, the volumes of ``zensync.cost.collectives``);
-- ``round_s``: one small all-gather, what the hook's per-step agreement check adds to the comm stream;
+- ``round_s``: one small all-gather, what the hook's agreement check adds to the comm stream on the
+  steps that compare (the first, then every ``check_every``: hidden behind the backward here);
 - ``compressor_costs``: each compressor's local work before the first collective (``compress``:
   error feedback's compensation, the encode) and after it (``decompress``: the decode of every
   rank's payload, the residual, the finite check), fitted per element;

@@ -106,6 +106,7 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
             "memory": state.compression_memory_bytes,
             "losses": losses,
             "phases": state.history[-1]["phases_s"],
+            "agreed_steps": [h["step"] for h in state.history if "wait:agree" in h["phases_s"]],
             "comm_time_s": state.history[-1]["comm_time_s"],
         }
         state.close()
@@ -184,10 +185,12 @@ class TestCompressedStrategies:
         self, results: list[dict[str, Any]], case: str, sections: set[str]
     ) -> None:
         """Each compressed step's phases: the compressor's and error feedback's passes, the waits in
-        its collectives, the detection the embedding needs, the lane's queue and the step's check."""
+        its collectives, the detection the embedding needs and the lane's queue; the ranks'
+        comparison of their engine states only at the first step (check_every=100)."""
         for per_rank in results:
             phases = per_rank[case]["phases"]
-            expected = sections | {"detect", "divide", "queued", "wait:detect", "wait:agree"}
+            assert per_rank[case]["agreed_steps"] == [0]
+            expected = sections | {"detect", "divide", "queued", "wait:detect"}
             assert expected <= set(phases), sorted(phases)
             assert all(seconds >= 0 for seconds in phases.values()), phases
             # The sections run inside the buckets' syncs, whose wall time is comm_time_s.

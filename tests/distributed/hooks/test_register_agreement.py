@@ -110,9 +110,9 @@ def test_register_twice_is_refused(tmp_path: Path) -> None:
         assert "already called on this DDP model" in message
 
 
-def _load_worker(rank: int, world_size: int, who: str) -> dict[str, object]:
+def _load_worker(rank: int, world_size: int, who: str, check_every: int) -> dict[str, object]:
     ddp = torch.nn.parallel.DistributedDataParallel(_model())
-    state = zensync.register(ddp, strategy="zen", latency_s=1e-5, bandwidth_bytes_per_s=1e9)
+    state = zensync.register(ddp, strategy="zen", latency_s=1e-5, bandwidth_bytes_per_s=1e9, check_every=check_every)
 
     def step(i: int) -> None:
         ddp(torch.arange(4).view(2, 2) * (rank + 1) + i).sum().backward()
@@ -122,24 +122,45 @@ def _load_worker(rank: int, world_size: int, who: str) -> dict[str, object]:
     step(1)
     if who == "all" or rank == world_size - 1:
         state.load_state_dict(saved)  # back to step 1 (on every rank, or on one only)
+    pending, steps = state.load_pending, []
     start = time.monotonic()
     try:
-        step(2)
+        for i in range(2, 4):
+            step(i)
+            steps.append(state.step)
         outcome = f"step {state.step}"
     except ValueError as exc:
         outcome = f"ValueError: {exc}"
-    return {"outcome": outcome, "elapsed_s": time.monotonic() - start}
+    return {"outcome": outcome, "elapsed_s": time.monotonic() - start, "pending": pending, "steps": steps}
 
 
 def test_checkpoint_loaded_on_one_rank_fails_every_rank(tmp_path: Path) -> None:
-    results = launch(_load_worker, 2, ("one",), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S)
+    """check_every=1: the load takes effect at once and the next step compares."""
+    results = launch(_load_worker, 2, ("one", 1), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S)
     for result in results:
         assert "ranks [1] hold another engine state than rank 0 (step counters by rank: [2, 1])" in str(
             result["outcome"]
         ), results
         assert result["elapsed_s"] < PROMPT_S
-    results = launch(_load_worker, 2, ("all",), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S)
-    assert [r["outcome"] for r in results] == ["step 2", "step 2"]
+        assert not result["pending"] and result["steps"] == []
+    results = launch(_load_worker, 2, ("all", 1), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S)
+    assert [r["outcome"] for r in results] == ["step 3", "step 3"]
+
+
+def test_checkpoint_loaded_between_comparisons_waits_for_the_next_one(tmp_path: Path) -> None:
+    """check_every=3: steps 0 and 3 compare. Loaded after step 1 on one rank, the checkpoint changes
+    nothing at step 2 (both ranks sync as before), takes effect as step 3's comparison is issued,
+    and fails every rank there; loaded on every rank, it takes effect there on every rank."""
+    results = launch(_load_worker, 2, ("one", 3), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S)
+    for result in results:
+        assert "ranks [1] hold another engine state than rank 0 (step counters by rank: [3, 1])" in str(
+            result["outcome"]
+        ), results
+        assert result["steps"] == [3] and result["elapsed_s"] < PROMPT_S
+    assert [r["pending"] for r in results] == [False, True]
+    results = launch(_load_worker, 2, ("all", 3), tmp_path, gloo_timeout_s=GLOO_TIMEOUT_S)
+    assert [r["steps"] for r in results] == [[3, 2], [3, 2]]  # step 2 ran unloaded; step 3 from step 1
+    assert all(r["pending"] for r in results)
 
 
 def _load_dense_worker(rank: int, world_size: int) -> dict[str, object]:
@@ -150,7 +171,9 @@ def _load_dense_worker(rank: int, world_size: int) -> dict[str, object]:
     side = torch.distributed.new_group(backend="gloo")  # keeps rank 0 alive until rank 1 is done
     torch.manual_seed(0)
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
-    state = zensync.register(ddp, strategy="auto", recheck_every=2, latency_s=1e-5, bandwidth_bytes_per_s=1e9)
+    state = zensync.register(
+        ddp, strategy="auto", recheck_every=2, check_every=1, latency_s=1e-5, bandwidth_bytes_per_s=1e9
+    )
 
     def step() -> None:
         ddp(torch.randn(3, 8)).sum().backward()
@@ -197,7 +220,7 @@ def test_calibrated_cost_model_is_bit_identical_on_every_rank(tmp_path: Path) ->
 
 def _load_mid_step_worker(rank: int, world_size: int) -> dict[str, object]:
     ddp = torch.nn.parallel.DistributedDataParallel(_model())
-    state = zensync.register(ddp, strategy="zen", latency_s=1e-5, bandwidth_bytes_per_s=1e9)
+    state = zensync.register(ddp, strategy="zen", latency_s=1e-5, bandwidth_bytes_per_s=1e9, check_every=1)
     x = torch.arange(4).view(2, 2) * (rank + 1)
     ddp(x).sum().backward()
     saved = state.state_dict()
