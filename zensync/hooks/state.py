@@ -317,6 +317,13 @@ class ZenSyncState:
 
     @step.setter
     def step(self, value: int) -> None:
+        """Set the step counter on this rank (every rank must set the same), where ``load_state_dict``
+        would take effect at once: before a step that compares the ranks' engine states."""
+        if not self.check_due or self.step_open or self._check is not None:
+            raise RuntimeError(
+                "zensync: the step counter can be set only before a step that compares the ranks' engine "
+                "states (the first, then every check_every-th); load a state_dict instead, which waits for it"
+            )
         self.log.restart(value)
 
     @property

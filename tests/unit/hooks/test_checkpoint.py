@@ -119,3 +119,17 @@ def test_every_hook_option_is_documented_in_help() -> None:
     doc = zensync.HookConfig.__doc__ or ""
     for field in dataclasses.fields(zensync.HookConfig):
         assert f"\n        {field.name}: " in doc, f"HookConfig field {field.name} has no line in the class docstring"
+
+
+def test_step_counter_is_set_only_before_a_step_that_compares() -> None:
+    """Between two comparisons a counter set on one rank would change what it syncs unchecked."""
+    with _state() as state:
+        state.step = 3  # before the first step: it compares
+        state._opened = 1  # one step opened since registration; the next compares at check_every
+        with pytest.raises(RuntimeError, match="only before a step that compares"):
+            state.step = 5
+        assert state.step == 3
+        saved = state.state_dict()
+        saved["step"] = 5
+        state.load_state_dict(saved)  # staged for the next comparison instead
+        assert state.load_pending and state.step == 3 and state.state_dict()["step"] == 5
