@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import itertools
 import json
@@ -259,6 +260,8 @@ def worker(args: argparse.Namespace) -> None:
                     "spec": state.auto_choice.spec,
                     "predicted_s": dict(state.auto_choice.predicted_s),
                 }
+            if state.auto_verdict is not None:
+                report["zensync"]["auto_verdict"] = dataclasses.asdict(state.auto_verdict)
     except Exception as exc:  # noqa: BLE001 - reported per strategy (torch's PowerSGD hook can fail on gloo)
         report["error"] = f"{type(exc).__name__}: {exc}"
     pathlib.Path(args.out, f"{args.strategy.replace(':', '_')}_rank{rank}.json").write_text(json.dumps(report))
@@ -313,7 +316,12 @@ def _summary(strategy: str, ranks: list[dict[str, Any]], rate_bits: int | None) 
         out["zensync_schemes"] = z["schemes"]
         if "auto_choice" in z:
             out["auto_choice"] = z["auto_choice"]
-            out["predicted_step_s"] = z["auto_choice"]["predicted_s"][z["auto_choice"]["spec"]]
+            verdict = z.get("auto_verdict")
+            if verdict is not None:
+                out["auto_verdict"] = verdict
+            # The timed steps sync with the choice, or densely after a verdict against it.
+            spec = "fp32" if verdict is not None and not verdict["kept"] else z["auto_choice"]["spec"]
+            out["predicted_step_s"] = z["auto_choice"]["predicted_s"][spec]
         per_rank = [r["zensync"]["phases_s"] for r in ranks]
         names = sorted({k for steps_of in per_rank for h in steps_of for k in h})
         out["zensync_phases_s"] = {
@@ -393,6 +401,14 @@ def _prediction_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[
                 f"{r['strategy']} (`zensync.register(ddp, strategy='auto', {how})`) chose {choice['spec']}; "
                 f"its predicted ms/step per candidate: {options}.",
             ]
+            verdict = r.get("auto_verdict")
+            if verdict:
+                outcome = "kept it" if verdict["kept"] else "went back to dense (the timed steps are dense)"
+                lines[-1] += (
+                    f" Measured after {choice['spec']}'s first steps (`verify_steps`): "
+                    f"{verdict['compressed_step_s'] * 1e3:.1f} ms/step against the warm-up's dense "
+                    f"{verdict['dense_step_s'] * 1e3:.1f}; it {outcome}."
+                )
     for strategy, summaries in meta.get("warmup_profiles", {}).items():
         lines += ["", f"{strategy}'s own profile, measured in its warm-up steps, per round: " + "; ".join(summaries)]
     return lines

@@ -30,6 +30,7 @@ _LOWER_BOUNDS = (
     ("explore_every", 1),
     ("recheck_every", 1),
     ("check_every", 1),
+    ("verify_steps", 0),
     ("history_size", 1),
     ("hint_check_every", 1),
 )
@@ -52,6 +53,7 @@ class HookConfig:
         explore_every: With adapt, re-measure a close runner-up scheme every this many steps.
         recheck_every: Buckets found clearly dense re-count their non-zeros every this many steps.
         check_every: The ranks compare their engine states at the first step and every this many steps.
+        verify_steps: Auto with a profile: compressed steps measured before it checks that compression paid.
         history_size: Step records kept in ``ZenSyncState.history``.
         row_hints: Embeddings with dense gradients: detect from the rows the lookups touched (verified).
         hint_check_every: With row_hints, verify a hint against the full scan every this many steps.
@@ -137,6 +139,11 @@ class HookConfig:
     than ``switch_margin`` faster than dense; the choice and every candidate's predicted step are
     ``ZenSyncState.auto_choice``, and each step record puts the prediction beside the measured step.
     None: auto never compresses (it is lossless)."""
+    verify_steps: int = 4
+    """With ``profile``: after this many compressed steps, auto compares their measured median step with
+    the warm-up's dense steps (``ZenSyncState.verify_auto_choice``) and syncs densely again when
+    compression was not ``switch_margin`` faster: a prediction that misses does not keep a lossy
+    gradient that does not pay. 0: never; it needs ``warmup_steps`` >= 4 (``profile="warmup"``: 8)."""
     auto_compressors: tuple[str, ...] = AUTO_COMPRESSORS
     """With ``profile``: the compressors auto may choose, those the profile measured (fp16 rounds;
     the others are lossy with error feedback)."""

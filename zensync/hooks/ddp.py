@@ -130,6 +130,8 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
         state.open_step(check_step_job)
         if state.warmup is not None and state.warmup.due(state.step):
             state.measure_warmup_profile()  # auto's choice, before the step's first bucket syncs
+        elif state.verify_due:
+            state.verify_auto_choice()  # auto's choice against its measured steps, before this step syncs
     buffer = bucket.buffer()
     params = list(bucket.parameters())
     names = [state.name_of(p) for p in params]

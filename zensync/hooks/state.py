@@ -19,6 +19,8 @@ import copy
 import dataclasses
 import json
 import logging
+import math
+import statistics
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -54,6 +56,27 @@ STRATEGIES = SCHEMES
 specs and plan files are accepted too (``zensync.hooks.strategy``)."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class AutoVerdict:
+    """Auto's compression measured against the dense steps it replaced (``ZenSyncState.verify_auto_choice``)."""
+
+    spec: str
+    """The compressor auto chose."""
+    dense_step_s: float
+    """Median measured interval of the warm-up's later dense steps (slowest rank; NaN: none measured)."""
+    compressed_step_s: float
+    """Median measured interval of the first compressed steps (slowest rank)."""
+    kept: bool
+    """Whether the compression stays (it was ``switch_margin`` faster, or could not be compared)."""
+
+    def __str__(self) -> str:
+        outcome = "kept" if self.kept else "not faster: dense again"
+        return (
+            f"{self.spec} measured {self.compressed_step_s * 1e3:.1f} ms/step against dense "
+            f"{self.dense_step_s * 1e3:.1f} ms/step: {outcome}"
+        )
+
+
 class ZenSyncState:
     """State of ``zensync_hook`` for one DDP model (see the module docstring for its parts).
 
@@ -76,6 +99,11 @@ class ZenSyncState:
         "param_names",
         "auto_choice",
         "auto_profile",
+        "auto_verdict",
+        "_auto_base",
+        "_dense_times",
+        "_compressed_times",
+        "_clock",
         "_profile_digest",
         # The parts, and the decider and executor built on them.
         "memory",
@@ -122,6 +150,16 @@ class ZenSyncState:
         predicted step (``zensync.planner.choose_compression``); None without a profile."""
         self.auto_profile: StepProfile | None = None
         """The step profile auto chose from (given, or measured in its warm-up: ``profile="warmup"``)."""
+        self.auto_verdict: AutoVerdict | None = None
+        """Auto's compression checked against its measured steps (``verify_auto_choice``); None until then."""
+        self._auto_base: Strategy | None = None
+        """Strategy "auto" before a profile made it compress: what a verdict against the choice returns to."""
+        self._dense_times: list[float] = []
+        self._compressed_times: list[float] = []
+        """Measured step intervals of the warm-up's dense steps and of the compressed steps after the
+        choice, while ``verify_auto_choice`` waits for them."""
+        self._clock: Callable[[], float] = time.perf_counter
+        """The clock of the step intervals (a test scripts it)."""
         self._profile_digest = ""
         described = ""
         if failure is None:
@@ -186,6 +224,7 @@ class ZenSyncState:
         assert config.profile is not None
         profile, self._profile_digest = read_step_profile(config.profile)
         self.auto_profile = profile
+        self._auto_base = self.strategy
         foreign = sorted({t.name for t in profile.profile.tensors} - set(self.param_names.values()))
         if foreign:
             raise ValueError(
@@ -207,6 +246,7 @@ class ZenSyncState:
             self.strategy, profile, self.config.auto_compressors, transport.world_size, self.config.switch_margin
         )
         with self.lock:
+            self._auto_base = self.strategy
             self.strategy, self.auto_choice, self.auto_profile = strategy, choice, profile
             self.decider.strategy = strategy
             self._profiled_step = self.step
@@ -390,7 +430,7 @@ class ZenSyncState:
         its exception on every rank (``Transport.hold``).
         """
         self.step_open = True
-        self._note_step_times(time.perf_counter())
+        self._note_step_times(self._clock())
         if self._check is None and self.check_due:
             self._issue_check(make_check)
         self._opened += 1
@@ -400,12 +440,64 @@ class ZenSyncState:
         previous, self._opened_s = self._opened_s, now_s
         if previous is None:  # the first step: nothing measured, nothing to predict beside it
             return
+        last = self.log.step - 1  # the interval is the last step's
+        warm = self.decider.in_warmup(last)
         with self.lock:
             record = self.log.current
             record.step_interval_s = now_s - previous
-            if self.auto_choice is not None and self.log.step - 1 != self._profiled_step:
-                warm = self.decider.in_warmup(self.log.step - 1)  # the interval is the last step's
-                record.predicted_step_s = self.auto_choice.predicted_s["fp32"] if warm else self.auto_choice.step_s
+            if self.auto_choice is not None and last != self._profiled_step:
+                reverted = self.auto_verdict is not None and not self.auto_verdict.kept
+                spec = "fp32" if warm or reverted else self.auto_choice.spec
+                record.predicted_step_s = self.auto_choice.predicted_s[spec]
+        if self.config.profile is None or self.config.verify_steps == 0 or self.auto_verdict is not None:
+            return
+        if warm and last >= self.config.warmup_steps // 2:  # the later half: DDP's first steps run slower
+            self._dense_times.append(now_s - previous)
+        elif not warm and last != self._profiled_step and self.auto_choice is not None:
+            self._compressed_times.append(now_s - previous)
+
+    @property
+    def verify_due(self) -> bool:
+        """Whether auto's compression has run the steps ``verify_auto_choice`` compares (the same on every
+        rank: the counts follow the step counter)."""
+        choice = self.auto_choice
+        return (
+            self.auto_verdict is None
+            and choice is not None
+            and choice.spec != "fp32"
+            and self.config.verify_steps > 0
+            and len(self._compressed_times) >= self.config.verify_steps
+        )
+
+    def verify_auto_choice(self) -> AutoVerdict:
+        """Auto's compression against the dense steps it replaced, measured (collective, blocking; at a
+        step's first bucket, on every rank, when ``verify_due``).
+
+        The medians of the warm-up's later dense steps and of the first ``verify_steps`` compressed
+        steps (not the one that measured a warm-up profile), each the slowest rank's; when the
+        compressed step is not ``switch_margin`` faster, auto syncs densely again from this step
+        (the error-feedback residuals are dropped). Without two dense steps to compare with (a given
+        profile and ``warmup_steps`` < 4), the choice stands unverified (``AutoVerdict.kept``, with
+        ``dense_step_s`` NaN).
+        """
+        assert self.auto_choice is not None and self._auto_base is not None
+        dense = statistics.median(self._dense_times) if len(self._dense_times) >= 2 else math.nan
+        compressed = statistics.median(self._compressed_times)
+        rows = self.runtime.transport.all_gather(torch.tensor([dense, compressed], dtype=torch.float64))
+        dense_s, compressed_s = torch.stack(rows).amax(dim=0).tolist()  # NaN wins: the same on every rank
+        kept = not compressed_s * (1.0 + self.config.switch_margin) >= dense_s  # NaN: not comparable, kept
+        verdict = AutoVerdict(
+            spec=self.auto_choice.spec, dense_step_s=dense_s, compressed_step_s=compressed_s, kept=kept
+        )
+        with self.lock:
+            self.auto_verdict = verdict
+            self._dense_times, self._compressed_times = [], []
+            if not kept:
+                self.strategy = self.decider.strategy = self._auto_base
+                self.memory.compressed.clear()
+        if self.runtime.transport.rank == 0:
+            logger.info("zensync auto: %s", verdict)
+        return verdict
 
     def submit(self, job: Coroutine[Any, Any, torch.Tensor]) -> Task[torch.Tensor]:
         """Run a step job on the lane, on the caller's CUDA stream (captured now, on the hook's thread)."""

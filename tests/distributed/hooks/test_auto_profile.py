@@ -106,6 +106,49 @@ def _warmup_train(rank: int, steps: int) -> dict[str, Any]:
     return out
 
 
+def _verify_train(rank: int, world_size: int, compressed_dt: float) -> dict[str, Any]:
+    """Auto compressing from a profile after 4 dense warm-up steps, on a scripted clock: a dense step
+    lasts 10 ms, a compressed one ``compressed_dt``; verified after 2 compressed steps."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=25)
+    state = zensync.register(
+        ddp,
+        strategy="auto",
+        profile=_profile(world_size, SLOW),
+        warmup_steps=4,
+        verify_steps=2,
+        latency_s=1e-5,
+        bandwidth_bytes_per_s=1e8,
+        adapt=False,
+    )
+    now = [0.0]
+
+    def clock() -> float:  # called as a step opens: the time the step before it took
+        now[0] += compressed_dt if state.decider.compresses(state.step - 1) else 0.010
+        return now[0]
+
+    state._clock = clock
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    verdict_at = None
+    for step in range(9):
+        optimizer.zero_grad()
+        ids, target = _batch(rank, step)
+        nn.functional.cross_entropy(ddp(ids), target).backward()
+        optimizer.step()
+        if verdict_at is None and state.auto_verdict is not None:
+            verdict_at = step
+    out = {
+        "verdict": state.auto_verdict,
+        "verdict_at": verdict_at,
+        "fc1": [h["params"]["fc1.weight"]["scheme"] for h in state.history],
+        "predicted": [h.get("predicted_step_s") for h in state.history],
+        "choice": dict(state.auto_choice.predicted_s) if state.auto_choice else None,
+        "memory": state.compression_memory_bytes,
+    }
+    state.close()
+    return out
+
+
 def _worker(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     slow_file = f"{tmp}/slow.json"
     if rank == 0:
@@ -118,6 +161,8 @@ def _worker(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
         "fast": _train(rank, profile=_profile(world_size, FAST)),
         "warm": _train(rank, profile=_profile(world_size, SLOW), warmup_steps=2),
         "warmup_profile": _warmup_train(rank, 12),
+        "verified_slower": _verify_train(rank, world_size, 0.020),
+        "verified_faster": _verify_train(rank, world_size, 0.005),
     }
     for case, options in {
         "other_world": {"profile": _profile(world_size + 1, SLOW)},
@@ -196,6 +241,30 @@ class TestAutoWithProfile:
             mine = other["warmup_profile"]
             assert (mine["choice"], mine["predicted"], mine["fc1"]) == (first["choice"], predicted, first["fc1"])
             assert all(torch.equal(a, b) for a, b in zip(mine["final"], first["final"], strict=True))
+
+    def test_compression_measured_slower_than_dense_goes_back_to_dense(self, results: list[dict[str, Any]]) -> None:
+        """Steps 0-3 dense (warm-up), 4 and 5 compressed at 20 ms against dense's 10 ms: at step 6's
+        first bucket every rank compares the measured medians and syncs densely from there on."""
+        for r in results:
+            slow = r["verified_slower"]
+            verdict = slow["verdict"]
+            assert verdict is not None and not verdict.kept and verdict.spec == "topk:0.01"
+            assert (verdict.dense_step_s, verdict.compressed_step_s) == pytest.approx((0.010, 0.020))
+            assert slow["verdict_at"] == 6
+            assert [s.startswith("compress:") for s in slow["fc1"]] == [False] * 4 + [True] * 2 + [False] * 3
+            assert slow["memory"] == 0  # the residuals went with the compression
+            # Record k holds step k-1's prediction: compressed for steps 4-5, dense again after.
+            fp32, topk = slow["choice"]["fp32"], slow["choice"]["topk:0.01"]
+            assert slow["predicted"][1:] == [fp32] * 4 + [topk] * 2 + [fp32] * 2
+        assert str(results[0]["verified_slower"]["verdict"]) == str(results[1]["verified_slower"]["verdict"])
+
+    def test_compression_measured_faster_stays(self, results: list[dict[str, Any]]) -> None:
+        for r in results:
+            fast = r["verified_faster"]
+            verdict = fast["verdict"]
+            assert verdict is not None and verdict.kept
+            assert (verdict.dense_step_s, verdict.compressed_step_s) == pytest.approx((0.010, 0.005))
+            assert [s.startswith("compress:") for s in fast["fc1"]] == [False] * 4 + [True] * 5
 
     def test_ranks_stay_identical(self, results: list[dict[str, Any]]) -> None:
         for a, b in zip(results[0]["slow"]["final"], results[1]["slow"]["final"], strict=True):
