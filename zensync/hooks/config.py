@@ -98,9 +98,9 @@ class HookConfig:
     check_every: int = 100
     """The ranks compare their engine states (``ZenSyncState.check_agreement``: one small all-gather
     beside the forward) at the first step and every this many steps after. Between two comparisons
-    nothing can differ: the hook's steps change the
-    state alike on every rank, and ``load_state_dict`` takes effect only at a comparison that finds
-    the same checkpoint loaded on every rank. 1: every step (a checkpoint loaded mid-training then
+    nothing can differ: the hook's steps change the state alike on every rank, and
+    ``load_state_dict`` takes effect only at a comparison that finds the same checkpoint loaded on
+    every rank. 1: every step (a checkpoint loaded mid-training then
     takes effect at the next step; an engine bug that made ranks differ is caught at once)."""
     history_size: int = 1000
     """Step records kept in memory (oldest dropped)."""

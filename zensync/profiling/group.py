@@ -20,7 +20,9 @@ Steps:
 3. each compressor's local work at each bucket's size (and a small size, for the fixed part), every
    rank at once: ``compress`` is error feedback's compensation and the encode, ``decompress`` the
    decode of every rank's payload into the bucket, the new residual and the finite check (what the
-   hook's ``CompressedSync`` does around its collective).
+   hook's ``CompressedSync`` does around its collective); PowerSGD, whose work and payload follow
+   the matrix shapes, on each bucket's own tensors instead (``BucketCost``: the work before its
+   first collective, the rest, and the bytes of each of its rounds).
 """
 
 from __future__ import annotations
