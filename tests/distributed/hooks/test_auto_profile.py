@@ -5,6 +5,7 @@ does not fit the group, on every rank."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -79,20 +80,28 @@ def _train(rank: int, **options: Any) -> dict[str, Any]:
     return out
 
 
-def _warmup_train(rank: int, steps: int) -> dict[str, Any]:
-    """Auto measuring its own profile in the warm-up steps (8), then training on."""
-    torch.manual_seed(0)
-    ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=0.01)  # several buckets
-    state = zensync.register(ddp, strategy="auto", profile="warmup", adapt=False)
+def _first_step_where(
+    ddp: nn.parallel.DistributedDataParallel, rank: int, steps: int, done: Callable[[], bool]
+) -> int | None:
+    """Train ``steps`` steps; the first after which ``done()`` holds (None: never)."""
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
-    chosen_at = None
+    first = None
     for step in range(steps):
         optimizer.zero_grad()
         ids, target = _batch(rank, step)
         nn.functional.cross_entropy(ddp(ids), target).backward()
         optimizer.step()
-        if chosen_at is None and state.auto_choice is not None:
-            chosen_at = step
+        if first is None and done():
+            first = step
+    return first
+
+
+def _warmup_train(rank: int, steps: int) -> dict[str, Any]:
+    """Auto measuring its own profile in the warm-up steps (8), then training on."""
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=0.01)  # several buckets
+    state = zensync.register(ddp, strategy="auto", profile="warmup", adapt=False)
+    chosen_at = _first_step_where(ddp, rank, steps, lambda: state.auto_choice is not None)
     assert state.auto_choice is not None
     out = {
         "choice": state.auto_choice.spec,
@@ -128,15 +137,7 @@ def _verify_train(rank: int, world_size: int, compressed_dt: float) -> dict[str,
         return now[0]
 
     state._clock = clock
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
-    verdict_at = None
-    for step in range(9):
-        optimizer.zero_grad()
-        ids, target = _batch(rank, step)
-        nn.functional.cross_entropy(ddp(ids), target).backward()
-        optimizer.step()
-        if verdict_at is None and state.auto_verdict is not None:
-            verdict_at = step
+    verdict_at = _first_step_where(ddp, rank, 9, lambda: state.auto_verdict is not None)
     out = {
         "verdict": state.auto_verdict,
         "verdict_at": verdict_at,
