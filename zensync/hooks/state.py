@@ -42,6 +42,7 @@ from zensync.hooks.steplog import StepLog
 from zensync.hooks.strategy import Strategy, auto_compression, read_step_profile, resolve_strategy
 from zensync.hooks.warmup import WarmupProfiler
 from zensync.planner import AutoChoice, StepProfile
+from zensync.profiling import slowest_over_ranks
 from zensync.sync import SCHEMES
 from zensync.sync.agreement import compare_with_rank0_async
 from zensync.sync.registration import agree, checked_parameters
@@ -440,34 +441,27 @@ class ZenSyncState:
         previous, self._opened_s = self._opened_s, now_s
         if previous is None:  # the first step: nothing measured, nothing to predict beside it
             return
-        last = self.log.step - 1  # the interval is the last step's
+        interval, last = now_s - previous, self.log.step - 1  # the interval is the last step's
         warm = self.decider.in_warmup(last)
+        choice = self.auto_choice
         with self.lock:
             record = self.log.current
-            record.step_interval_s = now_s - previous
-            if self.auto_choice is not None and last != self._profiled_step:
+            record.step_interval_s = interval
+            if choice is not None and last != self._profiled_step:
                 reverted = self.auto_verdict is not None and not self.auto_verdict.kept
-                spec = "fp32" if warm or reverted else self.auto_choice.spec
-                record.predicted_step_s = self.auto_choice.predicted_s[spec]
+                record.predicted_step_s = choice.predicted_s["fp32" if warm or reverted else choice.spec]
         if self.config.profile is None or self.config.verify_steps == 0 or self.auto_verdict is not None:
             return
         if warm and last >= self.config.warmup_steps // 2:  # the later half: DDP's first steps run slower
-            self._dense_times.append(now_s - previous)
-        elif not warm and last != self._profiled_step and self.auto_choice is not None:
-            self._compressed_times.append(now_s - previous)
+            self._dense_times.append(interval)
+        elif not warm and last != self._profiled_step and choice is not None and choice.spec != "fp32":
+            self._compressed_times.append(interval)  # a choice of fp32 has nothing to verify
 
     @property
     def verify_due(self) -> bool:
         """Whether auto's compression has run the steps ``verify_auto_choice`` compares (the same on every
         rank: the counts follow the step counter)."""
-        choice = self.auto_choice
-        return (
-            self.auto_verdict is None
-            and choice is not None
-            and choice.spec != "fp32"
-            and self.config.verify_steps > 0
-            and len(self._compressed_times) >= self.config.verify_steps
-        )
+        return 0 < self.config.verify_steps <= len(self._compressed_times) and self.auto_verdict is None
 
     def verify_auto_choice(self) -> AutoVerdict:
         """Auto's compression against the dense steps it replaced, measured (collective, blocking; at a
@@ -483,8 +477,7 @@ class ZenSyncState:
         assert self.auto_choice is not None and self._auto_base is not None
         dense = statistics.median(self._dense_times) if len(self._dense_times) >= 2 else math.nan
         compressed = statistics.median(self._compressed_times)
-        rows = self.runtime.transport.all_gather(torch.tensor([dense, compressed], dtype=torch.float64))
-        dense_s, compressed_s = torch.stack(rows).amax(dim=0).tolist()  # NaN wins: the same on every rank
+        dense_s, compressed_s = slowest_over_ranks(self.runtime.transport, [dense, compressed])  # NaN wins
         kept = not compressed_s * (1.0 + self.config.switch_margin) >= dense_s  # NaN: not comparable, kept
         verdict = AutoVerdict(
             spec=self.auto_choice.spec, dense_step_s=dense_s, compressed_step_s=compressed_s, kept=kept

@@ -151,8 +151,9 @@ class StepProfile:
         if spec in ("fp32", "none"):
             return True
         try:
-            if shape_priced(spec) is not None:
-                return shape_priced(spec) in self.bucket_costs
+            keyed = shape_priced(spec)
+            if keyed is not None:
+                return keyed in self.bucket_costs
             self.compressor(spec)
         except ValueError:
             return False
@@ -329,17 +330,16 @@ def _predict_measured_buckets(step: StepProfile, spec: str, *, hooked: bool) -> 
             f"profile_group(specs=[{spec!r}]) times it on the buckets); measured: "
             f"{', '.join(sorted(step.bucket_costs)) or 'none'}"
         )
-    by_bucket = dict(zip(step.buckets, costs, strict=True))
     profile, groups = _bucket_order(step.profile, step.buckets)
-    members: dict[int, list[str]] = {}
+    ranked = _ranked(step.profile, step.buckets)  # group g is bucket ranked[g]
+    members: list[list[str]] = [[] for _ in ranked]
     for tensor, group in zip(profile.tensors, groups, strict=True):
-        members.setdefault(group, []).append(tensor.name)
+        members[group].append(tensor.name)
     ready = {t.name: t.ready_s for t in profile.tensors}
     n = step.world_size
     units = []
-    for group in sorted(members):
-        names = members[group]
-        cost = by_bucket[next(b for b in step.buckets if set(b) == set(names))]
+    for names, index in zip(members, ranked, strict=True):
+        cost = costs[index]
         comm = 0.0
         for op, nbytes in cost.rounds:
             fit, seconds = (step.allreduce, allreduce_s) if op == "allreduce" else (step.allgather, allgather_s)
@@ -356,6 +356,14 @@ def _predict_measured_buckets(step: StepProfile, spec: str, *, hooked: bool) -> 
     return _simulate(step, spec, profile, units, hooked=hooked)
 
 
+def _ranked(profile: ModelProfile, buckets: Sequence[Sequence[str]]) -> list[int]:
+    """The buckets' indices by when their last gradient is ready (then their first)."""
+    ready = {t.name: t.ready_s for t in profile.tensors}
+    return sorted(
+        range(len(buckets)), key=lambda i: (max(ready[n] for n in buckets[i]), min(ready[n] for n in buckets[i]))
+    )
+
+
 def _bucket_order(profile: ModelProfile, buckets: Sequence[Sequence[str]]) -> tuple[ModelProfile, tuple[int, ...]]:
     """The profile with each bucket's tensors next to each other, and the group id of each tensor.
 
@@ -364,10 +372,9 @@ def _bucket_order(profile: ModelProfile, buckets: Sequence[Sequence[str]]) -> tu
     ready when its last tensor is, as ``price_units`` takes it.
     """
     ready = {t.name: t for t in profile.tensors}
-    ranked = sorted(buckets, key=lambda b: (max(ready[n].ready_s for n in b), min(ready[n].ready_s for n in b)))
     tensors, groups, latest = [], [], 0.0
-    for g, bucket in enumerate(ranked):
-        for name in sorted(bucket, key=lambda n: ready[n].ready_s):
+    for g, index in enumerate(_ranked(profile, buckets)):
+        for name in sorted(buckets[index], key=lambda n: ready[n].ready_s):
             latest = max(latest, ready[name].ready_s)
             tensors.append(dataclasses.replace(ready[name], ready_s=latest))
             groups.append(g)

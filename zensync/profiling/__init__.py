@@ -6,7 +6,7 @@ The group's alpha-beta parameters are measured by ``zensync.cost.calibrate``.
 from __future__ import annotations
 
 from zensync.profiling.costs import CompressorCost, measure_compressor_costs
-from zensync.profiling.group import agreed_compute, profile_group, profile_links
+from zensync.profiling.group import agreed_compute, profile_group, profile_links, slowest_over_ranks
 from zensync.profiling.ready import measure_ready_times
 
 __all__ = [
@@ -16,4 +16,5 @@ __all__ = [
     "measure_ready_times",
     "profile_group",
     "profile_links",
+    "slowest_over_ranks",
 ]

@@ -44,7 +44,7 @@ from zensync.planner import AUTO_COMPRESSORS, BucketCost, LinkFit, ModelProfile,
 from zensync.profiling.costs import clamped_fit
 from zensync.transport import GradBucket, TorchTransport, Transport
 
-__all__ = ["agreed_compute", "profile_group", "profile_links"]
+__all__ = ["agreed_compute", "profile_group", "profile_links", "slowest_over_ranks"]
 
 _SMALL_NUMEL = 2**16
 """The small size each compressor is also timed at, for the fixed part of its cost."""
@@ -257,8 +257,8 @@ def agreed_compute(
     # Ready times: the mean over ranks; durations: the slowest rank's, per step.
     ordered = sorted(ready)
     mean_ready = _mean(transport, [statistics.fmean(ready[n]) if ready[n] else 0.0 for n in ordered])
-    forward_s, backward_s = (statistics.fmean(_slowest(transport, times)) for times in (forward, backward))
-    other_s = statistics.fmean(_least(transport, other) if other_waits else _slowest(transport, other))
+    forward_s, backward_s = (statistics.fmean(slowest_over_ranks(transport, times)) for times in (forward, backward))
+    other_s = statistics.fmean(_least(transport, other) if other_waits else slowest_over_ranks(transport, other))
     bucketed = {n for b in buckets for n in b}
     measured = sorted((t, n) for n, t in zip(ordered, mean_ready, strict=True) if n in bucketed)
     tensors = tuple(TensorProfile(name=n, shape=shapes[n], ready_s=t) for t, n in measured)
@@ -343,23 +343,26 @@ def _median_s(transport: Transport, call: Callable[[], object], repeats: int) ->
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    return statistics.median(_slowest(transport, times))
+    return statistics.median(slowest_over_ranks(transport, times))
 
 
-def _slowest(transport: Transport, values: Sequence[float]) -> list[float]:
-    """Elementwise maximum over ranks of ``values`` (exact: the same on every rank).
+def slowest_over_ranks(transport: Transport, values: Sequence[float]) -> list[float]:
+    """Elementwise maximum over ranks of ``values`` (exact: the same on every rank; a NaN wins).
 
     A collective completes when its slowest rank has arrived, so what a step pays for a section that
     every rank runs before one is its slowest rank's time, not the mean.
     """
-    gathered = transport.all_gather(torch.tensor(list(values), dtype=torch.float64))
-    return torch.stack(gathered).amax(dim=0).tolist()
+    return _over_ranks(transport, values).amax(dim=0).tolist()
 
 
 def _least(transport: Transport, values: Sequence[float]) -> list[float]:
     """Elementwise minimum over ranks of ``values`` (exact: the same on every rank)."""
-    gathered = transport.all_gather(torch.tensor(list(values), dtype=torch.float64))
-    return torch.stack(gathered).amin(dim=0).tolist()
+    return _over_ranks(transport, values).amin(dim=0).tolist()
+
+
+def _over_ranks(transport: Transport, values: Sequence[float]) -> torch.Tensor:
+    """Every rank's ``values``, one row per rank (float64)."""
+    return torch.stack(transport.all_gather(torch.tensor(list(values), dtype=torch.float64)))
 
 
 def _mean(transport: Transport, values: Sequence[float]) -> list[float]:
@@ -440,7 +443,7 @@ def _bucket_costs(
             b, a, rounds = _time_fused_call(comp, x, out, memory, parts, scale)
             before.append(b)
             after.append(a)
-        slowest = _slowest(transport, [statistics.median(before), statistics.median(after)])
+        slowest = slowest_over_ranks(transport, [statistics.median(before), statistics.median(after)])
         costs.append(BucketCost(before_s=slowest[0], after_s=slowest[1], rounds=rounds))
     return tuple(costs)
 
