@@ -75,6 +75,11 @@ __all__ = [
 class AllReduce(Protocol):
     """An awaitable sum over ranks of a tensor (same shape and dtype), as ``allreduce_sync`` takes it.
 
+    The hook's (``AllReduceCollective``) issues the collective when called and the awaitable waits
+    for it, so a compressor may put several rounds on the wire before awaiting the first (fp16's
+    pipeline). An ``async def`` implementation issues at the await instead: the rounds still go in
+    call order, which is the same on every rank, without the overlap.
+
     ``last=True`` on a compressor's final round: the caller may then let the next bucket's
     collectives go (``zensync.transport.hand_on``) while this one is summed and decoded.
     """

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from zensync import kernels
-from zensync.compress import Compressed, ErrorFeedback, build, compressor_names
+from zensync.compress import Compressed, ErrorFeedback, build, cast, compressor_names
 from zensync.compress.base import shared_generator
 from zensync.transport.handle import run_sync
 
@@ -202,6 +202,82 @@ def test_cast_folds_a_scale_into_its_pass(spec, dtype):
         assert payload.shape == x.shape and payload.dtype == comp.wire_dtype
         assert torch.equal(payload, expected), (spec, scale)
     assert bool(torch.isfinite(comp.compress_scaled(base, 0.25).payloads[0]).all())
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16"])
+@pytest.mark.parametrize("scale", [1.0, 1 / 3])
+@pytest.mark.parametrize("into", ["new", "x"])
+def test_cast_pipeline_issues_every_piece_before_its_first_wait(spec, scale, into):
+    """On CPU a cast above two pieces is summed piece by piece: every piece is issued (``AllReduce``
+    called) before the first is awaited, the last piece alone says last, and the result is the
+    definition: each rank's ``scale * x`` cast to the wire, summed in rank order in the wire dtype,
+    cast back (into x itself with ``out=x``)."""
+    piece = 1 << 20
+    numel, n = 2 * piece + 12_345, 3
+    inputs = [randn(numel, torch.float32, seed=40 + r) * 10 for r in range(n)]
+    comp = build(spec)
+    wires = [(x * scale).to(comp.wire_dtype) for x in inputs]
+    expected = (wires[0] + wires[1] + wires[2]).float()
+    barrier, slots = threading.Barrier(n, timeout=20), [[] for _ in range(n)]
+    events: list[tuple] = []
+
+    def all_reduce_of(rank):
+        def all_reduce(t, *, last=False):
+            index = len(slots[rank])
+            slots[rank].append(t.clone())
+            if rank == 0:
+                events.append(("issue", t.numel(), last))
+
+            async def wait():
+                if rank == 0:
+                    events.append(("wait", index))
+                barrier.wait()
+                total = slots[0][index] + slots[1][index] + slots[2][index]
+                barrier.wait()
+                return total
+
+            return wait()
+
+        return all_reduce
+
+    def rank_body(r):
+        x = inputs[r].clone()
+        out = x if into == "x" else None
+        result = run_sync(comp.allreduce_sync(x, all_reduce_of(r), name=NAME, step=STEP, scale=scale, out=out))
+        assert (result is x) == (into == "x")
+        return result
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        results = [f.result() for f in [pool.submit(rank_body, r) for r in range(n)]]
+    for result in results:
+        assert result.dtype == torch.float32 and torch.equal(result, expected), spec
+    assert events == [
+        ("issue", piece, False),
+        ("issue", piece, False),
+        ("issue", 12_345, True),
+        ("wait", 0),
+        ("wait", 1),
+        ("wait", 2),
+    ]
+
+
+def test_cast_pipeline_piece_count_is_bounded(monkeypatch):
+    """A tensor of more than 64 pieces gets 64 larger ones (ceil(numel / 64) each, the last one
+    shorter); under two pieces, one round of the whole. (Pieces of 1024 here, 2^20 in use.)"""
+    monkeypatch.setattr(cast, "_PIPELINE_PIECE", 1024)
+    comp = build("fp16")
+    for numel, count in ((65 * 1024 + 7, 64), (2047, 1), (2048, 2)):
+        seen: list[int] = []
+
+        async def all_reduce(t, *, last=False, seen=seen):
+            seen.append(t.numel())
+            return t
+
+        x = torch.arange(numel, dtype=torch.float32)
+        out = run_sync(comp.allreduce_sync(x, all_reduce, name=NAME, step=STEP))
+        piece = max(1024, -(-numel // 64))
+        assert len(seen) == count and seen[:-1] == [piece] * (count - 1) and sum(seen) == numel
+        assert torch.equal(out, x.half().float())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 
 import torch
 
@@ -61,14 +62,20 @@ class AllReduceCollective(CompressedCollective):
         storage = x.untyped_storage().data_ptr()
         waited_s = 0.0
 
-        async def all_reduce(t: torch.Tensor, *, last: bool = False) -> torch.Tensor:
-            nonlocal waited_s
+        def all_reduce(t: torch.Tensor, *, last: bool = False) -> Awaitable[torch.Tensor]:
+            # Issued now, awaited later: a compressor may put several rounds on the wire first.
             flat = t.reshape(-1)
             fresh = flat.is_contiguous() and flat.untyped_storage().data_ptr() != storage
-            start = time.perf_counter()
-            summed = await codec.last(transport.all_reduce_async(flat, inplace=fresh), last=last)
-            waited_s += time.perf_counter() - start
-            return summed.view(t.shape)
+            pending = codec.last(transport.all_reduce_async(flat, inplace=fresh), last=last)
+
+            async def wait() -> torch.Tensor:
+                nonlocal waited_s
+                start = time.perf_counter()
+                summed = await pending
+                waited_s += time.perf_counter() - start
+                return summed.view(t.shape)
+
+            return wait()
 
         start = time.perf_counter()
         summed = await codec.compressor.allreduce_sync(
