@@ -22,6 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 import zensync
 from tests.distributed._launch import launch, pytest_generate_tests, slow_world, world_size_fixture  # noqa: F401 - class data world_size
 from tests.distributed.hooks.test_ddp_hook import FLOAT32_ATOL, STEPS, _batch, _Net
+from zensync.compress import cast
 from zensync.planner import ClusterSpec, Plan, PlanTensor, Predictions, TensorOption
 
 FP16_ATOL = 2e-3
@@ -112,6 +113,32 @@ def _worker(rank: int, world_size: int) -> dict[str, Any]:
         state.close()
     out["fc1_shape"] = list(_Net().fc1.weight.shape)
     return out
+
+
+def _pipelined_worker(rank: int, world_size: int) -> dict[str, Any]:
+    """fp16 with the cast pipeline's pieces at 64 elements, so each bucket goes in several, beside
+    torch's fp16 hook; the number of pieces of each pipelined call."""
+    torch_fp16, _, _ = _train(rank, "torch-fp16", {})
+    counts: list[int] = []
+    pieces = cast.pipeline_pieces
+
+    def counted(numel: int) -> list[tuple[int, int]]:
+        bounds = pieces(numel)
+        counts.append(len(bounds))
+        return bounds
+
+    cast._PIPELINE_PIECE, cast.pipeline_pieces = 64, counted
+    snapshots, state, _ = _train(rank, "fp16", {})
+    state.close()
+    return {"diff_torch_fp16": _max_diff(snapshots, torch_fp16), "pieces": counts}
+
+
+def test_fp16_in_pipelined_pieces_equals_torch_fp16_hook(tmp_path: Any) -> None:
+    """Real gloo: the pieces' allreduces issued before the first is awaited, every bucket's sum
+    as torch's one allreduce up to half-precision rounding."""
+    for result in launch(_pipelined_worker, 2, (), tmp_path):
+        assert result["diff_torch_fp16"] <= FP16_ATOL
+        assert max(result["pieces"]) >= 3, result["pieces"]
 
 
 class TestCompressedStrategies:

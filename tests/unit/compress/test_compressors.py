@@ -207,13 +207,15 @@ def test_cast_folds_a_scale_into_its_pass(spec, dtype):
 @pytest.mark.parametrize("spec", ["fp16", "bf16"])
 @pytest.mark.parametrize("scale", [1.0, 1 / 3])
 @pytest.mark.parametrize("into", ["new", "x"])
-def test_cast_pipeline_issues_every_piece_before_its_first_wait(spec, scale, into):
-    """On CPU a cast above two pieces is summed piece by piece: every piece is issued (``AllReduce``
-    called) before the first is awaited, the last piece alone says last, and the result is the
-    definition: each rank's ``scale * x`` cast to the wire, summed in rank order in the wire dtype,
-    cast back (into x itself with ``out=x``)."""
-    piece = 1 << 20
-    numel, n = 2 * piece + 12_345, 3
+def test_cast_pipeline_issues_every_piece_before_its_first_wait(spec, scale, into, monkeypatch):
+    """On CPU a cast of two pieces or more is summed piece by piece: every piece is issued
+    (``AllReduce`` called) before the first is awaited, the last piece alone says last, and the
+    result is the definition: each rank's ``scale * x`` cast to the wire, summed in rank order in
+    the wire dtype, cast back (into x itself with ``out=x``). Pieces of 2^16 here (each over the
+    scale-and-cast's scratch chunk), 2^21 in use."""
+    monkeypatch.setattr(cast, "_PIPELINE_PIECE", 1 << 16)
+    numel, n = 3 * (1 << 16) + 1000, 3
+    piece = -(-numel // 3)
     inputs = [randn(numel, torch.float32, seed=40 + r) * 10 for r in range(n)]
     comp = build(spec)
     wires = [(x * scale).to(comp.wire_dtype) for x in inputs]
@@ -254,7 +256,7 @@ def test_cast_pipeline_issues_every_piece_before_its_first_wait(spec, scale, int
     assert events == [
         ("issue", piece, False),
         ("issue", piece, False),
-        ("issue", 12_345, True),
+        ("issue", numel - 2 * piece, True),
         ("wait", 0),
         ("wait", 1),
         ("wait", 2),
@@ -262,11 +264,11 @@ def test_cast_pipeline_issues_every_piece_before_its_first_wait(spec, scale, int
 
 
 def test_cast_pipeline_piece_count_is_bounded(monkeypatch):
-    """A tensor of more than 64 pieces gets 64 larger ones (ceil(numel / 64) each, the last one
-    shorter); under two pieces, one round of the whole. (Pieces of 1024 here, 2^20 in use.)"""
+    """numel // piece pieces of even sizes (ceil(numel / count), the last one shorter), at most 64;
+    under two pieces, one round of the whole. (Pieces of 1024 here, 2^21 in use.)"""
     monkeypatch.setattr(cast, "_PIPELINE_PIECE", 1024)
     comp = build("fp16")
-    for numel, count in ((65 * 1024 + 7, 64), (2047, 1), (2048, 2)):
+    for numel, count in ((65 * 1024 + 7, 64), (2047, 1), (2048, 2), (3 * 1024 + 1023, 3)):
         seen: list[int] = []
 
         async def all_reduce(t, *, last=False, seen=seen):
@@ -275,7 +277,7 @@ def test_cast_pipeline_piece_count_is_bounded(monkeypatch):
 
         x = torch.arange(numel, dtype=torch.float32)
         out = run_sync(comp.allreduce_sync(x, all_reduce, name=NAME, step=STEP))
-        piece = max(1024, -(-numel // 64))
+        piece = -(-numel // count)
         assert len(seen) == count and seen[:-1] == [piece] * (count - 1) and sum(seen) == numel
         assert torch.equal(out, x.half().float())
 
@@ -470,14 +472,17 @@ def test_powersgd_allreduce_sync_is_the_two_round_algorithm():
         assert lasts == [False, True]  # the Q round is the last: the hook may hand its lane on there
 
 
-def test_allreduce_sync_marks_only_its_final_round_last():
-    """Every allreduce compressor's last round, and only it, says so (``AllReduce``'s ``last``)."""
+def test_allreduce_sync_marks_only_its_final_round_last(monkeypatch):
+    """Every allreduce compressor's last round, and only it, says so (``AllReduce``'s ``last``);
+    the casts' pipeline too, with an ``all_reduce`` that issues at the await."""
+    monkeypatch.setattr(cast, "_PIPELINE_PIECE", 1 << 10)
     x = randn((24, 15), seed=4)
     vector = randn((30,), seed=5)
     parts = (("a", torch.Size([24, 15])), ("b", torch.Size([30])))
     cases = [(spec, x, None) for spec in ("fp16", "bf16", "none", "randomk:0.1", "powersgd:2")]
     cases.append(("powersgd:2", vector, None))
     cases.append(("powersgd:2", torch.cat([x.reshape(-1), vector]), parts))
+    cases += [(spec, randn((3 << 10) + 5, seed=6), None) for spec in ("fp16", "bf16")]
     for spec, tensor, fused in cases:
         lasts: list[bool] = []
         comp = build(spec)
@@ -486,8 +491,10 @@ def test_allreduce_sync_marks_only_its_final_round_last():
             lasts.append(last)
             return t.clone()
 
-        run_sync(comp.allreduce_sync(tensor, all_reduce, name=NAME, step=STEP, parts=fused))
+        out = run_sync(comp.allreduce_sync(tensor, all_reduce, name=NAME, step=STEP, parts=fused))
         assert lasts and lasts[-1] and not any(lasts[:-1]), (spec, lasts)
+        if tensor.numel() > 3 << 10:
+            assert len(lasts) == 3 and torch.equal(out, comp.decompress(comp.compress(tensor))), spec
 
 
 def test_powersgd_exact_when_the_sum_has_rank_at_most_r():
