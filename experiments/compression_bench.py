@@ -404,9 +404,10 @@ def _prediction_table(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[
             verdict = r.get("auto_verdict")
             if verdict:
                 outcome = "kept it" if verdict["kept"] else "went back to dense (the timed steps are dense)"
+                dense = "the warm-up's dense" if verdict.get("dense_measured", True) else "the predicted dense"
                 lines[-1] += (
                     f" Measured after {choice['spec']}'s first steps (`verify_steps`): "
-                    f"{verdict['compressed_step_s'] * 1e3:.1f} ms/step against the warm-up's dense "
+                    f"{verdict['compressed_step_s'] * 1e3:.1f} ms/step against {dense} "
                     f"{verdict['dense_step_s'] * 1e3:.1f}; it {outcome}."
                 )
     for strategy, summaries in meta.get("warmup_profiles", {}).items():

@@ -49,7 +49,8 @@ class PhaseTraffic:
     collective makes before its payload (none where the sizes were known). Each is at least one
     network latency on the critical path."""
     comm_time_s: float = 0.0
-    """Wall time spent inside collective calls."""
+    """Wall time spent inside collective calls, from call to completion: their union (calls in
+    flight together, such as the casts' pieces, count once)."""
 
     def add(self, other: PhaseTraffic) -> None:
         """Accumulate ``other`` into this record."""

@@ -143,7 +143,8 @@ class HookConfig:
     """With ``profile``: after this many compressed steps, auto compares their measured median step with
     the warm-up's dense steps (``ZenSyncState.verify_auto_choice``) and syncs densely again when
     compression was not ``switch_margin`` faster: a prediction that misses does not keep a lossy
-    gradient that does not pay. 0: never; it needs ``warmup_steps`` >= 4 (``profile="warmup"``: 8)."""
+    gradient that does not pay. With fewer than 4 warm-up steps (none measured dense), the dense
+    step is the profile's prediction of it. 0: never."""
     auto_compressors: tuple[str, ...] = AUTO_COMPRESSORS
     """With ``profile``: the compressors auto may choose, those the profile measured (fp16 rounds;
     the others are lossy with error feedback)."""

@@ -19,7 +19,6 @@ import copy
 import dataclasses
 import json
 import logging
-import math
 import statistics
 import threading
 import time
@@ -52,6 +51,10 @@ __all__ = ["STRATEGIES", "HookConfig", "ZenSyncState"]
 
 logger = logging.getLogger(__name__)
 
+_SETTLING_STEPS = 2
+"""The training's first steps, slower whatever syncs them (DDP's bucket rebuild, first allocations):
+auto's verdict does not count them as compressed steps."""
+
 STRATEGIES = SCHEMES
 """Sync scheme names the hook accepts as strategies (``auto`` decides per parameter); compressor
 specs and plan files are accepted too (``zensync.hooks.strategy``)."""
@@ -64,17 +67,21 @@ class AutoVerdict:
     spec: str
     """The compressor auto chose."""
     dense_step_s: float
-    """Median measured interval of the warm-up's later dense steps (slowest rank; NaN: none measured)."""
+    """Median measured interval of the warm-up's later dense steps (slowest rank), or, where the
+    warm-up measured fewer than two, the profile's prediction of the dense step (``dense_measured``)."""
     compressed_step_s: float
-    """Median measured interval of the first compressed steps (slowest rank)."""
+    """Median measured interval of the first compressed steps after the training's first two (slowest rank)."""
     kept: bool
-    """Whether the compression stays (it was ``switch_margin`` faster, or could not be compared)."""
+    """Whether the compression stays (it was ``switch_margin`` faster)."""
+    dense_measured: bool = True
+    """Whether ``dense_step_s`` was measured (False: predicted from the profile)."""
 
     def __str__(self) -> str:
         outcome = "kept" if self.kept else "not faster: dense again"
+        source = "" if self.dense_measured else " (predicted by the profile: no dense step measured)"
         return (
             f"{self.spec} measured {self.compressed_step_s * 1e3:.1f} ms/step against dense "
-            f"{self.dense_step_s * 1e3:.1f} ms/step: {outcome}"
+            f"{self.dense_step_s * 1e3:.1f} ms/step{source}: {outcome}"
         )
 
 
@@ -454,8 +461,10 @@ class ZenSyncState:
             return
         if warm and last >= self.config.warmup_steps // 2:  # the later half: DDP's first steps run slower
             self._dense_times.append(interval)
-        elif not warm and last != self._profiled_step and choice is not None and choice.spec != "fp32":
-            self._compressed_times.append(interval)  # a choice of fp32 has nothing to verify
+        elif warm or last < _SETTLING_STEPS or last == self._profiled_step or choice is None:
+            return
+        elif choice.spec != "fp32":  # a choice of fp32 has nothing to verify
+            self._compressed_times.append(interval)
 
     @property
     def verify_due(self) -> bool:
@@ -468,19 +477,25 @@ class ZenSyncState:
         step's first bucket, on every rank, when ``verify_due``).
 
         The medians of the warm-up's later dense steps and of the first ``verify_steps`` compressed
-        steps (not the one that measured a warm-up profile), each the slowest rank's; when the
-        compressed step is not ``switch_margin`` faster, auto syncs densely again from this step
-        (the error-feedback residuals are dropped). Without two dense steps to compare with (a given
-        profile and ``warmup_steps`` < 4), the choice stands unverified (``AutoVerdict.kept``, with
-        ``dense_step_s`` NaN).
+        steps (not the training's first two, which run slower whatever syncs them, nor the one that
+        measured a warm-up profile), each the slowest rank's; when the compressed step is not
+        ``switch_margin`` faster, auto syncs densely again from this step (the error-feedback
+        residuals are dropped). Without two dense steps measured (a given profile and
+        ``warmup_steps`` < 4), the compressed step is compared with the profile's prediction of
+        the dense one (``AutoVerdict.dense_measured`` False).
         """
         assert self.auto_choice is not None and self._auto_base is not None
-        dense = statistics.median(self._dense_times) if len(self._dense_times) >= 2 else math.nan
+        measured = len(self._dense_times) >= 2
+        dense = statistics.median(self._dense_times) if measured else self.auto_choice.predicted_s["fp32"]
         compressed = statistics.median(self._compressed_times)
-        dense_s, compressed_s = slowest_over_ranks(self.runtime.transport, [dense, compressed])  # NaN wins
-        kept = not compressed_s * (1.0 + self.config.switch_margin) >= dense_s  # NaN: not comparable, kept
+        dense_s, compressed_s = slowest_over_ranks(self.runtime.transport, [dense, compressed])
+        kept = compressed_s * (1.0 + self.config.switch_margin) < dense_s
         verdict = AutoVerdict(
-            spec=self.auto_choice.spec, dense_step_s=dense_s, compressed_step_s=compressed_s, kept=kept
+            spec=self.auto_choice.spec,
+            dense_step_s=dense_s,
+            compressed_step_s=compressed_s,
+            kept=kept,
+            dense_measured=measured,
         )
         with self.lock:
             self.auto_verdict = verdict

@@ -89,17 +89,44 @@ _PHASES: contextvars.ContextVar[tuple[tuple[Transport, str], ...]] = contextvars
 """The (transport, phase) pairs ``phase`` set in this context, innermost last."""
 """Completions are accounted on backend threads, several at once (gloo's workers, the p2p thread)."""
 
+_KEPT_STRETCHES = 64
+"""Disjoint stretches of collective time a log keeps per phase, to count overlapping calls once."""
+
 
 class TrafficLog:
     """Per-phase traffic of one rank, filled by the transport while it is installed."""
 
-    __slots__ = ("phases", "work_s")
+    __slots__ = ("_covered", "phases", "work_s")
 
     def __init__(self) -> None:
         self.phases: dict[str, PhaseTraffic] = {}
         self.work_s: dict[str, float] = {}
         """Wall seconds of the sections timed with ``Transport.timed``, by name (local work:
         compression, error feedback, detection scans; a section awaiting a collective includes it)."""
+        self._covered: dict[str, list[list[float]]] = {}
+        """Per phase, the disjoint [start, end] stretches its collectives covered, in time order
+        (the last ``_KEPT_STRETCHES``): ``comm_time_s`` is their union, not the sum of overlapping calls."""
+
+    def _cover(self, phase: str, start: float, end: float) -> float:
+        """Seconds of [start, end] that no earlier collective of ``phase`` covered; adds it (caller holds the lock).
+
+        Collectives in flight together (the casts' pieces) count once. A stretch older than the
+        last ``_KEPT_STRETCHES`` is forgotten: a collective overlapping it would count it again.
+        """
+        stretches = self._covered.setdefault(phase, [])
+        new = end - start
+        merged = [start, end]
+        keep = []
+        for stretch in stretches:
+            if stretch[1] < merged[0] or stretch[0] > merged[1]:
+                keep.append(stretch)
+            else:
+                new -= min(stretch[1], end) - max(stretch[0], start)
+                merged = [min(merged[0], stretch[0]), max(merged[1], stretch[1])]
+        keep.append(merged)
+        keep.sort()
+        self._covered[phase] = keep[-_KEPT_STRETCHES:]
+        return max(0.0, new)
 
     def get(self, phase: str) -> PhaseTraffic:
         """The record for ``phase``, created empty on first use."""
@@ -261,9 +288,10 @@ class Transport(abc.ABC):
         recv: int,
         control: int,
         messages: int,
-        seconds: float,
+        span: tuple[float, float],
         control_recv: int | None = None,
     ) -> None:
+        """Add one completed collective, which ran over ``span`` (perf_counter start, end), to ``logs``."""
         with _ACCOUNTING_LOCK:
             for log in logs:
                 record = log.phases.get(phase)  # not log.get: it takes the lock held here
@@ -277,7 +305,7 @@ class Transport(abc.ABC):
                 record.num_calls += 1
                 # A size exchange before the payload is one more backend collective.
                 record.collectives += 2 if control or control_recv else 1
-                record.comm_time_s += seconds
+                record.comm_time_s += log._cover(phase, *span)
 
     # ----------------------------------------------------------------------------------------------
     # Public collectives: each has a blocking form and a non-blocking ``*_async`` form returning a
@@ -526,8 +554,8 @@ class Transport(abc.ABC):
                     done.set_exception(exc)
                 else:
                     assert clock[0] is not None
-                    seconds = time.perf_counter() - clock[0]
-                    self._account_to(logs, phase, sent, recv, control, messages, seconds, control_recv)
+                    span = (clock[0], time.perf_counter())
+                    self._account_to(logs, phase, sent, recv, control, messages, span, control_recv)
             done.forward_to(handle)
 
         with self._issue_lock:

@@ -115,22 +115,26 @@ def _warmup_train(rank: int, steps: int) -> dict[str, Any]:
     return out
 
 
-def _verify_train(rank: int, world_size: int, compressed_dt: float) -> dict[str, Any]:
-    """Auto compressing from a profile after 4 dense warm-up steps, on a scripted clock: a dense step
-    lasts 10 ms, a compressed one ``compressed_dt``; verified after 2 compressed steps."""
+def _verify_train(rank: int, world_size: int, compressed_dt: float, warmup_steps: int = 4) -> dict[str, Any]:
+    """Auto compressing from a profile after ``warmup_steps`` dense steps, on a scripted clock: a dense
+    step lasts 10 ms, a compressed one ``compressed_dt`` (negative: that many times the profile's
+    predicted dense step); verified after 2 compressed steps."""
     torch.manual_seed(0)
     ddp = nn.parallel.DistributedDataParallel(_Net(), bucket_cap_mb=25)
     state = zensync.register(
         ddp,
         strategy="auto",
         profile=_profile(world_size, SLOW),
-        warmup_steps=4,
+        warmup_steps=warmup_steps,
         verify_steps=2,
         latency_s=1e-5,
         bandwidth_bytes_per_s=1e8,
         adapt=False,
     )
     now = [0.0]
+    assert state.auto_choice is not None
+    if compressed_dt < 0:
+        compressed_dt *= -state.auto_choice.predicted_s["fp32"]
 
     def clock() -> float:  # called as a step opens: the time the step before it took
         now[0] += compressed_dt if state.decider.compresses(state.step - 1) else 0.010
@@ -164,6 +168,7 @@ def _worker(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
         "warmup_profile": _warmup_train(rank, 12),
         "verified_slower": _verify_train(rank, world_size, 0.020),
         "verified_faster": _verify_train(rank, world_size, 0.005),
+        "verified_predicted": _verify_train(rank, world_size, -2.0, warmup_steps=0),
     }
     for case, options in {
         "other_world": {"profile": _profile(world_size + 1, SLOW)},
@@ -266,6 +271,18 @@ class TestAutoWithProfile:
             assert verdict is not None and verdict.kept
             assert (verdict.dense_step_s, verdict.compressed_step_s) == pytest.approx((0.010, 0.005))
             assert [s.startswith("compress:") for s in fast["fc1"]] == [False] * 4 + [True] * 5
+
+    def test_without_dense_steps_the_predicted_dense_step_is_the_baseline(self, results: list[dict[str, Any]]) -> None:
+        """No warm-up: steps 0-1 compressed and not counted (the training's first), steps 2-3 at twice
+        the profile's predicted dense step; at step 4's first bucket auto goes back to dense."""
+        for r in results:
+            run = r["verified_predicted"]
+            verdict, fp32 = run["verdict"], run["choice"]["fp32"]
+            assert verdict is not None and not verdict.kept and not verdict.dense_measured
+            assert (verdict.dense_step_s, verdict.compressed_step_s) == pytest.approx((fp32, 2 * fp32))
+            assert run["verdict_at"] == 4
+            assert [s.startswith("compress:") for s in run["fc1"]] == [True] * 4 + [False] * 5
+            assert "predicted by the profile" in str(verdict)
 
     def test_ranks_stay_identical(self, results: list[dict[str, Any]]) -> None:
         for a, b in zip(results[0]["slow"]["final"], results[1]["slow"]["final"], strict=True):

@@ -255,3 +255,32 @@ def test_a_failed_hold_fails_every_later_collective_until_release() -> None:
     for errors, summed in SimulatedWorld(n, timeout_s=30).run(body):
         assert errors == ["CheckFailed", "CheckFailed"]
         assert torch.equal(summed, torch.full((2,), float(n)))
+
+
+def _covered_time(spans: list[tuple[float, float]]) -> float:
+    log = TrafficLog()
+    for span in spans:
+        Transport._account_to([log], "p", 0, 0, 0, 0, span)
+    return log.get("p").comm_time_s
+
+
+@pytest.mark.parametrize(
+    ("spans", "union"),
+    [
+        ([(0.0, 1.0), (2.0, 3.0)], 2.0),  # one after the other: the sum
+        ([(0.0, 2.0), (1.0, 3.0)], 3.0),  # in flight together: once
+        ([(1.0, 2.0), (0.0, 3.0)], 3.0),  # the longer one completes last
+        ([(0.0, 1.0), (2.0, 3.0), (0.5, 4.0)], 4.0),  # one across a gap between two others
+        ([(0.0, 4.0), (1.0, 2.0), (3.0, 5.0)], 5.0),
+        ([(0.0, 1.0), (1.0, 2.0), (0.0, 2.0)], 2.0),
+    ],
+)
+def test_a_phase_counts_collectives_in_flight_together_once(spans: list, union: float) -> None:
+    assert _covered_time(spans) == pytest.approx(union, abs=1e-12)
+
+
+def test_a_phase_keeps_its_last_64_stretches() -> None:
+    """70 disjoint collectives, then one over all of them: the 6 oldest stretches are forgotten
+    and count again (the documented bound), the 64 kept ones once."""
+    spans = [(2.0 * i, 2.0 * i + 1) for i in range(70)]
+    assert _covered_time([*spans, (0.0, 139.0)]) == pytest.approx(139.0 + 6, abs=1e-9)
