@@ -28,8 +28,8 @@ _SCALE_CHUNK = 1 << 17
 16K chunk pays 20 us of per-call overhead per chunk, 23 ms for 8.4M elements; 128K: 6.8 ms)."""
 
 _PIPELINE_PIECE = 1 << 21
-"""Elements per allreduce of the CPU cast pipeline (about; 4 MB in 16 bits): a 34 MB fp32 bucket
-goes in 5 even pieces of 1.7M. Each costs gloo 0.3-1 ms of CPU beside its bytes (more pieces hide
+"""Elements per allreduce of the CPU cast pipeline, roughly (the pieces are even; 4 MB in 16
+bits): a 34 MB fp32 bucket goes in 5 pieces of 1.7M. Each costs gloo 0.3-1 ms of CPU beside its bytes (more pieces hide
 more of the passes but cost more: DDP on the 34 MB MLP, 4 hosts at 1 Gbit/s, pieces of 2^20 took
 120 ms of CPU per rank and step, of 2^21 110, one allreduce 104; step times 0.971, 0.959 and
 0.978 of torch's fp16 hook, interleaved)."""
@@ -42,8 +42,8 @@ def pipeline_pieces(numel: int) -> list[tuple[int, int]]:
     """The CPU cast pipeline's (start, stop) pieces of ``numel`` elements: as many as pieces of
     ``_PIPELINE_PIECE`` need (at most ``_MAX_PIECES``), of even sizes; one below two such pieces."""
     count = min(_MAX_PIECES, max(1, numel // _PIPELINE_PIECE))
-    size = -(-numel // count)
-    return [(lo, min(numel, lo + size)) for lo in range(0, numel, size)]
+    size = max(1, -(-numel // count))
+    return [(lo, min(numel, lo + size)) for lo in range(0, numel, size)] or [(0, 0)]
 
 
 def _scale_cast_into(src: torch.Tensor, scale: float, dst: torch.Tensor) -> None:
@@ -148,10 +148,13 @@ class _CastCompressor(Compressor):
             _scale_cast_into(flat[lo:hi], scale, wire[lo:hi])
             pending.append(all_reduce(wire[lo:hi], last=i == len(bounds) - 1))
         # Every piece is cast before any is written: ``out`` may be ``x`` itself.
-        target = torch.empty(numel, dtype=x.dtype) if out is None else out.reshape(-1)
+        direct = out is not None and out.is_contiguous()
+        target = out.view(-1) if out is not None and direct else torch.empty(numel, dtype=x.dtype)
         for (lo, hi), summed in zip(bounds, pending, strict=True):
             target[lo:hi].copy_(await summed)
-        return target.view(x.shape) if out is None else out
+        if out is None:
+            return target.view(x.shape)
+        return out if direct else out.copy_(target.view(out.shape))
 
     def decompress(self, compressed: Compressed) -> torch.Tensor:
         return compressed.payloads[0].to(compressed.ctx)

@@ -206,12 +206,12 @@ def test_cast_folds_a_scale_into_its_pass(spec, dtype):
 
 @pytest.mark.parametrize("spec", ["fp16", "bf16"])
 @pytest.mark.parametrize("scale", [1.0, 1 / 3])
-@pytest.mark.parametrize("into", ["new", "x"])
+@pytest.mark.parametrize("into", ["new", "x", "strided"])
 def test_cast_pipeline_issues_every_piece_before_its_first_wait(spec, scale, into, monkeypatch):
     """On CPU a cast of two pieces or more is summed piece by piece: every piece is issued
     (``AllReduce`` called) before the first is awaited, the last piece alone says last, and the
     result is the definition: each rank's ``scale * x`` cast to the wire, summed in rank order in
-    the wire dtype, cast back (into x itself with ``out=x``). Pieces of 2^16 here (each over the
+    the wire dtype, cast back (into x itself with ``out=x``, into a strided ``out``). Pieces of 2^16 here (each over the
     scale-and-cast's scratch chunk), 2^21 in use."""
     monkeypatch.setattr(cast, "_PIPELINE_PIECE", 1 << 16)
     numel, n = 3 * (1 << 16) + 1000, 3
@@ -244,9 +244,9 @@ def test_cast_pipeline_issues_every_piece_before_its_first_wait(spec, scale, int
 
     def rank_body(r):
         x = inputs[r].clone()
-        out = x if into == "x" else None
+        out = {"new": None, "x": x, "strided": torch.empty(2 * numel)[::2]}[into]
         result = run_sync(comp.allreduce_sync(x, all_reduce_of(r), name=NAME, step=STEP, scale=scale, out=out))
-        assert (result is x) == (into == "x")
+        assert result is out if out is not None else result.shape == x.shape
         return result
 
     with ThreadPoolExecutor(max_workers=n) as pool:
@@ -268,7 +268,7 @@ def test_cast_pipeline_piece_count_is_bounded(monkeypatch):
     under two pieces, one round of the whole. (Pieces of 1024 here, 2^21 in use.)"""
     monkeypatch.setattr(cast, "_PIPELINE_PIECE", 1024)
     comp = build("fp16")
-    for numel, count in ((65 * 1024 + 7, 64), (2047, 1), (2048, 2), (3 * 1024 + 1023, 3)):
+    for numel, count in ((65 * 1024 + 7, 64), (2047, 1), (2048, 2), (3 * 1024 + 1023, 3), (0, 1)):
         seen: list[int] = []
 
         async def all_reduce(t, *, last=False, seen=seen):
