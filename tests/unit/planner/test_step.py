@@ -168,28 +168,6 @@ def test_the_casts_take_the_half_precision_allreduce_where_it_was_measured() -> 
     assert StepProfile.from_json(slow_half.to_json()) == slow_half
 
 
-def test_the_hooks_cpu_cast_pipeline_hides_all_but_one_piece_of_its_passes() -> None:
-    """On a CPU profile the hook's fp16 bucket of 4 pieces (2 x 2048 x 2048 elements, pieces of
-    2^21) starts its allreduce after a quarter of the cast and ends a quarter of the decode after
-    it: 3/4 of both passes leave the step. A CUDA profile's and torch's hook's (unhooked) do not."""
-    tensors = tuple(TensorProfile(name=f"w{i}", shape=(2048, 2048), ready_s=t) for i, t in enumerate((0.03, 0.05)))
-    numel = 2 * 2048 * 2048
-    step = dataclasses.replace(
-        _step(), profile=ModelProfile(model="m", tensors=tensors, forward_s=FORWARD_S, backward_s=BACKWARD_S)
-    )
-    on = {
-        device: dataclasses.replace(step, profile=dataclasses.replace(step.profile, device=device))
-        for device in ("measured:cpu", "measured:cuda:NVIDIA H200")
-    }
-    encode = decode = 1e-9 * numel
-    cpu, cuda = (predict_step(on[d], "fp16").step_s for d in on)
-    assert cpu == pytest.approx(cuda - 0.75 * (encode + decode), rel=1e-12)
-    comm = allreduce_s(numel * 2.0, 4, ALLREDUCE.bandwidth_bytes_per_s, ALLREDUCE.latency_s)
-    assert cuda == pytest.approx(FORWARD_S + BACKWARD_S + encode + comm + decode + OTHER_S, rel=1e-12)
-    unhooked = predict_step(on["measured:cpu"], "fp16", hooked=False).step_s
-    assert unhooked == pytest.approx(cuda, rel=1e-12)  # no agreement round to charge: it ends before the bucket
-
-
 POWERSGD = BucketCost(
     before_s=3e-3, after_s=7e-3, rounds=(("allreduce", 400), ("allreduce", 8800), ("allreduce", 1600))
 )
