@@ -67,7 +67,8 @@ def _cuda_extension() -> dict:
     return {"ext_modules": [extension], "cmdclass": {"build_ext": BuildExtension}}
 
 
-_TEST_REQUIRES = ["pytest", "hypothesis", "pytest-timeout", "ninja"]  # ninja: the emulated CUDA build
+_MPI_REQUIRES = ["mpi4py>=4", "mpich"]  # mpich: the MPI library and mpiexec, as a wheel
+_TEST_REQUIRES = ["pytest", "hypothesis", "pytest-timeout", "ninja", *_MPI_REQUIRES]  # ninja: the emulated CUDA build
 
 setup(
     name="zensync",
@@ -91,7 +92,7 @@ setup(
     extras_require={
         "test": _TEST_REQUIRES,
         "bench": ["matplotlib"],
-        "mpi": ["mpi4py"],
+        "mpi": _MPI_REQUIRES,
         "dev": [*_TEST_REQUIRES, "ruff", "mypy", "import-linter", "pre-commit"],
     },
     entry_points={

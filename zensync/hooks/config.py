@@ -24,6 +24,9 @@ and the next steps still run slower: in compression_bench's MLP at 1 Gbit/s, tim
 four timed steps."""
 
 
+TRANSPORTS = ("torch", "mpi")
+"""The values of ``HookConfig.transport``."""
+
 _LOWER_BOUNDS = (
     ("warmup_steps", 0),
     ("switch_margin", 0),
@@ -58,6 +61,8 @@ class HookConfig:
         row_hints: Embeddings with dense gradients: detect from the rows the lookups touched (verified).
         hint_check_every: With row_hints, verify a hint against the full scan every this many steps.
         overlap_buckets: A bucket lets the next one start once its last collective is issued (default True).
+        transport: "torch" (the hook's collectives on a group of the DDP group's backend) or "mpi"
+            (through mpi4py, ``zensync.transport.mpi``; the job runs under mpiexec).
         comm_thread: Start the step jobs on a thread of the hook's own (None: on GPUs only).
         jsonl_path: Append one JSON line per step here ("{rank}" in the path: one file per rank).
         sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
@@ -120,6 +125,10 @@ class HookConfig:
     a CPU whose cores backward already fills, it only adds a thread hand-off). None: on GPUs (NCCL
     completes its futures when the work is queued, and the jobs would run inline on the autograd
     thread otherwise), not on CPUs."""
+    transport: str = "torch"
+    """Where the hook's collectives run: "torch" (a group of its own with the DDP group's backend and
+    ranks) or "mpi" (an ``MPITransport`` on a duplicate of ``MPI.COMM_WORLD``, whose ranks must be the
+    DDP group's: ``zensync.transport.mpi.init_torch_distributed`` makes them so)."""
     jsonl_path: str | None = None
     """Append one JSON line per step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
     sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)
@@ -188,6 +197,8 @@ class HookConfig:
         for name in ("adapt", "row_hints", "overlap_buckets"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport={self.transport!r} is not one of {', '.join(TRANSPORTS)}")
         if self.comm_thread is not None and not isinstance(self.comm_thread, bool):
             raise ValueError(f"comm_thread={self.comm_thread!r} must be True, False or None")
         if self.ranks_per_node < 0:

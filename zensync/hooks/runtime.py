@@ -18,7 +18,7 @@ from zensync.compress import Hierarchy
 from zensync.cost import CostModel
 from zensync.cost.calibrate import calibrate_async
 from zensync.hooks.config import HookConfig
-from zensync.transport import Lane, TorchTransport, Transport
+from zensync.transport import Lane, MPITransport, TorchTransport, Transport
 
 __all__ = ["Runtime"]
 
@@ -41,11 +41,14 @@ class Runtime:
         # A group of its own: the hook's collectives must not interleave with DDP's.
         # It inherits the DDP group's timeout (or ``config.timeout``), not torch's 30-minute default.
         self.transport: Transport = base
-        if isinstance(base, TorchTransport):
+        if config.transport == "mpi":
+            self.transport = MPITransport(timeout=config.timeout_delta or getattr(base, "timeout", None))
+        elif isinstance(base, TorchTransport):
             self.transport = base.duplicate(timeout=config.timeout_delta)
-        self.dense_transport: Transport = base
+        self.dense_transport: Transport = self.transport if config.transport == "mpi" else base
         """DDP's own group: buckets that need no detection are allreduced on it straight from the
-        hook, asynchronously, as torch's allreduce hook does (when it is not ``transport`` itself)."""
+        hook, asynchronously, as torch's allreduce hook does (when it is not ``transport`` itself);
+        with ``transport="mpi"``, MPI: every collective of the hook goes there."""
         threaded = device.type == "cuda" if config.comm_thread is None else config.comm_thread
         self.lane = Lane(thread_name="zensync-lane" if threaded else None)
         """Every step job of the hook (per-step check, buckets) runs here in order (one at a time

@@ -45,7 +45,7 @@ from zensync.profiling import slowest_over_ranks
 from zensync.sync import SCHEMES
 from zensync.sync.agreement import compare_with_rank0_async
 from zensync.sync.registration import agree, checked_parameters
-from zensync.transport import Handle, Task, Transport, resolve
+from zensync.transport import Handle, MPITransport, Task, Transport, resolve
 
 __all__ = ["STRATEGIES", "HookConfig", "ZenSyncState"]
 
@@ -174,6 +174,8 @@ class ZenSyncState:
             try:
                 self.strategy = resolve_strategy(config.strategy)
                 self.param_names = checked_parameters(named_parameters)
+                if config.transport == "mpi":
+                    MPITransport.check_world(base.rank, base.world_size)
                 if config.profile is not None and config.profile != WARMUP_PROFILE:
                     self._auto_compression(config, base.world_size)
                 described = self._describe()

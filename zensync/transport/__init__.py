@@ -1,4 +1,4 @@
-"""Transports: the only package that imports torch.distributed (and, later, mpi4py).
+"""Transports: the only package that imports torch.distributed and mpi4py.
 
 Every sync algorithm is written against ``Transport``; ``resolve`` turns what a user passes as
 ``group`` (a ProcessGroup, None for the default group, or a Transport) into one.
@@ -10,15 +10,20 @@ from typing import Any
 
 from zensync.transport import launch
 from zensync.transport.base import CONTROL_BYTES_PER_COUNT, TrafficLog, Transport
+from zensync.transport.comms import CommRecord, CommsLogger
 from zensync.transport.handle import Handle, Lane, Task, gather, hand_on, handed_on, run_sync
+from zensync.transport.mpi import MPITransport, init_torch_distributed
 from zensync.transport.simulated import SimulatedTransport, SimulatedWorld, WorldAborted
 from zensync.transport.torch_dist import GradBucket, TorchTransport, transport_for_group
 
 __all__ = [
     "CONTROL_BYTES_PER_COUNT",
+    "CommRecord",
+    "CommsLogger",
     "GradBucket",
     "Handle",
     "Lane",
+    "MPITransport",
     "SimulatedTransport",
     "SimulatedWorld",
     "Task",
@@ -29,6 +34,7 @@ __all__ = [
     "gather",
     "hand_on",
     "handed_on",
+    "init_torch_distributed",
     "launch",
     "resolve",
     "run_sync",

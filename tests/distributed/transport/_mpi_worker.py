@@ -1,0 +1,176 @@
+"""Cases run under mpiexec by test_mpi.py: ``mpiexec -n N python -m mpi4py _mpi_worker.py CASE OUT_DIR``.
+
+Every rank joins torch.distributed (gloo) from MPI (``init_torch_distributed``), runs the case over
+both ``MPITransport`` and the gloo ``TorchTransport`` on the same inputs, and writes what it saw to
+OUT_DIR/rank<r>.pt; test_mpi.py compares. Inputs are small integers in float dtypes, so sums are
+exact whatever order a backend adds in. Cases that must fail (``raise``, ``stall``) end the job.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import zensync
+from tests.distributed.hooks.test_ddp_hook import STEPS, _batch, _Net
+from tests.distributed.transport._mpi_inputs import ints
+from zensync.transport import TorchTransport, TrafficLog, Transport, launch, run_sync
+from zensync.transport.mpi import MPITransport, init_torch_distributed
+
+SUM_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.float16, torch.bfloat16)
+
+
+def _battery(t: Transport) -> dict[str, Any]:
+    """Every collective of the interface, blocking and not, with this rank's traffic per phase."""
+    r, n = t.rank, t.world_size
+    out: dict[str, Any] = {}
+    log = TrafficLog()
+    with t.recording(log):
+        for dtype in SUM_DTYPES:
+            with t.phase(f"all_reduce:{dtype}"):
+                out[f"all_reduce:{dtype}"] = t.all_reduce(ints(r, 37, dtype))
+        with t.phase("all_reduce:empty"):
+            out["all_reduce:empty"] = t.all_reduce(torch.empty(0))
+        x = ints(100 + r, 11, torch.float32)
+        with t.phase("inplace"):
+            same = t.all_reduce(x, inplace=True)
+        out["inplace_is_input"] = same is x
+        with t.phase("all_gather"):
+            out["all_gather"] = t.all_gather(ints(200 + r, 5, torch.bfloat16))
+        with t.phase("all_gather_v"):
+            out["all_gather_v"] = t.all_gather_v(ints(300 + r, 0 if r == 1 else r + 2, torch.int64))
+        counts = [(r + j) % 3 for j in range(n)]
+        with t.phase("all_to_all_v"):
+            out["all_to_all_v"] = t.all_to_all_v(ints(400 + r, sum(counts), torch.float32), counts)
+        known = [(j + r) % 3 for j in range(n)]  # what rank j sends to r: (j + r) % 3
+        with t.phase("all_to_all_v:known"):
+            out["all_to_all_v:known"] = t.all_to_all_v(
+                ints(400 + r, sum(counts), torch.float32), counts, recv_counts=known
+            )
+        with t.phase("broadcast"):
+            out["broadcast"] = t.broadcast(ints(500 + r, 6, torch.uint8, high=2), src=n - 1)
+        with t.phase("send_recv"):
+            payload = ints(600 + r, 3 + r, torch.uint8, high=200)
+            out["send_recv"] = t.send_recv(payload, dst=(r + 1) % n, src=(r - 1) % n, device=torch.device("cpu"))
+        t.barrier()
+
+        async def interleaved() -> list[torch.Tensor]:
+            # Issued together, awaited in reverse: the issue order alone must match across ranks.
+            handles = [t.all_reduce_async(ints(700 + r + k, 9, torch.float32)) for k in range(4)]
+            handles.append(t.all_gather_v_async(ints(800 + r, r + 1, torch.float32)))
+            return [await h for h in reversed(handles)]
+
+        with t.phase("async"):
+            out["async"] = run_sync(interleaved())
+        sub = t.split(r % 2)
+        out["split"] = (sub.rank, sub.world_size, sub.all_reduce(ints(900 + r, 4, torch.int64)))
+    out["traffic"] = {
+        phase: (p.bytes_sent, p.bytes_recv, p.control_bytes_sent, p.control_bytes_recv, p.num_calls)
+        for phase, p in log.phases.items()
+    }
+    return out
+
+
+def case_collectives(rank: int) -> dict[str, Any]:
+    mpi = MPITransport(timeout=60)
+    buffer = torch.arange(10, dtype=torch.float32)
+    view = MPITransport.buffer_of(buffer)
+    zero_copy = view.ctypes.data == buffer.data_ptr() and view.nbytes == buffer.numel() * 4
+    result = {"mpi": _battery(mpi), "gloo": _battery(TorchTransport()), "zero_copy": zero_copy}
+    mpi.close()
+    return result
+
+
+def case_sparse(rank: int) -> dict[str, Any]:
+    """Every scheme's sparse_allreduce over MPI and over gloo, and the dense sum (integer values)."""
+    mpi, gloo = MPITransport(timeout=60), TorchTransport()
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.zeros(300, 4)
+    rows = torch.randperm(300, generator=gen)[:20]
+    x[rows] = torch.randint(1, 5, (20, 4), generator=gen).float()
+    dense = gloo.all_reduce(x.reshape(-1)).view(300, 4)
+    out: dict[str, Any] = {"reference": dense}
+    for scheme in zensync.SCHEMES:
+        out[scheme] = {
+            "mpi": zensync.sparse_allreduce(x, scheme=scheme, group=mpi),
+            "gloo": zensync.sparse_allreduce(x, scheme=scheme, group=gloo),
+        }
+    mpi.close()
+    return out
+
+
+HOOK_STRATEGIES = ("dense", "zen", "auto", "fp16", "topk:0.05", "powersgd:2")
+FIXED_MODEL = {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8, "adapt": False}
+
+
+def _train(rank: int, strategy: str, transport: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = _Net()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+    state = zensync.register(ddp, strategy=strategy, transport=transport, **FIXED_MODEL)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        ids, target = _batch(rank, step)
+        torch.nn.functional.cross_entropy(ddp(ids), target).backward()
+        optimizer.step()
+    schemes = sorted({p["scheme"] for h in state.history for p in h["params"].values()})
+    kind = type(state.runtime.transport).__name__
+    state.close()
+    return {"params": [p.detach().clone() for p in model.parameters()], "schemes": schemes, "transport": kind}
+
+
+def case_hook(rank: int) -> dict[str, Any]:
+    """The DDP hook with its collectives over MPI and over gloo, strategy by strategy."""
+    return {s: {t: _train(rank, s, t) for t in ("mpi", "torch")} for s in HOOK_STRATEGIES}
+
+
+def case_bad_input(rank: int) -> dict[str, Any]:
+    """Mismatched shapes over MPI: every rank gets the same ValueError; an unsummable dtype: TypeError."""
+    mpi = MPITransport(timeout=60)
+    out: dict[str, Any] = {}
+    try:
+        zensync.sparse_allreduce(torch.zeros(10 + rank, 2), scheme="zen", group=mpi)
+    except ValueError as exc:
+        out["shape"] = str(exc)
+    try:
+        mpi.all_reduce(torch.zeros(3, dtype=torch.bool))
+    except TypeError as exc:
+        out["dtype"] = str(exc)
+    out["after"] = mpi.all_reduce(torch.ones(2))  # the transport still works
+    mpi.close()
+    return out
+
+
+def case_raise(rank: int) -> dict[str, Any]:
+    """Rank 1 raises while rank 0 waits in a collective: python -m mpi4py aborts the job."""
+    mpi = MPITransport(timeout=60)
+    if rank == 1:
+        raise RuntimeError("rank 1 failed on purpose")
+    mpi.all_reduce(torch.ones(2))
+    return {}
+
+
+def case_stall(rank: int) -> dict[str, Any]:
+    """Rank 1 never calls the collective: rank 0's watchdog aborts the job after its 3 s timeout."""
+    mpi = MPITransport(timeout=3)
+    if rank == 1:
+        time.sleep(120)
+    mpi.all_reduce(torch.ones(2))
+    return {}
+
+
+def main() -> None:
+    case, out_dir = sys.argv[1], Path(sys.argv[2])
+    rank, _ = init_torch_distributed("gloo", timeout=60)
+    result = globals()[f"case_{case}"](rank)
+    torch.save(result, out_dir / f"rank{rank}.pt")
+    launch.destroy()
+
+
+if __name__ == "__main__":
+    main()
