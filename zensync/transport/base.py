@@ -62,6 +62,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from zensync.transport.comms import CommRecord, CommsLogger
 from zensync.transport.handle import Handle, Task, handed_on, run_sync
 from zensync.types import PhaseTraffic
 
@@ -173,6 +174,8 @@ class Transport(abc.ABC):
         """A failed ``hold``'s exception: every collective fails with it instead of starting, until ``release``."""
         self._driver = threading.local()
         """Per thread: how deep this thread is in ``run`` on this transport."""
+        self.comms_logger: CommsLogger | None = None
+        """Gets a ``CommRecord`` for each collective of this transport that completes (None: none kept)."""
 
     @property
     def control_device(self) -> torch.device:
@@ -328,11 +331,14 @@ class Transport(abc.ABC):
         start = self._start()
         target = tensor if inplace else tensor.contiguous().clone()
         nbytes, messages = self._ring_traffic(tensor)
+        size = _nbytes(tensor)
         return self._issue(
             lambda: self._all_reduce(target),
             lambda _: (nbytes, nbytes, 0, messages, None),
             start,
             blocking=blocking,
+            op="all_reduce",
+            size=lambda _: size,
         )
 
     def _ring_traffic(self, tensor: torch.Tensor) -> tuple[int, int]:
@@ -355,7 +361,12 @@ class Transport(abc.ABC):
         start = self._start()
         x = tensor.contiguous()
         return self._issue(
-            lambda: self._all_gather(x), lambda out: self._gather_traffic(tensor, out, 0), start, blocking=blocking
+            lambda: self._all_gather(x),
+            lambda out: self._gather_traffic(tensor, out, 0),
+            start,
+            blocking=blocking,
+            op="all_gather",
+            size=lambda out: sum(_nbytes(t) for t in out),
         )
 
     def all_gather_v(self, tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -375,7 +386,15 @@ class Transport(abc.ABC):
             out, forwarded = result
             return self._gather_traffic(tensor, out, control, sent=forwarded)
 
-        raw = self._issue(lambda: self._all_gather_v(x), traffic, start, blocking=blocking, multi_stage=True)
+        raw = self._issue(
+            lambda: self._all_gather_v(x),
+            traffic,
+            start,
+            blocking=blocking,
+            multi_stage=True,
+            op="all_gather_v",
+            size=lambda result: sum(_nbytes(t) for t in result[0]),
+        )
         return raw.then(lambda result: result[0])
 
     def _gather_traffic(
@@ -432,7 +451,13 @@ class Transport(abc.ABC):
             return sent, recv, control, messages, None
 
         return self._issue(
-            lambda: self._all_to_all_v(x, counts, known), traffic, start, blocking=blocking, multi_stage=known is None
+            lambda: self._all_to_all_v(x, counts, known),
+            traffic,
+            start,
+            blocking=blocking,
+            multi_stage=known is None,
+            op="all_to_all_v",
+            size=lambda _: sum(counts) * esize,
         )
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
@@ -452,7 +477,14 @@ class Transport(abc.ABC):
         else:
             sent, recv, messages = 0, nbytes, 0
         traffic = (sent, recv, 0, messages if nbytes else 0, None)
-        return self._issue(lambda: self._broadcast(x, src), lambda _: traffic, start, blocking=blocking)
+        return self._issue(
+            lambda: self._broadcast(x, src),
+            lambda _: traffic,
+            start,
+            blocking=blocking,
+            op="broadcast",
+            size=lambda _: nbytes,
+        )
 
     def send_recv(
         self, tensor: torch.Tensor | None, dst: int | None, src: int | None, *, device: torch.device
@@ -488,7 +520,13 @@ class Transport(abc.ABC):
             return sent, recv, CONTROL_BYTES_PER_COUNT * (dst is not None), int(sent > 0), control_recv
 
         return self._issue(
-            lambda: self._send_recv(x, dst, src, device), traffic, start, blocking=blocking, multi_stage=True
+            lambda: self._send_recv(x, dst, src, device),
+            traffic,
+            start,
+            blocking=blocking,
+            multi_stage=True,
+            op="send_recv",
+            size=lambda _: sent,
         )
 
     def barrier(self) -> None:
@@ -529,8 +567,13 @@ class Transport(abc.ABC):
         blocking: bool,
         multi_stage: bool = False,
         captured: _CallContext | None = None,
+        op: str = "other",
+        size: Callable[[R], int] | None = None,
     ) -> Handle[R]:
         """Issue one collective (``start_op`` calls the backend) in order; account it when done.
+
+        ``op`` and ``size`` (its message size, from the result: ``zensync.transport.comms``) name it
+        for the ``comms_logger``.
 
         The returned handle completes after the accounting, so whoever awaits it sees the bytes.
         Logs, phase and fencing are those of the call (``captured``, taken by ``_capture`` on the
@@ -556,6 +599,8 @@ class Transport(abc.ABC):
                     assert clock[0] is not None
                     span = (clock[0], time.perf_counter())
                     self._account_to(logs, phase, sent, recv, control, messages, span, control_recv)
+                    if self.comms_logger is not None and size is not None:
+                        self._log_comm(op, size(done.outcome()), span, phase)
             done.forward_to(handle)
 
         with self._issue_lock:
@@ -567,6 +612,20 @@ class Transport(abc.ABC):
         if not queued:
             self._launch(start_op, multi_stage, finish)
         return handle
+
+    def _log_comm(self, op: str, size_bytes: int, span: tuple[float, float], phase: str) -> None:
+        logger = self.comms_logger
+        if logger is not None:
+            record = CommRecord(
+                op=op,
+                backend=type(self).__name__,
+                world_size=self.world_size,
+                rank=self.rank,
+                size_bytes=size_bytes,
+                seconds=span[1] - span[0],
+                phase=phase,
+            )
+            logger.record(record)
 
     def _fenced_op(self, start_op: Callable[[], Handle[R]], clock: list[float | None]) -> Callable[[], Handle[R]]:
         """``start_op`` after a barrier, restarting ``clock`` when the barrier is done."""

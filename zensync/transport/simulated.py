@@ -142,12 +142,16 @@ class SimulatedTransport(Transport):
         blocking: bool,
         multi_stage: bool = False,
         captured: Any = None,
+        op: str = "other",
+        size: Any = None,
     ) -> Any:
         on_progress = threading.current_thread() is self._progress
         blocking = blocking or self._driven_here()  # a coroutine driven by ``run`` on this thread
         captured = captured if captured is not None else self._capture()  # the call's, not the job's
         if on_progress or (blocking and self._progress is None):
-            return super()._issue(start_op, traffic, start, blocking=True, multi_stage=multi_stage, captured=captured)
+            return super()._issue(
+                start_op, traffic, start, blocking=True, multi_stage=multi_stage, captured=captured, op=op, size=size
+            )
         self._ensure_progress()
         handle: Handle[Any] = Handle()
         delay = self._shared.delay_s if not blocking else None
@@ -155,7 +159,14 @@ class SimulatedTransport(Transport):
         def job() -> None:
             try:
                 inner = super(SimulatedTransport, self)._issue(
-                    start_op, traffic, start, blocking=True, multi_stage=multi_stage, captured=captured
+                    start_op,
+                    traffic,
+                    start,
+                    blocking=True,
+                    multi_stage=multi_stage,
+                    captured=captured,
+                    op=op,
+                    size=size,
                 )
             except BaseException as exc:  # noqa: BLE001 - the call fails; the progress thread lives on
                 handle.set_exception(exc)
