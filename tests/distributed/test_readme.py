@@ -3,13 +3,16 @@ under torchrun on 2 ranks with each of the README's ``register`` lines in turn."
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import zensync
 from tests.distributed._launch import free_port
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -27,7 +30,13 @@ def _block(marker: str) -> str:
 
 
 def test_every_python_block_is_tested() -> None:
-    markers = ("SimulatedWorld(", "init_process_group(", 'strategy="plan.json"', "profile_group(")
+    markers = (
+        "SimulatedWorld(",
+        "init_process_group(",
+        'strategy="plan.json"',
+        "profile_group(",
+        "init_torch_distributed(",
+    )
     assert len(_python_blocks()) == len(markers)
     for marker in markers:
         _block(marker)
@@ -76,3 +85,19 @@ def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
         for rank in range(2):
             assert (tmp_path / f"ran-{i}-rank{rank}").exists(), done.stdout[-4000:]
     assert (tmp_path / "zensync-rank1.pt").exists()
+
+
+def test_mpi_program_runs_under_mpiexec(tmp_path: Path) -> None:
+    """The MPI program as written, under ``mpiexec -n 2 python -m mpi4py`` (the README's launch line)."""
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec (pip install mpich)")
+    script = tmp_path / "train_mpi.py"
+    script.write_text(_block("init_torch_distributed("))
+    command = [mpiexec, "-n", "2", sys.executable, "-m", "mpi4py", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(README.parent)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = sorted(line.split() for line in done.stdout.splitlines() if line.strip())
+    assert [line[0] for line in lines] == ["0", "1"], done.stdout
+    assert lines[0][1] == lines[1][1] and lines[0][1] in zensync.SCHEMES, done.stdout
