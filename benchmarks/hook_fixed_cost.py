@@ -8,11 +8,17 @@ the same round (the paired ratio, median over rounds).
 
 Models (the benchmark MLP 1024-2048-2048-1024-10, one bucket, batch 64, SGD momentum 0.9):
 ``ddp`` (DDP's built-in allreduce), ``torch:allreduce`` and ``torch:fp16`` (torch's Python hooks),
-and any zensync strategy (``dense``, ``fp16``, ...), optionally with ``/check_every=N`` (N=1: the
-ranks compare their engine states at every step, the behaviour before ``check_every``).
+and any zensync strategy (``dense``, ``fp16``, ...), optionally with ``/key=value`` options of
+``zensync.register`` (``dense/check_every=1``: the ranks compare their engine states at every step,
+the behaviour before ``check_every``; ``auto/profile=warmup``) and ``/pieces=N``, the elements per
+allreduce of the CPU cast pipeline while that model steps (``zensync.compress.cast``; 2^40: one
+allreduce of the whole bucket, as before the pipeline).
 
 Run: ``python benchmarks/hook_fixed_cost.py --rounds 150 ddp dense dense/check_every=1 torch:fp16 fp16
-fp16/check_every=1 [--out experiments/results/hook_fixed_cost.json]`` (2 ranks, one thread each).
+fp16/check_every=1 [--out experiments/results/hook_fixed_cost.json]`` (2 ranks on loopback, one
+thread each), or with ``--hosts 4 --rate 1gbit`` on the emulated cluster (``zensync.testbed``: one
+process per host, root; there the fixed costs meet the wire, e.g. ``torch:fp16 fp16
+fp16/pieces=1048576 fp16/pieces=1099511627776``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,16 @@ def _mlp() -> nn.Module:
     )  # fmt: skip
 
 
+def _options(variant: str) -> tuple[str, dict[str, Any]]:
+    """``"fp16/pieces=4,check_every=1"`` -> ("fp16", {"pieces": 4, "check_every": 1}); values int where they parse."""
+    strategy, _, spec = variant.partition("/")
+    options: dict[str, Any] = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    return strategy, options
+
+
 def _model(variant: str) -> nn.parallel.DistributedDataParallel:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -51,70 +67,106 @@ def _model(variant: str) -> nn.parallel.DistributedDataParallel:
     elif variant == "torch:fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif variant != "ddp":
-        strategy, _, option = variant.partition("/")
-        options: dict[str, Any] = {}
-        if option:
-            key, _, value = option.partition("=")
-            options[key] = int(value)
+        strategy, options = _options(variant)
+        options.pop("pieces", None)
         zensync.register(ddp, strategy=strategy, **options)
     return ddp
 
 
-def _worker(rank: int, world: int, variants: list[str], rounds: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, world: int, variants: list[str], rounds: int, port: int | None, out: str) -> None:
+    from zensync.compress import cast
+
+    if port is not None:  # loopback: spawned here; on the emulated cluster the launcher sets the env
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
     models = {v: _model(v) for v in variants}
+    default_piece = cast._PIPELINE_PIECE
+    pieces = {v: _options(v)[1].get("pieces", default_piece) for v in variants}
     optimizers = {v: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for v, m in models.items()}
     gen = torch.Generator().manual_seed(rank)
     x, y = torch.randn(64, 1024, generator=gen), torch.randint(0, 10, (64,), generator=gen)
     times: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}  # this process's CPU time (all threads) per step
     warmup = 5
     for r in range(warmup + rounds):
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
+            cast._PIPELINE_PIECE = pieces[v]
             dist.barrier()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             optimizers[v].zero_grad(set_to_none=False)
             nn.functional.cross_entropy(models[v](x), y).backward()
             optimizers[v].step()
             if r >= warmup:
                 times[v].append(time.perf_counter() - start)
-    slowest = {}
-    for v in variants:  # the slowest rank's step, per round
+                cpu[v].append(time.process_time() - start_cpu)
+    slowest, cpu_ms = {}, {}
+    for v in variants:  # the slowest rank's step, per round; the mean over ranks of the median CPU time
         t = torch.tensor(times[v], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         slowest[v] = t.tolist()
+        c = torch.tensor([statistics.median(cpu[v])], dtype=torch.float64)
+        dist.all_reduce(c)
+        cpu_ms[v] = float(c) / world * 1e3
     if rank == 0:
         base = slowest[variants[0]]
         report = {
             "command": " ".join(sys.argv),
             "torch": torch.__version__,
             "ranks": world,
+            "cluster": "loopback" if port is not None else "emulated",
             "rounds": rounds,
             "median_ms": {v: statistics.median(s) * 1e3 for v, s in slowest.items()},
+            "cpu_ms_per_rank": cpu_ms,
             "paired_ratio": {
                 v: statistics.median(a / b for a, b in zip(s, base, strict=True)) for v, s in slowest.items()
             },
         }
         pathlib.Path(out).write_text(json.dumps(report, indent=1))
         for v in variants:
-            print(f"{v:28s} {report['median_ms'][v]:7.1f} ms  x{report['paired_ratio'][v]:.3f} of {variants[0]}")
+            print(_line(report, v, variants[0]))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _line(report: dict[str, Any], variant: str, base: str) -> str:
+    return (
+        f"{variant:28s} {report['median_ms'][variant]:7.1f} ms  x{report['paired_ratio'][variant]:.3f} of {base}  "
+        f"CPU {report['cpu_ms_per_rank'][variant]:6.1f} ms/step/rank"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variants", nargs="+")
     parser.add_argument("--rounds", type=int, default=150)
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2, help="loopback ranks (without --rate)")
     parser.add_argument("--port", type=int, default=29621)
+    parser.add_argument("--hosts", type=int, default=4, help="emulated hosts (with --rate)")
+    parser.add_argument("--rate", help="run on the emulated cluster with links of this rate (e.g. 1gbit; root)")
     parser.add_argument(
         "--out", default=str(pathlib.Path(__file__).parents[1] / "experiments/results/hook_fixed_cost.json")
     )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    mp.spawn(_worker, args=(args.ranks, args.variants, args.rounds, args.port, args.out), nprocs=args.ranks)
+    if args.worker:  # one host of the emulated cluster
+        _worker(0, 0, args.variants, args.rounds, None, args.out)
+    elif args.rate is None:
+        mp.spawn(_worker, args=(args.ranks, args.variants, args.rounds, args.port, args.out), nprocs=args.ranks)
+    else:
+        from zensync.testbed import make_cluster
+
+        with make_cluster(args.hosts, rate=args.rate) as cluster:
+            cluster.run_workers(
+                lambda r: [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker"],
+                lambda r: {**cluster.env_for_torch(r, args.port), "OMP_NUM_THREADS": "1"},
+                timeout_s=1800,
+            )
+        report = json.loads(pathlib.Path(args.out).read_text())
+        for v in args.variants:
+            print(_line(report, v, args.variants[0]))
 
 
 if __name__ == "__main__":
