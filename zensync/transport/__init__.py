@@ -12,6 +12,7 @@ from zensync.transport import launch
 from zensync.transport.base import CONTROL_BYTES_PER_COUNT, TrafficLog, Transport
 from zensync.transport.comms import CommRecord, CommsLogger
 from zensync.transport.handle import Handle, Lane, Task, gather, hand_on, handed_on, run_sync
+from zensync.transport.mixed import MixedTransport, TuningTable, tune
 from zensync.transport.mpi import MPITransport, init_torch_distributed
 from zensync.transport.simulated import SimulatedTransport, SimulatedWorld, WorldAborted
 from zensync.transport.torch_dist import GradBucket, TorchTransport, transport_for_group
@@ -24,12 +25,14 @@ __all__ = [
     "Handle",
     "Lane",
     "MPITransport",
+    "MixedTransport",
     "SimulatedTransport",
     "SimulatedWorld",
     "Task",
     "TorchTransport",
     "TrafficLog",
     "Transport",
+    "TuningTable",
     "WorldAborted",
     "gather",
     "hand_on",
@@ -39,6 +42,7 @@ __all__ = [
     "resolve",
     "run_sync",
     "transport_for_group",
+    "tune",
 ]
 
 

@@ -549,6 +549,11 @@ class Transport(abc.ABC):
         finally:
             self._driver.depth -= 1
 
+    def _caller_blocks(self, blocking: bool) -> None:
+        """A wrapping transport (``MixedTransport``) says whether the call it issues now blocks this
+        thread; a backend that can run it inline then does (``MPITransport``). Default: ignored."""
+        del blocking
+
     def _driven_here(self) -> bool:
         """Whether this thread is inside ``run`` on this transport."""
         return getattr(self._driver, "depth", 0) > 0

@@ -232,6 +232,9 @@ class MPITransport(Transport):
         finally:
             self._blocking.value = False
 
+    def _caller_blocks(self, blocking: bool) -> None:
+        self._blocking.value = blocking
+
     def _submit(self, fn: Callable[[], T], name: str, *, inline: bool = False) -> Handle[T]:
         """Run ``fn`` (MPI calls) after every earlier job of this transport: on this thread when the
         caller blocks (``inline`` or a blocking issue) and nothing is pending, else on the MPI thread."""

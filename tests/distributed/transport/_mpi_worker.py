@@ -18,7 +18,8 @@ import torch
 import zensync
 from tests.distributed.hooks.test_ddp_hook import STEPS, _batch, _Net
 from tests.distributed.transport._mpi_inputs import ints
-from zensync.transport import TorchTransport, TrafficLog, Transport, launch, run_sync
+from zensync.transport import MixedTransport, TorchTransport, TrafficLog, Transport, TuningTable, launch, run_sync, tune
+from zensync.transport.mixed import TuningEntry
 from zensync.transport.mpi import MPITransport, init_torch_distributed
 
 SUM_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.float16, torch.bfloat16)
@@ -83,6 +84,33 @@ def case_collectives(rank: int) -> dict[str, Any]:
     result = {"mpi": _battery(mpi), "gloo": _battery(TorchTransport()), "zero_copy": zero_copy}
     mpi.close()
     return result
+
+
+def case_mixed(rank: int) -> dict[str, Any]:
+    """gloo and MPI mixed per call: a fixed table that splits the battery over both, and the table
+    ``tune`` measured here; each run's results and traffic against gloo alone."""
+    mpi, gloo = MPITransport(timeout=60), TorchTransport()
+    backends = {"gloo": gloo, "mpi": mpi}
+    fixed = TuningTable(
+        default="gloo",
+        entries=(
+            TuningEntry(op="all_reduce", backend="mpi", max_bytes=64),
+            TuningEntry(op="all_to_all_v", backend="mpi"),
+            TuningEntry(op="send_recv", backend="mpi"),
+        ),
+    )
+    tuned, _ = tune(backends, sizes=[8, 4096, 1 << 18], reps=3)
+    out: dict[str, Any] = {"gloo": _battery(gloo), "tuned_table": tuned.to_json()}
+    for label, table in (("fixed", fixed), ("tuned", tuned)):
+        mixed = MixedTransport(backends, table)
+        out[label] = _battery(mixed)
+        out[f"{label}_routed"] = dict(mixed.routed)
+        gen = torch.Generator().manual_seed(rank)
+        x = torch.zeros(200, 4)
+        x[torch.randperm(200, generator=gen)[:15]] = torch.randint(1, 5, (15, 4), generator=gen).float()
+        out[f"{label}_zen"] = (zensync.sparse_allreduce(x, scheme="zen", group=mixed), gloo.all_reduce(x.reshape(-1)))
+    mpi.close()
+    return out
 
 
 def case_sparse(rank: int) -> dict[str, Any]:

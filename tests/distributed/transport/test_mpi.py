@@ -71,6 +71,21 @@ def test_every_collective_equals_gloo(ranks: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_mixed_dispatch_over_gloo_and_mpi_equals_gloo(ranks: int, tmp_path: Path) -> None:
+    """A fixed table that sends small all-reduces, all-to-alls and point-to-point to MPI and the rest
+    to gloo, and the table ``tune`` measured (the same on every rank): every collective, its traffic
+    and Zen equal gloo alone."""
+    results = _results("mixed", ranks, tmp_path)
+    assert len({r["tuned_table"] for r in results}) == 1
+    for rank, result in enumerate(results):
+        for label in ("fixed", "tuned"):
+            _same(result[label], result["gloo"], f"rank {rank} {label}")
+            zen, dense = result[f"{label}_zen"]
+            assert torch.equal(zen.reshape(-1), dense), label
+        assert set(result["fixed_routed"]) == {"gloo", "mpi"}, result["fixed_routed"]
+
+
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_every_scheme_over_mpi_equals_gloo_and_the_dense_sum(ranks: int, tmp_path: Path) -> None:
     for result in _results("sparse", ranks, tmp_path):
         for scheme in zensync.SCHEMES:
