@@ -7,6 +7,7 @@ Subcommands (one module each, ``add_<name>`` registers it)::
                  --compressor dgc:0.01 [--cpu-offload] [--two-level] [-o plan.json]
     zensync explain plan.json [--png timeline.png]                   # summary and timeline of a plan
     zensync profile --model lm [--iterations 100] [-o profile.json]  # measure a real model's inputs
+    mpiexec -n 2 python -m mpi4py -m zensync tune [-o tuning.json]   # gloo/MPI table of the mixed dispatch
 
 Exit status (``zensync --help`` prints it; ``zensync.cli._errors`` holds the rule): 0 on success; 1
 when the command fails while running (a worker crashed or hung, matplotlib missing for ``--png``, a
@@ -26,6 +27,7 @@ from zensync.cli._errors import EXIT_FAILURE, EXIT_STATUS_HELP, EXIT_USAGE, Comm
 from zensync.cli.demo import DEMO_FLAGS, add_demo
 from zensync.cli.plan import add_explain, add_plan
 from zensync.cli.profile import add_profile
+from zensync.cli.tune import add_tune
 
 __all__ = ["DEMO_FLAGS", "build_parser", "main"]
 
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan(sub)
     add_explain(sub)
     add_profile(sub)
+    add_tune(sub)
     return parser
 
 

@@ -149,3 +149,19 @@ def test_a_job_not_started_by_mpiexec_is_refused_with_how_to_launch() -> None:
 def test_the_hook_refuses_an_unknown_transport() -> None:
     with pytest.raises(ValueError, match="transport='nccl' is not one of torch, mpi"):
         zensync.HookConfig(transport="nccl")
+
+
+def test_zensync_tune_writes_a_table_the_mixed_dispatch_loads(tmp_path: Path) -> None:
+    """``mpiexec -n 2 python -m mpi4py -m zensync tune``: rank 0 writes a 2-rank table that names only
+    gloo and mpi and gives every measured size a backend, and prints what it measured."""
+    out = tmp_path / "tuning.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[3])}
+    command = [MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "zensync", "tune"]
+    command += ["--sizes", "8,4096", "--reps", "2", "-o", str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    table = zensync.transport.TuningTable.from_json(out.read_text())
+    assert table.world_size == 2 and table.backends() <= {"gloo", "mpi"}
+    for op in ("all_reduce", "all_gather", "broadcast"):
+        assert {table.backend_for(op, torch.float32, size) for size in (8, 4096)} <= {"gloo", "mpi"}
+    assert "| all_reduce | 8 |" in done.stdout and f"wrote {out}" in done.stdout

@@ -154,11 +154,16 @@ def _subparser(name):
     return cli.build_parser()._subparsers._group_actions[0].choices[name]
 
 
-def test_plan_and_profile_flags_are_pinned():
+def test_plan_profile_and_tune_flags_are_pinned():
     from zensync.cli import plan as cli_plan
     from zensync.cli import profile as cli_profile
+    from zensync.cli import tune as cli_tune
 
-    for name, pinned in (("plan", set(cli_plan.PLAN_FLAGS)), ("profile", set(cli_profile.PROFILE_FLAGS))):
+    for name, pinned in (
+        ("plan", set(cli_plan.PLAN_FLAGS)),
+        ("profile", set(cli_profile.PROFILE_FLAGS)),
+        ("tune", set(cli_tune.TUNE_FLAGS)),
+    ):
         parser = _subparser(name)
         flags = {s for action in parser._actions for s in action.option_strings if s.startswith("--")} - {"--help"}
         assert flags == pinned, name
@@ -533,3 +538,10 @@ def test_plan_rejects_malformed_profiles_in_one_line(content, message, tmp_path,
     path.write_text(content)
     assert cli.main(["plan", "--profile", str(path), *_PLAN_ARGS]) == 2
     assert message in _one_error_line(capsys, "plan")
+
+
+def test_tune_refuses_bad_sizes_before_any_collective(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["tune", "--sizes", "8,-1"])
+    assert exit_info.value.code == 2
+    assert "--sizes must be positive byte counts" in capsys.readouterr().err
