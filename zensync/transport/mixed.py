@@ -39,7 +39,7 @@ import torch
 from zensync.transport.base import Transport
 from zensync.transport.handle import Handle
 
-__all__ = ["DEFAULT_SIZES", "TUNED_OPS", "MixedTransport", "TuningEntry", "TuningTable", "tune"]
+__all__ = ["DEFAULT_SIZES", "TUNED_OPS", "MixedTransport", "TuningEntry", "TuningTable", "burst_calls", "tune"]
 
 TUNED_OPS = ("all_reduce", "all_gather", "all_gather_v", "all_to_all_v", "broadcast", "send_recv", "barrier")
 """The operations a table routes (``split`` stays on the first backend)."""
@@ -154,6 +154,10 @@ class MixedTransport(Transport):
         self.table = table
         self.routed: dict[str, int] = {}
         """Calls per backend so far (what the table did)."""
+        self._routes: dict[tuple[str, torch.dtype | None, int | None], tuple[str, Transport]] = {}
+        """``backend_for``'s answers, by (op, dtype, size): a call pays one dict lookup."""
+        self._told = [b for b in self.backends.values() if type(b)._caller_blocks is not Transport._caller_blocks]
+        """The backends that run a blocking call inline (``_caller_blocks``): told before each issue."""
 
     @property
     def control_device(self) -> torch.device:
@@ -163,18 +167,22 @@ class MixedTransport(Transport):
         # A backend that runs a blocking call on the caller's thread (MPI: no hand-off to its own
         # thread) learns it here: its hook is called below ``_issue``, not through its own.
         flag = blocking or self._driven_here()
-        for backend in self.backends.values():
+        for backend in self._told:
             backend._caller_blocks(flag)
         try:
             return super()._issue(start_op, traffic, start, blocking=blocking, **kwargs)
         finally:
-            for backend in self.backends.values():
+            for backend in self._told:
                 backend._caller_blocks(False)
 
     def _to(self, op: str, dtype: torch.dtype | None, nbytes: int | None) -> Transport:
-        name = self.table.backend_for(op, dtype, nbytes if op in _SIZED_OPS else None)
-        self.routed[name] = self.routed.get(name, 0) + 1
-        return self.backends[name]
+        key = (op, dtype, nbytes if op in _SIZED_OPS else None)
+        route = self._routes.get(key)
+        if route is None:
+            name = self.table.backend_for(*key)
+            route = self._routes[key] = (name, self.backends[name])
+        self.routed[route[0]] = self.routed.get(route[0], 0) + 1
+        return route[1]
 
     # Backend hooks: the chosen backend's own (its issue order is this transport's, see _issue).
     def _all_reduce(self, tensor: torch.Tensor) -> Handle[torch.Tensor]:
@@ -225,8 +233,10 @@ def tune(
 ) -> tuple[TuningTable, dict[str, Any]]:
     """Measure every op at every size (bytes per rank) on every backend; the table of the fastest.
 
-    A collective call of every rank. Each measurement is the median of ``reps`` calls after a
-    barrier on that backend, the slowest rank's (a MAX all-reduce on the first backend); rank 0
+    A collective call of every rank. Each measurement is the median of ``reps`` samples, each a
+    barrier on that backend then ``burst_calls(size)`` calls back to back (a barrier's exit skew
+    between ranks, about 0.1 ms on gloo, would otherwise be timed with each small call), the
+    slowest rank's (an all-gather on the first backend); rank 0
     decides and broadcasts the table, so every rank holds the same one. Sizes between measured ones
     take the backend of the next larger measured size; above the largest, the largest's.
 
@@ -244,12 +254,14 @@ def tune(
                 backend = backends[name]
                 call = _call(backend, op, x)
                 call()  # warm-up: first-use setup
+                burst = burst_calls(size)
                 times = []
                 for _ in range(reps):
                     backend.barrier()
                     start = clock()
-                    call()
-                    times.append(clock() - start)
+                    for _ in range(burst):
+                        call()
+                    times.append((clock() - start) / burst)
                 seconds.setdefault(op, {}).setdefault(size, {})[name] = statistics.median(times)
     flat = torch.tensor(
         [seconds[op][size][name] for op in ops for size in sizes for name in names], dtype=torch.float64
@@ -276,6 +288,12 @@ def tune(
     buf = payload if first.rank == 0 else torch.zeros(int(size_t[0]), dtype=torch.uint8)
     agreed_table = TuningTable.from_json(bytes(first.broadcast(buf, src=0).tolist()).decode())
     return agreed_table, seconds
+
+
+def burst_calls(nbytes: int) -> int:
+    """Calls timed back to back per sample at ``nbytes`` per rank: 64 at 16 KiB and below, fewer
+    above (about 1 MiB of messages per sample), 1 from 1 MiB."""
+    return max(1, min(64, (1 << 20) // max(1, nbytes)))
 
 
 def _merged(entries: list[TuningEntry]) -> tuple[TuningEntry, ...]:
