@@ -20,9 +20,8 @@ completes, so every stream that reads it afterwards sees it.
 Progress: a transport's MPI calls run in issue order on one thread of its own ("zensync-mpi"), so
 the non-blocking forms return at once and that thread completes their handles; a blocking call
 made while nothing of the transport is pending runs on the caller's thread instead (no hand-off:
-an 8-byte allreduce of 2 local ranks took 23 us through this transport, against 1.3 us for
-mpi4py's own call and about 320 us for gloo's through ``TorchTransport``;
-experiments/results/mixed_dispatch_p2_*). The communicator is a duplicate of the
+an 8-byte allreduce of 2 local ranks took 21-22 us through this transport, 320 us through gloo's
+``TorchTransport``: experiments/results/mixed_dispatch_p2_*). The communicator is a duplicate of the
 one given (``MPI.COMM_WORLD`` by default), so zensync's collectives never interleave with the
 program's own. MPI must be initialised with ``MPI_THREAD_MULTIPLE`` (mpi4py's default).
 
