@@ -26,18 +26,10 @@ import time
 import torch
 
 from zensync.transport import MixedTransport, MPITransport, TorchTransport, init_torch_distributed, launch, tune
-from zensync.transport.mixed import burst_calls
+from zensync.transport.mixed import burst_calls, collective_call
 
 SIZES = (8, 64, 512, 4096, 16384, 65536, 1 << 20, 1 << 24)
 OPS = ("all_reduce", "all_gather", "broadcast")
-
-
-def _call(transport, op: str, x: torch.Tensor):
-    if op == "all_reduce":
-        return lambda: transport.all_reduce(x)
-    if op == "all_gather":
-        return lambda: transport.all_gather(x)
-    return lambda: transport.broadcast(x, src=0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     for op in OPS:
         for size in SIZES:
             x = torch.ones(max(1, size // 4))
-            calls = {name: _call(t, op, x) for name, t in runs.items()}
+            calls = {name: collective_call(t, op, x) for name, t in runs.items()}
             for call in calls.values():
                 call()
             times: dict[str, list[float]] = {name: [] for name in runs}

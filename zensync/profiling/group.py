@@ -156,11 +156,7 @@ def _as_rank0(transport: Transport, step: StepProfile) -> StepProfile:
     whose predictions differ by an ulp could choose differently at a tie."""
     if transport.world_size == 1:
         return step
-    text = torch.frombuffer(bytearray(step.to_json().encode()), dtype=torch.uint8)
-    size = transport.broadcast(torch.tensor([text.numel()], dtype=torch.int64), src=0)
-    payload = text if transport.rank == 0 else torch.zeros(int(size.item()), dtype=torch.uint8)
-    agreed = transport.broadcast(payload, src=0)
-    return StepProfile.from_json(bytes(agreed.tolist()).decode())
+    return StepProfile.from_json(transport.broadcast_text(step.to_json()))
 
 
 def _numel(profile: ModelProfile, bucket: Sequence[str]) -> int:

@@ -115,6 +115,11 @@ class TrafficLog:
         last ``_KEPT_STRETCHES`` is forgotten: a collective overlapping it would count it again.
         """
         stretches = self._covered.setdefault(phase, [])
+        if not stretches or start > stretches[-1][1]:  # after everything covered so far: the usual case
+            stretches.append([start, end])
+            if len(stretches) > _KEPT_STRETCHES:
+                del stretches[0]
+            return end - start
         new = end - start
         merged = [start, end]
         keep = []
@@ -485,6 +490,20 @@ class Transport(abc.ABC):
             op="broadcast",
             size=lambda _: nbytes,
         )
+
+    def broadcast_text(self, text: str, src: int = 0) -> str:
+        """``src``'s ``text`` on every rank (others may pass anything): its size, then its UTF-8 bytes.
+
+        What a decision one rank made (a fit, a table) becomes, so that no rank decides apart.
+        """
+        if self.world_size == 1:
+            return text
+        mine = (
+            torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8) if text else torch.empty(0, dtype=torch.uint8)
+        )
+        size = int(self.broadcast(torch.tensor([mine.numel()], dtype=torch.int64), src=src)[0])
+        payload = mine if self.rank == src else torch.zeros(size, dtype=torch.uint8)
+        return bytes(self.broadcast(payload, src=src).tolist()).decode()
 
     def send_recv(
         self, tensor: torch.Tensor | None, dst: int | None, src: int | None, *, device: torch.device

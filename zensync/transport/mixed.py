@@ -39,7 +39,16 @@ import torch
 from zensync.transport.base import Transport
 from zensync.transport.handle import Handle
 
-__all__ = ["DEFAULT_SIZES", "TUNED_OPS", "MixedTransport", "TuningEntry", "TuningTable", "burst_calls", "tune"]
+__all__ = [
+    "DEFAULT_SIZES",
+    "TUNED_OPS",
+    "MixedTransport",
+    "TuningEntry",
+    "TuningTable",
+    "burst_calls",
+    "collective_call",
+    "tune",
+]
 
 TUNED_OPS = ("all_reduce", "all_gather", "all_gather_v", "all_to_all_v", "broadcast", "send_recv", "barrier")
 """The operations a table routes (``split`` stays on the first backend)."""
@@ -252,7 +261,7 @@ def tune(
             x = torch.ones(max(1, size // itemsize), dtype=dtype)
             for name in names:
                 backend = backends[name]
-                call = _call(backend, op, x)
+                call = collective_call(backend, op, x)
                 call()  # warm-up: first-use setup
                 burst = burst_calls(size)
                 times = []
@@ -283,11 +292,7 @@ def tune(
             entries.append(TuningEntry(op=op, backend=best, dtype=str(dtype).removeprefix("torch."), max_bytes=upper))
     table = TuningTable(default=names[0], entries=_merged(entries), world_size=first.world_size)
     # Rank 0's table for every rank: measured alike, but a tie broken differently would route apart.
-    payload = torch.frombuffer(bytearray(table.to_json().encode()), dtype=torch.uint8)
-    size_t = first.broadcast(torch.tensor([payload.numel()], dtype=torch.int64), src=0)
-    buf = payload if first.rank == 0 else torch.zeros(int(size_t[0]), dtype=torch.uint8)
-    agreed_table = TuningTable.from_json(bytes(first.broadcast(buf, src=0).tolist()).decode())
-    return agreed_table, seconds
+    return TuningTable.from_json(first.broadcast_text(table.to_json())), seconds
 
 
 def burst_calls(nbytes: int) -> int:
@@ -307,7 +312,8 @@ def _merged(entries: list[TuningEntry]) -> tuple[TuningEntry, ...]:
     return tuple(out)
 
 
-def _call(backend: Transport, op: str, x: torch.Tensor) -> Callable[[], object]:
+def collective_call(backend: Transport, op: str, x: torch.Tensor) -> Callable[[], object]:
+    """A call of ``op`` on ``x`` (all_reduce, all_gather, or broadcast from rank 0), as ``tune`` times it."""
     calls: dict[str, Callable[[], object]] = {
         "all_reduce": lambda: backend.all_reduce(x),
         "all_gather": lambda: backend.all_gather(x),

@@ -227,11 +227,11 @@ class MPITransport(Transport):
     def _issue(self, start_op: Any, traffic: Any, start: Any, *, blocking: bool, **kwargs: Any) -> Any:
         # Whether the caller waits right away: read by ``_submit`` below, on this thread only (a
         # backend hook called later from another thread, after a multi-call collective, queues).
-        self._blocking.value = blocking or self._driven_here()
+        self._caller_blocks(blocking or self._driven_here())
         try:
             return super()._issue(start_op, traffic, start, blocking=blocking, **kwargs)
         finally:
-            self._blocking.value = False
+            self._caller_blocks(False)
 
     def _caller_blocks(self, blocking: bool) -> None:
         self._blocking.value = blocking

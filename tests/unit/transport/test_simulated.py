@@ -284,3 +284,12 @@ def test_a_phase_keeps_its_last_64_stretches() -> None:
     and count again (the documented bound), the 64 kept ones once."""
     spans = [(2.0 * i, 2.0 * i + 1) for i in range(70)]
     assert _covered_time([*spans, (0.0, 139.0)]) == pytest.approx(139.0 + 6, abs=1e-9)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_broadcast_text_gives_every_rank_the_source_ranks_text(n: int) -> None:
+    src = n - 1
+    texts = ["", "ß-zen ✓ " * 1000, "x"]
+    outs = SimulatedWorld(n).run(lambda t: [t.broadcast_text(f"{t.rank}:{s}", src=src) for s in texts])
+    for out in outs:
+        assert out == [f"{src}:{s}" for s in texts]
