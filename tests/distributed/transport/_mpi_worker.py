@@ -157,6 +157,55 @@ def case_hook(rank: int) -> dict[str, Any]:
     return {s: {t: _train(rank, s, t) for t in ("mpi", "torch")} for s in HOOK_STRATEGIES}
 
 
+def _device_battery(t: Transport, device: torch.device) -> dict[str, Any]:
+    """The collectives on tensors of ``device`` (produced there after a long kernel on its current
+    stream, so a staging copy that did not wait for it would read stale data); results on CPU."""
+    r, n = t.rank, t.world_size
+
+    def on(x: torch.Tensor) -> torch.Tensor:
+        if device.type == "cpu":
+            return x
+        busy = torch.ones(2048, 2048, device=device)
+        for _ in range(8):
+            busy = busy @ busy / 2048  # queued before the input's own copy on the same stream
+        return x.to(device, non_blocking=True) + busy[0, : x.numel()].mul(0).to(x.dtype)
+
+    def back(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            assert x.device.type == device.type, (x.device, device)
+            return x.cpu()
+        return [back(y) for y in x] if isinstance(x, (list, tuple)) else x
+
+    out: dict[str, Any] = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64):
+        out[f"all_reduce:{dtype}"] = back(t.all_reduce(on(ints(r, 37, dtype))))
+    x = on(ints(100 + r, 11, torch.float32))
+    out["inplace_is_input"] = t.all_reduce(x, inplace=True) is x
+    out["inplace"] = back(x)
+    out["all_gather"] = back(t.all_gather(on(ints(200 + r, 5, torch.bfloat16))))
+    out["all_gather_v"] = back(t.all_gather_v(on(ints(300 + r, 0 if r == 1 else r + 2, torch.int64))))
+    counts = [(r + j) % 3 for j in range(n)]
+    out["all_to_all_v"] = back(t.all_to_all_v(on(ints(400 + r, sum(counts), torch.float32)), counts)[0])
+    out["broadcast"] = back(t.broadcast(on(ints(500 + r, 6, torch.uint8, high=2)), src=n - 1))
+    payload = on(ints(600 + r, 3 + r, torch.uint8, high=200))
+    out["send_recv"] = back(t.send_recv(payload, dst=(r + 1) % n, src=(r - 1) % n, device=device))
+    gen = torch.Generator().manual_seed(r)
+    sparse = torch.zeros(300, 4)
+    sparse[torch.randperm(300, generator=gen)[:20]] = torch.randint(1, 5, (20, 4), generator=gen).float()
+    out["zen"] = back(zensync.sparse_allreduce(on(sparse), scheme="zen", group=t))
+    return out
+
+
+def case_cuda(rank: int) -> dict[str, Any]:
+    """MPITransport on CUDA tensors (pinned host staging unless ZENSYNC_MPI_CUDA_AWARE=1) against
+    the same collectives on CPU tensors: the same values, results back on the device."""
+    mpi = MPITransport(timeout=60)
+    result = {"cuda": _device_battery(mpi, torch.device("cuda")), "cpu": _device_battery(mpi, torch.device("cpu"))}
+    result["cuda_aware"] = mpi.cuda_aware
+    mpi.close()
+    return result
+
+
 def case_bad_input(rank: int) -> dict[str, Any]:
     """Mismatched shapes over MPI: every rank gets the same ValueError; an unsummable dtype: TypeError."""
     mpi = MPITransport(timeout=60)

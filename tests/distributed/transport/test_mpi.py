@@ -32,7 +32,8 @@ DEADLINE_S = 120.0
 
 
 def _mpiexec(case: str, ranks: int, tmp_path: Path, *, deadline_s: float = DEADLINE_S) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[3])}
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parents[3]), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", "mpi4py", str(WORKER), case, str(tmp_path)]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=deadline_s, check=False)
 
@@ -155,7 +156,8 @@ def test_zensync_tune_writes_a_table_the_mixed_dispatch_loads(tmp_path: Path) ->
     """``mpiexec -n 2 python -m mpi4py -m zensync tune``: rank 0 writes a 2-rank table that names only
     gloo and mpi and gives every measured size a backend, and prints what it measured."""
     out = tmp_path / "tuning.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[3])}
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parents[3]), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     command = [MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "zensync", "tune"]
     command += ["--sizes", "8,4096", "--reps", "2", "-o", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=DEADLINE_S, check=False)
