@@ -16,8 +16,8 @@ import torch
 
 pytest.importorskip("mpi4py")
 
-from tests.distributed.transport._mpi_inputs import ints  # noqa: E402
-from tests.distributed.transport.test_mpi import _results, _same  # noqa: E402
+from tests.distributed.transport._mpi_inputs import ints
+from tests.distributed.transport.test_mpi import _results, _same
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: torch.cuda.is_available() is False"),

@@ -7,6 +7,7 @@ engine needs on 1-D tensors (any dtype the backend moves; byte tensors for packe
     all_gather(x)                  -> list of every rank's x (equal sizes)
     all_gather_v(x)                -> list of every rank's x (sizes may differ)
     all_to_all_v(x, send_counts)   -> (received, recv_counts); x is cut into world_size chunks
+    reduce_scatter(x)              -> this rank's chunk of the sum (chunks as torch.tensor_split)
     broadcast(x, src)              -> src's x
     send_recv(x, dst, src)         -> sends bytes x to dst while receiving bytes from src
     barrier()
@@ -36,6 +37,9 @@ inputs. With n ranks, rank r, and B the byte size of a tensor:
     all_to_all_v:  rank r sends chunk j to rank j (j != r) and receives rank j's chunk r. Counts are
                    exchanged first: 8 control bytes to and from each peer.
     broadcast:     the root sends B to each of the n-1 others; each other rank receives B.
+    reduce_scatter: what the algorithm moved (``zensync.transport.reduce_scatter``): ring and
+                   halving send numel - chunk_r elements, (n-1)/n of B; a backend's native one
+                   reports its own model (gloo's all-reduce in disguise: 2(numel - chunk_r)).
     send_recv:     B_send sent, B_recv received, plus 8 control bytes each way for the size.
 
 A rank's own chunk never crosses the network and is not counted. Traffic is attributed to the phase
@@ -62,6 +66,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from zensync.transport import reduce_scatter as _rs
 from zensync.transport.comms import CommRecord, CommsLogger
 from zensync.transport.handle import Handle, Task, handed_on, run_sync
 from zensync.types import PhaseTraffic
@@ -465,6 +470,50 @@ class Transport(abc.ABC):
             size=lambda _: sum(counts) * esize,
         )
 
+    def reduce_scatter(self, tensor: torch.Tensor, *, algorithm: str = "auto") -> torch.Tensor:
+        """This rank's chunk of the element-wise sum over ranks of a 1-D tensor (same size on every rank).
+
+        Chunks are cut as ``torch.tensor_split(tensor, world_size)``: rank r gets chunk r.
+        ``algorithm``: "ring" or "halving" (power-of-two groups) from point-to-point steps, moving
+        (n-1)/n of the tensor each way; "native" the backend's own (MPI's; NCCL's; on gloo an
+        all-reduce cut to the chunk, twice the traffic); "auto" the backend's bandwidth-correct
+        choice (``zensync.transport.reduce_scatter``).
+
+        Raises:
+            ValueError: On an unknown algorithm, or "halving" in a group whose size is not a power of two.
+            TypeError: For torch.bool (no sum).
+        """
+        return self._reduce_scatter_op(tensor, algorithm, blocking=True).wait()
+
+    def reduce_scatter_async(self, tensor: torch.Tensor, *, algorithm: str = "auto") -> Handle[torch.Tensor]:
+        """Non-blocking ``reduce_scatter``."""
+        return self._reduce_scatter_op(tensor, algorithm, blocking=False)
+
+    def _reduce_scatter_op(self, tensor: torch.Tensor, algorithm: str, *, blocking: bool) -> Handle[torch.Tensor]:
+        if algorithm not in _rs.ALGORITHMS:
+            raise ValueError(f"reduce_scatter: algorithm={algorithm!r}; valid: {', '.join(_rs.ALGORITHMS)}")
+        n = self.world_size
+        if algorithm == "halving" and n & (n - 1):
+            raise ValueError(f"reduce_scatter(algorithm='halving') needs a power-of-two group size, got {n}")
+        _rs.check_summable(tensor.dtype)
+        start = self._start()
+        x = tensor.contiguous()
+        size = _nbytes(tensor)
+
+        def traffic(result: _rs.Traffic) -> _Traffic:
+            return result[1], result[2], result[4], result[3], None
+
+        raw = self._issue(
+            lambda: self._reduce_scatter(x, algorithm),
+            traffic,
+            start,
+            blocking=blocking,
+            multi_stage=True,  # the point-to-point algorithms are several backend calls
+            op="reduce_scatter",
+            size=lambda _: size,
+        )
+        return raw.then(lambda result: result[0])
+
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """``src``'s tensor on every rank (others pass a tensor of the same size and dtype)."""
         return self._broadcast_op(tensor, src, blocking=True).wait()
@@ -748,6 +797,49 @@ class Transport(abc.ABC):
         self, tensor: torch.Tensor, counts: list[int], recv_counts: list[int] | None
     ) -> Handle[tuple[torch.Tensor, list[int]]]:
         """The exchange; ``recv_counts`` known (exact): no size exchange."""
+
+    def _reduce_scatter(self, tensor: torch.Tensor, algorithm: str) -> Handle[_rs.Traffic]:
+        """This rank's chunk of the sum and the traffic (``reduce_scatter.Traffic``), after a check that
+        every rank passed the same size and dtype. Default: "auto" is the ring from point-to-point;
+        "native" an all-reduce cut to the chunk. A backend with a real reduce-scatter overrides
+        ``_native_reduce_scatter`` and ``_auto_reduce_scatter``."""
+        return Task(self._reduce_scatter_steps(tensor, algorithm)).start()
+
+    async def _reduce_scatter_steps(self, tensor: torch.Tensor, algorithm: str) -> _rs.Traffic:
+        # Step 1: every rank sees every rank's size and dtype (16 bytes each), so a mismatch fails
+        # alike everywhere instead of on the ranks whose neighbours differ (the others would wait).
+        if self.world_size > 1:
+            mine = torch.tensor(_rs.signature(tensor), dtype=torch.int64, device=self.control_device)
+            _rs.check_signatures(torch.stack(await self._all_gather(mine)).tolist())  # host-device sync
+        # Step 2: the algorithm.
+        if algorithm == "auto":
+            algorithm = self._auto_reduce_scatter(tensor)
+        if algorithm == "native":
+            chunk, sent, recv, messages, control = await self._native_reduce_scatter(tensor)
+        else:
+            run = _rs.ring if algorithm == "ring" else _rs.halving
+
+            def send_recv(payload: torch.Tensor, dst: int, src: int) -> Handle[torch.Tensor | None]:
+                return self._send_recv(payload, dst, src, tensor.device)
+
+            chunk, sent, recv, messages, control = await run(tensor, self.rank, self.world_size, send_recv)
+        check_bytes = _rs.SIGNATURE_BYTES * (self.world_size - 1)
+        return chunk, sent, recv, messages, control + check_bytes
+
+    def _auto_reduce_scatter(self, tensor: torch.Tensor) -> str:
+        """The algorithm "auto" runs on this backend (default: the ring, bandwidth-correct anywhere)."""
+        del tensor
+        return "ring"
+
+    def _native_reduce_scatter(self, tensor: torch.Tensor) -> Handle[_rs.Traffic]:
+        """The backend's own reduce-scatter; default: an all-reduce of a copy, cut to this rank's chunk."""
+        edges = _rs.bounds(tensor.numel(), self.world_size)
+        nbytes, messages = self._ring_traffic(tensor)
+
+        def cut(total: torch.Tensor) -> _rs.Traffic:
+            return total[edges[self.rank] : edges[self.rank + 1]].clone(), nbytes, nbytes, messages, 0
+
+        return self._all_reduce(tensor.clone()).then(cut)
 
     @abc.abstractmethod
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]: ...

@@ -38,6 +38,7 @@ import torch
 
 from zensync.transport.base import Transport
 from zensync.transport.handle import Handle
+from zensync.transport.reduce_scatter import Traffic
 
 __all__ = [
     "DEFAULT_SIZES",
@@ -50,10 +51,19 @@ __all__ = [
     "tune",
 ]
 
-TUNED_OPS = ("all_reduce", "all_gather", "all_gather_v", "all_to_all_v", "broadcast", "send_recv", "barrier")
+TUNED_OPS = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_v",
+    "all_to_all_v",
+    "reduce_scatter",
+    "broadcast",
+    "send_recv",
+    "barrier",
+)
 """The operations a table routes (``split`` stays on the first backend)."""
 
-_SIZED_OPS = ("all_reduce", "all_gather", "broadcast")
+_SIZED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 """Operations whose byte size is the same on every rank: routed by size too."""
 
 
@@ -210,6 +220,10 @@ class MixedTransport(Transport):
     ) -> Handle[tuple[torch.Tensor, list[int]]]:
         return self._to("all_to_all_v", tensor.dtype, None)._all_to_all_v(tensor, counts, recv_counts)
 
+    def _reduce_scatter(self, tensor: torch.Tensor, algorithm: str) -> Handle[Traffic]:
+        nbytes = tensor.numel() * tensor.element_size()
+        return self._to("reduce_scatter", tensor.dtype, nbytes)._reduce_scatter(tensor, algorithm)
+
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]:
         nbytes = tensor.numel() * tensor.element_size()
         return self._to("broadcast", tensor.dtype, nbytes)._broadcast(tensor, src)
@@ -313,10 +327,12 @@ def _merged(entries: list[TuningEntry]) -> tuple[TuningEntry, ...]:
 
 
 def collective_call(backend: Transport, op: str, x: torch.Tensor) -> Callable[[], object]:
-    """A call of ``op`` on ``x`` (all_reduce, all_gather, or broadcast from rank 0), as ``tune`` times it."""
+    """A call of ``op`` on ``x`` (all_reduce, all_gather, reduce_scatter with the backend's own
+    algorithm, or broadcast from rank 0), as ``tune`` times it."""
     calls: dict[str, Callable[[], object]] = {
         "all_reduce": lambda: backend.all_reduce(x),
         "all_gather": lambda: backend.all_gather(x),
+        "reduce_scatter": lambda: backend.reduce_scatter(x),
         "broadcast": lambda: backend.broadcast(x, src=0),
     }
     if op not in calls:

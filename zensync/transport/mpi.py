@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 from zensync.transport.base import Transport
 from zensync.transport.handle import Handle
+from zensync.transport.reduce_scatter import Traffic, bounds
 
 __all__ = ["DEFAULT_TIMEOUT", "MPITransport", "init_torch_distributed", "mpi_module"]
 
@@ -409,6 +410,30 @@ class MPITransport(Transport):
             return self._unstage(out, device), got
 
         return self._submit(run, "all_to_all_v")
+
+    def _auto_reduce_scatter(self, tensor: torch.Tensor) -> str:
+        del tensor
+        return "native"  # MPICH picks recursive halving or pairwise exchange: (n-1)/n of the tensor
+
+    def _native_reduce_scatter(self, tensor: torch.Tensor) -> Handle[Traffic]:
+        """``MPI_Reduce_scatter`` with torch.tensor_split's chunk sizes. Traffic as pairwise exchange
+        counts it: rank r sends every chunk but its own and receives chunk r from each peer."""
+        datatype, op = self._sum_spec(tensor)
+        n, r, device, staged = self.world_size, self.rank, tensor.device, self._stage(tensor)
+        edges = bounds(tensor.numel(), n)
+        counts = [edges[j + 1] - edges[j] for j in range(n)]
+        item = tensor.element_size()
+
+        def run() -> Traffic:
+            out = torch.empty(counts[r], dtype=staged.dtype, device=staged.device)
+            if staged.numel():
+                self.comm.Reduce_scatter([self._typed(staged), datatype], [self._typed(out), datatype], counts, op=op)
+            sent = (tensor.numel() - counts[r]) * item if n > 1 else 0
+            recv = (n - 1) * counts[r] * item
+            messages = sum(1 for j, c in enumerate(counts) if j != r and c)
+            return self._unstage(out, device), sent, recv, messages, 0
+
+        return self._submit(run, "reduce_scatter")
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]:
         device = tensor.device

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from zensync.transport.base import Transport
 from zensync.transport.handle import Handle, Task
+from zensync.transport.reduce_scatter import Traffic
 
 T = TypeVar("T")
 
@@ -269,6 +270,23 @@ class TorchTransport(Transport):
         out = torch.empty(sum(recv_counts), dtype=tensor.dtype, device=tensor.device)
         await self._a2a(out, tensor, output_split_sizes=recv_counts, input_split_sizes=counts)
         return out, recv_counts
+
+    def _auto_reduce_scatter(self, tensor: torch.Tensor) -> str:
+        """NCCL's own reduce-scatter where the chunks are even; the ring from point-to-point on gloo
+        (its reduce_scatter_tensor is an all-reduce: twice the traffic)."""
+        even = tensor.numel() % self.world_size == 0
+        return "native" if self._stream_ordered and even else "ring"
+
+    def _native_reduce_scatter(self, tensor: torch.Tensor) -> Handle[Traffic]:
+        """NCCL (even chunks): ``reduce_scatter_tensor``, a ring. Otherwise the all-reduce cut to the
+        chunk that gloo's own reduce_scatter_tensor is (Transport's default). Unmeasured on a GPU."""
+        n = self.world_size
+        if not (self._stream_ordered and tensor.numel() % n == 0):
+            return super()._native_reduce_scatter(tensor)
+        out = torch.empty(tensor.numel() // n, dtype=tensor.dtype, device=tensor.device)
+        work = dist.reduce_scatter_tensor(out, tensor, group=self.group, async_op=True)
+        moved = (tensor.numel() - out.numel()) * tensor.element_size()  # even chunks: sent = received
+        return self._from_work(work, lambda _: (out, moved, moved, n - 1 if out.numel() else 0, 0))
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Handle[torch.Tensor]:
         out = tensor.clone()

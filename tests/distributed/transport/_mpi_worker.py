@@ -52,6 +52,12 @@ def _battery(t: Transport) -> dict[str, Any]:
             out["all_to_all_v:known"] = t.all_to_all_v(
                 ints(400 + r, sum(counts), torch.float32), counts, recv_counts=known
             )
+        with t.phase("reduce_scatter"):
+            out["reduce_scatter"] = t.reduce_scatter(ints(1000 + r, 23, torch.float32), algorithm="ring")
+        with t.phase("reduce_scatter:halving"):  # 2 and 4 ranks: powers of two
+            out["reduce_scatter:halving"] = t.reduce_scatter(ints(1050 + r, 21, torch.int64), algorithm="halving")
+        with t.phase("reduce_scatter:auto"):  # the backend's own: MPI's MPI_Reduce_scatter, gloo's the ring
+            out["reduce_scatter:auto"] = t.reduce_scatter(ints(1100 + r, 24, torch.bfloat16))
         with t.phase("broadcast"):
             out["broadcast"] = t.broadcast(ints(500 + r, 6, torch.uint8, high=2), src=n - 1)
         with t.phase("send_recv"):
