@@ -8,6 +8,8 @@ Subcommands (one module each, ``add_<name>`` registers it)::
     zensync explain plan.json [--png timeline.png]                   # summary and timeline of a plan
     zensync profile --model lm [--iterations 100] [-o profile.json]  # measure a real model's inputs
     mpiexec -n 2 python -m mpi4py -m zensync tune [-o tuning.json]   # gloo/MPI table of the mixed dispatch
+    mpiexec -n 2 python -m mpi4py -m zensync bench --scan [--sizes 8,4096] [--backends gloo,mpi,mixed] \\
+                 [--png] [-o collective_scan_p2]                     # collective latency/busbw per size
 
 Exit status (``zensync --help`` prints it; ``zensync.cli._errors`` holds the rule): 0 on success; 1
 when the command fails while running (a worker crashed or hung, matplotlib missing for ``--png``, a
@@ -24,6 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from zensync.cli._errors import EXIT_FAILURE, EXIT_STATUS_HELP, EXIT_USAGE, CommandFailed, UsageError
+from zensync.cli.bench import add_bench
 from zensync.cli.demo import DEMO_FLAGS, add_demo
 from zensync.cli.plan import add_explain, add_plan
 from zensync.cli.profile import add_profile
@@ -47,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_explain(sub)
     add_profile(sub)
     add_tune(sub)
+    add_bench(sub)
     return parser
 
 

@@ -42,7 +42,15 @@ def _demo_parser():
 
 
 @pytest.mark.parametrize(
-    "argv", [["--help"], ["demo", "--help"], ["plan", "--help"], ["explain", "--help"], ["profile", "--help"]]
+    "argv",
+    [
+        ["--help"],
+        ["demo", "--help"],
+        ["plan", "--help"],
+        ["explain", "--help"],
+        ["profile", "--help"],
+        ["bench", "--help"],
+    ],
 )
 def test_help_exits_zero(argv, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -154,7 +162,8 @@ def _subparser(name):
     return cli.build_parser()._subparsers._group_actions[0].choices[name]
 
 
-def test_plan_profile_and_tune_flags_are_pinned():
+def test_plan_profile_tune_and_bench_flags_are_pinned():
+    from zensync.cli import bench as cli_bench
     from zensync.cli import plan as cli_plan
     from zensync.cli import profile as cli_profile
     from zensync.cli import tune as cli_tune
@@ -163,6 +172,7 @@ def test_plan_profile_and_tune_flags_are_pinned():
         ("plan", set(cli_plan.PLAN_FLAGS)),
         ("profile", set(cli_profile.PROFILE_FLAGS)),
         ("tune", set(cli_tune.TUNE_FLAGS)),
+        ("bench", set(cli_bench.BENCH_FLAGS)),
     ):
         parser = _subparser(name)
         flags = {s for action in parser._actions for s in action.option_strings if s.startswith("--")} - {"--help"}
