@@ -12,6 +12,7 @@ from zensync.compress import COMPRESSED_SCHEMES, build
 from zensync.hooks.strategy import resolve_strategy
 from zensync.planner import AUTO_COMPRESSORS, StepProfile
 from zensync.sync import SyncOptions
+from zensync.transport import TuningTable
 
 __all__ = ["WARMUP_PROFILE", "WARMUP_PROFILE_STEPS", "HookConfig"]
 
@@ -24,7 +25,7 @@ and the next steps still run slower: in compression_bench's MLP at 1 Gbit/s, tim
 four timed steps."""
 
 
-TRANSPORTS = ("torch", "mpi")
+TRANSPORTS = ("torch", "mpi", "mixed")
 """The values of ``HookConfig.transport``."""
 
 _LOWER_BOUNDS = (
@@ -61,8 +62,9 @@ class HookConfig:
         row_hints: Embeddings with dense gradients: detect from the rows the lookups touched (verified).
         hint_check_every: With row_hints, verify a hint against the full scan every this many steps.
         overlap_buckets: A bucket lets the next one start once its last collective is issued (default True).
-        transport: "torch" (the hook's collectives on a group of the DDP group's backend) or "mpi"
-            (through mpi4py, ``zensync.transport.mpi``; the job runs under mpiexec).
+        transport: "torch" (the hook's collectives on a group of the DDP group's backend), "mpi"
+            (through mpi4py, ``zensync.transport.mpi``; the job runs under mpiexec) or "mixed"
+            (each collective on either, as ``tuning`` routes it).
         comm_thread: Start the step jobs on a thread of the hook's own (None: on GPUs only).
         jsonl_path: Append one JSON line per step here ("{rank}" in the path: one file per rank).
         sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
@@ -127,8 +129,14 @@ class HookConfig:
     thread otherwise), not on CPUs."""
     transport: str = "torch"
     """Where the hook's collectives run: "torch" (a group of its own with the DDP group's backend and
-    ranks) or "mpi" (an ``MPITransport`` on a duplicate of ``MPI.COMM_WORLD``, whose ranks must be the
-    DDP group's: ``zensync.transport.mpi.init_torch_distributed`` makes them so)."""
+    ranks), "mpi" (an ``MPITransport`` on a duplicate of ``MPI.COMM_WORLD``, whose ranks must be the
+    DDP group's: ``zensync.transport.mpi.init_torch_distributed`` makes them so) or "mixed" (each
+    collective on the one of those two that ``tuning`` names for its operation, dtype and size:
+    ``zensync.transport.MixedTransport``; also under mpiexec)."""
+    tuning: TuningTable | str | os.PathLike[str] | None = dataclasses.field(default=None, repr=False)
+    """With transport="mixed": the routing table, as a ``TuningTable`` or the JSON file that
+    ``zensync tune`` wrote (backends named "gloo" or "nccl" for the DDP group's, "mpi"); None:
+    measured at registration on this group (``zensync.transport.tune``: about a second at 2 ranks)."""
     jsonl_path: str | None = None
     """Append one JSON line per step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
     sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)
@@ -199,6 +207,8 @@ class HookConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport={self.transport!r} is not one of {', '.join(TRANSPORTS)}")
+        if self.tuning is not None and self.transport != "mixed":
+            raise ValueError(f"tuning is the routing of transport='mixed'; transport={self.transport!r} has none")
         if self.comm_thread is not None and not isinstance(self.comm_thread, bool):
             raise ValueError(f"comm_thread={self.comm_thread!r} must be True, False or None")
         if self.ranks_per_node < 0:

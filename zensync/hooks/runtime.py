@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -18,9 +20,9 @@ from zensync.compress import Hierarchy
 from zensync.cost import CostModel
 from zensync.cost.calibrate import calibrate_async
 from zensync.hooks.config import HookConfig
-from zensync.transport import Lane, MPITransport, TorchTransport, Transport
+from zensync.transport import Lane, MixedTransport, MPITransport, TorchTransport, Transport, TuningTable, tune
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "load_tuning"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,18 +39,29 @@ class Runtime:
 
     __slots__ = ("cost_model", "dense_transport", "device", "h0_seed", "hierarchy", "lane", "transport")
 
-    def __init__(self, base: Transport, config: HookConfig, h0_seed: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        base: Transport,
+        config: HookConfig,
+        h0_seed: int,
+        device: torch.device,
+        *,
+        tuning: TuningTable | None = None,
+    ) -> None:
         # A group of its own: the hook's collectives must not interleave with DDP's.
         # It inherits the DDP group's timeout (or ``config.timeout``), not torch's 30-minute default.
         self.transport: Transport = base
+        timeout = config.timeout_delta or getattr(base, "timeout", None)
         if config.transport == "mpi":
-            self.transport = MPITransport(timeout=config.timeout_delta or getattr(base, "timeout", None))
+            self.transport = MPITransport(timeout=timeout)
+        elif config.transport == "mixed":
+            self.transport = _mixed(base, MPITransport(timeout=timeout), config, tuning)
         elif isinstance(base, TorchTransport):
             self.transport = base.duplicate(timeout=config.timeout_delta)
-        self.dense_transport: Transport = self.transport if config.transport == "mpi" else base
+        self.dense_transport: Transport = self.transport if config.transport in ("mpi", "mixed") else base
         """DDP's own group: buckets that need no detection are allreduced on it straight from the
         hook, asynchronously, as torch's allreduce hook does (when it is not ``transport`` itself);
-        with ``transport="mpi"``, MPI: every collective of the hook goes there."""
+        with ``transport="mpi"`` or "mixed", that transport: every collective of the hook goes there."""
         threaded = device.type == "cuda" if config.comm_thread is None else config.comm_thread
         self.lane = Lane(thread_name="zensync-lane" if threaded else None)
         """Every step job of the hook (per-step check, buckets) runs here in order (one at a time
@@ -90,3 +103,35 @@ class Runtime:
         """
         device = self.transport.control_device
         return self.device if device.type == "cuda" else device
+
+
+def load_tuning(tuning: TuningTable | str | os.PathLike[str] | None, world_size: int) -> TuningTable | None:
+    """``HookConfig.tuning`` as a table (None stays None: measured later), checked against the group size.
+
+    Raises:
+        ValueError: If the file is not a tuning table, or the table was measured on another group size.
+        OSError: If the file cannot be read.
+    """
+    if tuning is None:
+        return None
+    table = tuning if isinstance(tuning, TuningTable) else TuningTable.from_json(pathlib.Path(tuning).read_text())
+    if table.world_size is not None and table.world_size != world_size:
+        raise ValueError(
+            f"tuning: the table was measured on {table.world_size} ranks, this group has {world_size}; "
+            f"measure it here: mpiexec -n {world_size} python -m mpi4py -m zensync tune"
+        )
+    return table
+
+
+def _mixed(base: Transport, mpi: MPITransport, config: HookConfig, table: TuningTable | None) -> MixedTransport:
+    """The hook's mixed dispatch: a duplicate of the DDP group (under its backend's name) and ``mpi``,
+    routed by ``table`` or, without one, by a table measured here (a collective of every rank)."""
+    if not isinstance(base, TorchTransport):
+        raise ValueError(f"transport='mixed' needs a torch.distributed DDP group, got {type(base).__name__}")
+    torch_side = base.duplicate(timeout=config.timeout_delta)
+    backends: dict[str, Transport] = {torch_side.backend: torch_side, "mpi": mpi}
+    if table is None:
+        table, _ = tune(backends, reps=3)
+        if base.rank == 0:
+            logger.info("zensync hook: measured the mixed dispatch's table %s", table.to_json())
+    return MixedTransport(backends, table)

@@ -36,7 +36,7 @@ from zensync.hooks.decider import Decider
 from zensync.hooks.executor import BucketExecutor
 from zensync.hooks.hints import RowHints
 from zensync.hooks.memory import ParamMemory, ParamRecord
-from zensync.hooks.runtime import Runtime
+from zensync.hooks.runtime import Runtime, load_tuning
 from zensync.hooks.steplog import StepLog
 from zensync.hooks.strategy import Strategy, auto_compression, read_step_profile, resolve_strategy
 from zensync.hooks.warmup import WarmupProfiler
@@ -170,12 +170,14 @@ class ZenSyncState:
         """The clock of the step intervals (a test scripts it)."""
         self._profile_digest = ""
         described = ""
+        tuning = None
         if failure is None:
             try:
                 self.strategy = resolve_strategy(config.strategy)
                 self.param_names = checked_parameters(named_parameters)
-                if config.transport == "mpi":
+                if config.transport in ("mpi", "mixed"):
                     MPITransport.check_world(base.rank, base.world_size)
+                tuning = load_tuning(config.tuning, base.world_size)
                 if config.profile is not None and config.profile != WARMUP_PROFILE:
                     self._auto_compression(config, base.world_size)
                 described = self._describe()
@@ -184,7 +186,7 @@ class ZenSyncState:
         device = next(iter(self.param_names)).device if self.param_names else None
         h0_seed = agree(base, described, failure, config.sync_options.h0_seed, device)
         assert device is not None  # no parameters only after a local failure, which agree raised
-        self.runtime = Runtime(base, config, h0_seed, device)
+        self.runtime = Runtime(base, config, h0_seed, device, tuning=tuning)
         self.memory = ParamMemory()
         self.log = StepLog(config.history_size, self._jsonl_target(config.jsonl_path, self.runtime.transport.rank))
         self.decider = Decider(config, self.strategy, self.memory, two_level=False)

@@ -130,7 +130,7 @@ class TuningTable:
                 for e in data["entries"]
             )
             table = cls(default=str(data["default"]), entries=entries, world_size=data.get("world_size"))
-        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:  # JSONDecodeError is a ValueError
             raise ValueError(f"not a tuning table: {exc}") from None
         unknown = sorted({e.op for e in entries} - set(TUNED_OPS))
         if unknown:

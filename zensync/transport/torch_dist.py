@@ -100,6 +100,8 @@ class TorchTransport(Transport):
         self.timeout = timeout if timeout is not None else group_timeout(group)
         """Timeout of the groups this transport creates (and of ``group`` unless given otherwise)."""
         backend = dist.get_backend(group)
+        self.backend = str(backend)
+        """The group's backend ("gloo", "nccl"): the name a mixed dispatch's tuning table gives it."""
         self._small_gather_bytes = SMALL_GATHER_BYTES if backend == "gloo" else 0
         self._stream_ordered = backend == "nccl"
         """NCCL: a work's future completes when the work is queued; ``work.wait()`` orders the stream."""

@@ -141,11 +141,22 @@ HOOK_STRATEGIES = ("dense", "zen", "auto", "fp16", "topk:0.05", "powersgd:2")
 FIXED_MODEL = {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8, "adapt": False}
 
 
+HOOK_TABLE = TuningTable(
+    default="gloo",
+    entries=(
+        TuningEntry(op="all_reduce", backend="mpi", max_bytes=4096),
+        TuningEntry(op="all_gather_v", backend="mpi"),
+    ),
+)
+"""The mixed dispatch of the hook test: small all-reduces and the uneven gathers on MPI, the rest on gloo."""
+
+
 def _train(rank: int, strategy: str, transport: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = _Net()
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
-    state = zensync.register(ddp, strategy=strategy, transport=transport, **FIXED_MODEL)
+    tuning = {"tuning": HOOK_TABLE} if transport == "mixed" else {}
+    state = zensync.register(ddp, strategy=strategy, transport=transport, **tuning, **FIXED_MODEL)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
     for step in range(STEPS):
         optimizer.zero_grad()
@@ -154,13 +165,15 @@ def _train(rank: int, strategy: str, transport: str) -> dict[str, Any]:
         optimizer.step()
     schemes = sorted({p["scheme"] for h in state.history for p in h["params"].values()})
     kind = type(state.runtime.transport).__name__
+    routed = dict(getattr(state.runtime.transport, "routed", {}))
     state.close()
-    return {"params": [p.detach().clone() for p in model.parameters()], "schemes": schemes, "transport": kind}
+    params = [p.detach().clone() for p in model.parameters()]
+    return {"params": params, "schemes": schemes, "transport": kind, "routed": routed}
 
 
 def case_hook(rank: int) -> dict[str, Any]:
-    """The DDP hook with its collectives over MPI and over gloo, strategy by strategy."""
-    return {s: {t: _train(rank, s, t) for t in ("mpi", "torch")} for s in HOOK_STRATEGIES}
+    """The DDP hook with its collectives over MPI, over gloo and mixed (HOOK_TABLE), strategy by strategy."""
+    return {s: {t: _train(rank, s, t) for t in ("mpi", "torch", "mixed")} for s in HOOK_STRATEGIES}
 
 
 def _device_battery(t: Transport, device: torch.device) -> dict[str, Any]:

@@ -109,17 +109,23 @@ def test_every_scheme_over_mpi_equals_gloo_and_the_dense_sum(ranks: int, tmp_pat
 
 @pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_the_ddp_hook_over_mpi_equals_the_hook_over_gloo(ranks: int, tmp_path: Path) -> None:
-    """``register(ddp, transport="mpi")``: the same parameters after training as over gloo, up to the
+    """``register(ddp, transport="mpi")`` and ``transport="mixed"`` (HOOK_TABLE: both backends in use):
+    the same parameters after training as over gloo, up to the
     order in which a backend adds 4 ranks' terms (float32 rounding; fp16's in half precision, as
     test_ddp_compress's FP16_ATOL), the same schemes, every rank alike."""
     results = _results("hook", ranks, tmp_path)
     for result in results:
         for strategy, runs in result.items():
             assert runs["mpi"]["transport"] == "MPITransport" and runs["torch"]["transport"] == "TorchTransport"
-            assert runs["mpi"]["schemes"] == runs["torch"]["schemes"], strategy
+            assert runs["mixed"]["transport"] == "MixedTransport"
+            assert sum(runs["mixed"]["routed"].values()) > 0, strategy
             atol = 2e-3 if strategy == "fp16" and ranks > 2 else 1e-6
-            for a, b in zip(runs["mpi"]["params"], runs["torch"]["params"], strict=True):
-                assert torch.allclose(a, b, rtol=0, atol=atol), strategy
+            for label in ("mpi", "mixed"):
+                assert runs[label]["schemes"] == runs["torch"]["schemes"], (strategy, label)
+                for a, b in zip(runs[label]["params"], runs["torch"]["params"], strict=True):
+                    assert torch.allclose(a, b, rtol=0, atol=atol), (strategy, label)
+    used = {backend for runs in results[0].values() for backend in runs["mixed"]["routed"]}
+    assert used == {"gloo", "mpi"}, used  # the table split the hook's collectives over both
     for strategy in results[0]:
         for a, b in zip(results[0][strategy]["mpi"]["params"], results[-1][strategy]["mpi"]["params"], strict=True):
             assert torch.equal(a, b), strategy
