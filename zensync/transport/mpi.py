@@ -489,8 +489,8 @@ def init_torch_distributed(
 
     The group's ranks are the communicator's (``MPI.COMM_WORLD`` by default). Rank 0 opens the
     rendezvous store on a free port of its host (no race for the port) and broadcasts address and
-    port over MPI: 127.0.0.1 when every rank runs on rank 0's host, else ``MASTER_ADDR`` or the
-    address of rank 0's host name. A DDP model on this group and an ``MPITransport`` then live in
+    port over MPI: ``MASTER_ADDR`` where set (rank 0's), else 127.0.0.1 when every rank runs on rank
+    0's host, else the address of rank 0's host name. A DDP model on this group and an ``MPITransport`` then live in
     the same process (``zensync.register(ddp, transport="mpi")``). A collective call on every rank
     of ``comm``.
 
@@ -514,7 +514,7 @@ def init_torch_distributed(
     store = None
     address: tuple[str, int] | None = None
     if rank == 0:
-        host = "127.0.0.1" if len(set(hosts)) == 1 else os.environ.get("MASTER_ADDR") or socket.gethostbyname(hosts[0])
+        host = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(hosts[0]))
         store = dist.TCPStore(host, 0, size, is_master=True, timeout=delta, wait_for_workers=False)
         address = (host, store.port)
     host, port = comm.bcast(address, root=0)
