@@ -51,17 +51,20 @@ def format_table(rows: Sequence[dict[str, Any]], world: int, reps: int) -> str:
     """The scan as Markdown: one line per (op, size, backend)."""
     lines = [
         f"zensync bench --scan: {world} ranks, float32, median over {reps} repetitions of the slowest rank's "
-        "per-call time; bandwidths as nccl-tests defines them",
+        "per-call time; bandwidths as nccl-tests defines them; paired: median over repetitions of mixed's "
+        "time over the best single backend's in the same repetition",
         "",
-        "| op | bytes per rank | backend | latency (us) | algbw (GB/s) | busbw (GB/s) | routed to | mixed / best |",
-        "|---|---|---|---|---|---|---|---|",
+        "| op | bytes per rank | backend | latency (us) | algbw (GB/s) | busbw (GB/s) | routed to | mixed / best "
+        "| paired |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        ratio = row["mixed_over_best_single"]
+        ratio, paired = row["mixed_over_best_single"], row["mixed_over_best_single_paired"]
         lines.append(
             f"| {row['op']} | {row['bytes_per_rank']:,} | {row['backend']} | {row['latency_s'] * 1e6:.1f} | "
             f"{row['algbw_bytes_per_s'] / 1e9:.4g} | {row['busbw_bytes_per_s'] / 1e9:.4g} | "
-            f"{row['routed_to'] or '-'} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+            f"{row['routed_to'] or '-'} | {'-' if ratio is None else f'{ratio:.2f}'} | "
+            f"{'-' if paired is None else f'{paired:.2f}'} |"
         )
     return "\n".join(lines)
 

@@ -284,8 +284,12 @@ def _measure(runs: dict[str, Transport], op: str, size: int, reps: int, log: Com
             (routed_to,) = [b for b, n in mixed.routed.items() if n != before.get(b, 0)]
     burst = burst_calls(size)
     seconds: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(reps):
-        for name, call in calls.items():  # interleaved: noise hits every backend alike
+    names = list(calls)
+    for rep in range(reps):
+        # Interleaved, so noise hits every backend alike, and in an order rotated each repetition,
+        # so that no backend always runs right after the same one (every rank rotates alike).
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            call = calls[name]
             runs[name].barrier()
             start = time.perf_counter()
             for _ in range(burst):
@@ -305,6 +309,13 @@ def _slowest(gloo: Transport, cells: list[_Cell]) -> list[dict[str, list[float]]
     every_rank = gloo.all_gather(torch.tensor(local, dtype=torch.float64))
     agreed = iter(torch.stack(every_rank).max(0).values.tolist())
     return [{name: [next(agreed) for _ in times] for name, times in cell.seconds.items()} for cell in cells]
+
+
+def _paired(times: dict[str, list[float]], medians: dict[str, float]) -> float:
+    """Median over repetitions of mixed's time over the best single backend's in the same repetition
+    (best: lowest median): the pairing cancels noise that a repetition shares, such as a busy core."""
+    best = min((name for name in medians if name != "mixed"), key=medians.__getitem__)
+    return statistics.median(m / b for m, b in zip(times["mixed"], times[best], strict=True))
 
 
 def _rows(
@@ -342,6 +353,7 @@ def _rows(
                     "slowest_rank_s": times[name],
                     "routed_to": cell.routed_to if mixed else None,
                     "mixed_over_best_single": median_s / min(singles) if mixed and singles else None,
+                    "mixed_over_best_single_paired": _paired(times, medians) if mixed and singles else None,
                 }
             )
     return rows

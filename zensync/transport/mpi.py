@@ -514,7 +514,8 @@ def init_torch_distributed(
     store = None
     address: tuple[str, int] | None = None
     if rank == 0:
-        host = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(hosts[0]))
+        one_host = len(set(hosts)) == 1
+        host = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if one_host else socket.gethostbyname(hosts[0]))
         store = dist.TCPStore(host, 0, size, is_master=True, timeout=delta, wait_for_workers=False)
         address = (host, store.port)
     host, port = comm.bcast(address, root=0)

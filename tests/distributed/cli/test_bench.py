@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,14 @@ def _check_mixed(scan: dict[str, Any], table: TuningTable) -> set[str]:
         expected = table.backend_for(row["op"], torch.float32, row["bytes_per_rank"])
         assert row["routed_to"] == expected and expected in {"gloo", "mpi"}, row
         assert row["mixed_over_best_single"] is None or row["mixed_over_best_single"] > 0
+        singles = [r for r in scan["rows"] if r["op"] == row["op"] and r["bytes_per_rank"] == row["bytes_per_rank"]]
+        singles = [r for r in singles if r["backend"] != "mixed"]
+        if singles:  # paired: per repetition against the backend of the lowest median
+            best = min(singles, key=lambda r: r["latency_s"])["slowest_rank_s"]
+            ratios = [m / b for m, b in zip(row["slowest_rank_s"], best, strict=True)]
+            assert row["mixed_over_best_single_paired"] == statistics.median(ratios)
+        else:
+            assert row["mixed_over_best_single_paired"] is None
         routed.add(expected)
     return routed
 
