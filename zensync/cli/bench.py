@@ -285,12 +285,19 @@ def _measure(runs: dict[str, Transport], op: str, size: int, reps: int, log: Com
     burst = burst_calls(size)
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     names = list(calls)
+    # Each burst starts after a barrier of the backend that runs it: for the mixed dispatch, the one
+    # it routes this cell to (its own barrier takes the table's default, whose exit skew, about 0.1 ms
+    # on gloo, would be timed with a one-call burst).
+    fences = {name: runs[name] for name in names}
+    mixed_run = runs.get("mixed")
+    if routed_to is not None and isinstance(mixed_run, MixedTransport):
+        fences["mixed"] = mixed_run.backends[routed_to]
     for rep in range(reps):
         # Interleaved, so noise hits every backend alike, and in an order rotated each repetition,
         # so that no backend always runs right after the same one (every rank rotates alike).
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             call = calls[name]
-            runs[name].barrier()
+            fences[name].barrier()
             start = time.perf_counter()
             for _ in range(burst):
                 call()
