@@ -45,7 +45,7 @@ from zensync.profiling import slowest_over_ranks
 from zensync.sync import SCHEMES
 from zensync.sync.agreement import compare_with_rank0_async
 from zensync.sync.registration import agree, checked_parameters
-from zensync.transport import Handle, MPITransport, Task, Transport, resolve
+from zensync.transport import Handle, MPITransport, Task, Transport, TuningTable, resolve
 
 __all__ = ["STRATEGIES", "HookConfig", "ZenSyncState"]
 
@@ -180,7 +180,7 @@ class ZenSyncState:
                 tuning = load_tuning(config.tuning, base.world_size)
                 if config.profile is not None and config.profile != WARMUP_PROFILE:
                     self._auto_compression(config, base.world_size)
-                described = self._describe()
+                described = self._describe(tuning)
             except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by agree()
                 failure = exc
         device = next(iter(self.param_names)).device if self.param_names else None
@@ -265,11 +265,13 @@ class ZenSyncState:
         if transport.rank == 0:
             _log_choice(choice, f"its warm-up profile, from step {self.step}")
 
-    def _describe(self) -> str:
-        """This rank's options and model as text; ``agree`` checks that every rank's is the same."""
+    def _describe(self, tuning: TuningTable | None = None) -> str:
+        """This rank's options, model and mixed-dispatch table as text; ``agree`` checks that every
+        rank's is the same (a table that differed would route a collective to two backends)."""
         return json.dumps(
             {
                 "config": repr(self.config),
+                "tuning": None if tuning is None else tuning.to_json(),
                 "plan": self.strategy.plan_digest,
                 "profile": self._profile_digest,
                 "params": sorted((name, list(p.shape), str(p.dtype)) for p, name in self.param_names.items()),

@@ -225,6 +225,19 @@ def case_cuda(rank: int) -> dict[str, Any]:
     return result
 
 
+def case_tables_differ(rank: int) -> dict[str, Any]:
+    """transport="mixed" with a routing table that differs between ranks: registration fails alike
+    on every rank (a differing table would send one call to two backends and hang)."""
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(_Net())
+    table = TuningTable(default="gloo", entries=(TuningEntry(op="all_reduce", backend="mpi", max_bytes=64 << rank),))
+    try:
+        zensync.register(ddp, strategy="dense", transport="mixed", tuning=table, **FIXED_MODEL)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
 def case_bad_input(rank: int) -> dict[str, Any]:
     """Mismatched shapes over MPI: every rank gets the same ValueError; an unsummable dtype: TypeError."""
     mpi = MPITransport(timeout=60)
