@@ -65,6 +65,7 @@ class HookConfig:
         transport: "torch" (the hook's collectives on a group of the DDP group's backend), "mpi"
             (through mpi4py, ``zensync.transport.mpi``; the job runs under mpiexec) or "mixed"
             (each collective on either, as ``tuning`` routes it).
+        tuning: With transport="mixed": the routing table, or the file ``zensync tune`` wrote (None: measured).
         comm_thread: Start the step jobs on a thread of the hook's own (None: on GPUs only).
         jsonl_path: Append one JSON line per step here ("{rank}" in the path: one file per rank).
         sync_options: Tunables of the sparse schemes (``zensync.SyncOptions``).
