@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         ranks = [json.loads(pathlib.Path(tmp, f"rank{r}.json").read_text()) for r in range(args.hosts)]
     label = f"netns{args.hosts}x{args.rate}" if wire else f"loopback{args.hosts}"
-    args.rate_bits = cluster.rate_bits if wire else None
+    args.rate_bits = cluster.rate_bits  # None on loopback
     command = " ".join(["python", "experiments/reduce_scatter_bench.py", *forwarded])
     lines, table = _report(ranks, args, label, command)
     out_dir = pathlib.Path(args.results_dir)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 
 from zensync import SyncStats, sparse_allreduce
-from zensync.testbed import make_cluster
+from zensync.testbed import EmulatedCluster, make_cluster
 from zensync.transport import MPITransport, TorchTransport, Transport, init_torch_distributed
 from zensync.workloads.zipf import zipf_gradient
 
@@ -101,7 +101,7 @@ def worker(args: argparse.Namespace) -> None:
     mpi.close()
 
 
-def _mpmd(cluster: object, args: argparse.Namespace, forwarded: list[str], out: str) -> list[str]:
+def _mpmd(cluster: EmulatedCluster, args: argparse.Namespace, forwarded: list[str], out: str) -> list[str]:
     """mpiexec's MPMD line: one rank per host, each started inside its namespace with its env."""
     command = [shutil.which("mpiexec") or "mpiexec"]
     for i in range(args.hosts):
@@ -115,7 +115,7 @@ def _mpmd(cluster: object, args: argparse.Namespace, forwarded: list[str], out: 
             "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
         }
         argv = [sys.executable, "-m", "mpi4py", os.path.abspath(__file__), *forwarded, "--worker", "--out", out]
-        wrapped = cluster._wrap(i, ["env", *(f"{k}={v}" for k, v in env.items()), *argv])
+        wrapped = cluster.command_for(i, ["env", *(f"{k}={v}" for k, v in env.items()), *argv])
         command += ["-n", "1", *wrapped] if i == 0 else [":", "-n", "1", *wrapped]
     return command
 

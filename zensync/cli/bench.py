@@ -312,9 +312,10 @@ def _measure(runs: dict[str, Transport], op: str, size: int, reps: int, log: Com
 
 def _slowest(gloo: Transport, cells: list[_Cell]) -> list[dict[str, list[float]]]:
     """Per cell, backend -> the slowest rank's per-call seconds in each repetition (one all-gather)."""
+    from zensync.profiling import slowest_over_ranks
+
     local = [t for cell in cells for name in cell.seconds for t in cell.seconds[name]]
-    every_rank = gloo.all_gather(torch.tensor(local, dtype=torch.float64))
-    agreed = iter(torch.stack(every_rank).max(0).values.tolist())
+    agreed = iter(slowest_over_ranks(gloo, local))
     return [{name: [next(agreed) for _ in times] for name, times in cell.seconds.items()} for cell in cells]
 
 

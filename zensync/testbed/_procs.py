@@ -141,6 +141,12 @@ class ClusterBase(abc.ABC):
         record.add_worker(proc.pid)
         return proc
 
+    def command_for(self, i: int, argv: Sequence[str]) -> list[str]:
+        """The command line that runs ``argv`` on host ``i``, for a launcher that starts it itself
+        (mpiexec's MPMD line: experiments/zen_mpi_cluster.py); ``popen`` starts and records one."""
+        self._check_host(i)
+        return self._wrap(i, argv)
+
     def env_for_torch(self, i: int, master_port: int) -> dict[str, str]:
         """torch.distributed env:// variables for rank ``i`` (one rank per host, master on host 0)."""
         self._check_host(i)

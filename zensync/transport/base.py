@@ -490,11 +490,7 @@ class Transport(abc.ABC):
         return self._reduce_scatter_op(tensor, algorithm, blocking=False)
 
     def _reduce_scatter_op(self, tensor: torch.Tensor, algorithm: str, *, blocking: bool) -> Handle[torch.Tensor]:
-        if algorithm not in _rs.ALGORITHMS:
-            raise ValueError(f"reduce_scatter: algorithm={algorithm!r}; valid: {', '.join(_rs.ALGORITHMS)}")
-        n = self.world_size
-        if algorithm == "halving" and n & (n - 1):
-            raise ValueError(f"reduce_scatter(algorithm='halving') needs a power-of-two group size, got {n}")
+        _rs.check_algorithm(algorithm, self.world_size)
         _rs.check_summable(tensor.dtype)
         start = self._start()
         x = tensor.contiguous()

@@ -41,6 +41,7 @@ __all__ = [
     "SendRecv",
     "Traffic",
     "bounds",
+    "check_algorithm",
     "check_signatures",
     "check_summable",
     "halving",
@@ -105,6 +106,14 @@ def check_signatures(signatures: list[list[int]]) -> None:
         raise ValueError(f"reduce_scatter needs the same tensor size and dtype on every rank; got {seen}")
 
 
+def check_algorithm(algorithm: str, world_size: int) -> None:
+    """ValueError for an unknown algorithm, or halving in a group whose size is not a power of two."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"reduce_scatter: algorithm={algorithm!r}; valid: {', '.join(ALGORITHMS)}")
+    if algorithm == "halving" and world_size & (world_size - 1):
+        raise ValueError(f"reduce_scatter(algorithm='halving') needs a power-of-two group size, got {world_size}")
+
+
 def check_summable(dtype: torch.dtype) -> None:
     """TypeError for a dtype whose elementwise sum is not a sum (bool adds as logical or)."""
     if dtype == torch.bool:
@@ -161,9 +170,8 @@ async def halving(x: torch.Tensor, rank: int, world_size: int, send_recv: SendRe
     Raises:
         ValueError: If ``world_size`` is not a power of two.
     """
+    check_algorithm("halving", world_size)
     n, r = world_size, rank
-    if n & (n - 1):
-        raise ValueError(f"reduce_scatter(algorithm='halving') needs a power-of-two group size, got {n}")
     edges = bounds(x.numel(), n)
     acc = x.clone()
     lo, hi = 0, n

@@ -211,3 +211,11 @@ def test_env_for_torch_emulated_without_entering() -> None:
         "LOCAL_RANK": "0",
     }
     assert cluster.host_ip(2) == "10.77.0.3" and os.getpid() % 10000 == int(cluster.prefix[2:-2])
+
+
+def test_command_for_is_the_hosts_command_line() -> None:
+    """What a launcher that starts the process itself (mpiexec's MPMD line) runs on host i."""
+    cluster = LoopbackCluster(2)
+    assert cluster.command_for(1, ["python", 3]) == ["python", "3"]  # loopback: the command as is
+    with pytest.raises(ValueError, match="host index 2 out of range"):
+        cluster.command_for(2, ["python"])
