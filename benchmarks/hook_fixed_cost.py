@@ -19,6 +19,11 @@ fp16/check_every=1 [--out experiments/results/hook_fixed_cost.json]`` (2 ranks o
 thread each), or with ``--hosts 4 --rate 1gbit`` on the emulated cluster (``zensync.testbed``: one
 process per host, root; there the fixed costs meet the wire, e.g. ``torch:fp16 fp16
 fp16/pieces=1048576 fp16/pieces=1099511627776``).
+
+On a GPU, ``--device cuda`` runs ``--ranks`` NCCL ranks, rank r on GPU r (one GPU: ``--ranks 1``, where
+the allreduce moves nothing and what is left is the hook's own work, host and device); each step is
+timed to ``torch.cuda.synchronize()``. ``torch:powersgd`` is torch's PowerSGD hook at rank 4 (from
+step 2; zensync's ``powersgd:4`` is its counterpart).
 """
 
 from __future__ import annotations
@@ -56,16 +61,21 @@ def _options(variant: str) -> tuple[str, dict[str, Any]]:
     return strategy, options
 
 
-def _model(variant: str) -> nn.parallel.DistributedDataParallel:
+def _model(variant: str, device: torch.device) -> nn.parallel.DistributedDataParallel:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
     import zensync
 
-    ddp = nn.parallel.DistributedDataParallel(_mlp(), bucket_cap_mb=64)
+    device_ids = [device.index] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(_mlp().to(device), device_ids=device_ids, bucket_cap_mb=64)
     if variant == "torch:allreduce":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif variant == "torch:fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif variant == "torch:powersgd":
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
     elif variant != "ddp":
         strategy, options = _options(variant)
         options.pop("pieces", None)
@@ -73,20 +83,26 @@ def _model(variant: str) -> nn.parallel.DistributedDataParallel:
     return ddp
 
 
-def _worker(rank: int, world: int, variants: list[str], rounds: int, port: int | None, out: str) -> None:
+def _worker(
+    rank: int, world: int, variants: list[str], rounds: int, port: int | None, out: str, device_type: str = "cpu"
+) -> None:
     from zensync.compress import cast
 
     if port is not None:  # loopback: spawned here; on the emulated cluster the launcher sets the env
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="env://")
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
-    models = {v: _model(v) for v in variants}
+    models = {v: _model(v, device) for v in variants}
     default_piece = cast._PIPELINE_PIECE
     pieces = {v: _options(v)[1].get("pieces", default_piece) for v in variants}
     optimizers = {v: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for v, m in models.items()}
     gen = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(64, 1024, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+    x, y = torch.randn(64, 1024, generator=gen).to(device), torch.randint(0, 10, (64,), generator=gen).to(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     times: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}  # this process's CPU time (all threads) per step
     warmup = 5
@@ -94,20 +110,22 @@ def _worker(rank: int, world: int, variants: list[str], rounds: int, port: int |
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
             cast._PIPELINE_PIECE = pieces[v]
+            sync()
             dist.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
             optimizers[v].zero_grad(set_to_none=False)
             nn.functional.cross_entropy(models[v](x), y).backward()
             optimizers[v].step()
+            sync()
             if r >= warmup:
                 times[v].append(time.perf_counter() - start)
                 cpu[v].append(time.process_time() - start_cpu)
     slowest, cpu_ms = {}, {}
     for v in variants:  # the slowest rank's step, per round; the mean over ranks of the median CPU time
-        t = torch.tensor(times[v], dtype=torch.float64)
+        t = torch.tensor(times[v], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         slowest[v] = t.tolist()
-        c = torch.tensor([statistics.median(cpu[v])], dtype=torch.float64)
+        c = torch.tensor([statistics.median(cpu[v])], dtype=torch.float64, device=device)
         dist.all_reduce(c)
         cpu_ms[v] = float(c) / world * 1e3
     if rank == 0:
@@ -117,6 +135,7 @@ def _worker(rank: int, world: int, variants: list[str], rounds: int, port: int |
             "torch": torch.__version__,
             "ranks": world,
             "cluster": "loopback" if port is not None else "emulated",
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "rounds": rounds,
             "median_ms": {v: statistics.median(s) * 1e3 for v, s in slowest.items()},
             "cpu_ms_per_rank": cpu_ms,
@@ -149,12 +168,16 @@ def main() -> None:
     parser.add_argument(
         "--out", default=str(pathlib.Path(__file__).parents[1] / "experiments/results/hook_fixed_cost.json")
     )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL, rank r on GPU r")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device == "cuda" and args.rate is not None:
+        parser.error("--device cuda runs on this machine's GPUs (no --rate)")
     if args.worker:  # one host of the emulated cluster
         _worker(0, 0, args.variants, args.rounds, None, args.out)
     elif args.rate is None:
-        mp.spawn(_worker, args=(args.ranks, args.variants, args.rounds, args.port, args.out), nprocs=args.ranks)
+        worker_args = (args.ranks, args.variants, args.rounds, args.port, args.out, args.device)
+        mp.spawn(_worker, args=worker_args, nprocs=args.ranks)
     else:
         from zensync.testbed import make_cluster
 
