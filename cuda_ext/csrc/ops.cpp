@@ -33,11 +33,13 @@ TORCH_LIBRARY(zensync_cuda, m) {
   m.def(
       "bucket_nonzero(Tensor x2d, int num_items, int num_owners, int range_len, int half_bits, int[] keys, "
       "bool hashed, int num_hashes, int parallel_slots, int serial_slots, int seed) -> (Tensor, Tensor, Tensor)");
-  m.def("bitmap_encode(Tensor positions, int length) -> Tensor");
+  // bitmap_encode and scatter_add also return the index of their first index out of range (the input's
+  // length when none is): zensync/kernels/cuda.py raises from it (common.cuh: OutOfRangeCheck).
+  m.def("bitmap_encode(Tensor positions, int length) -> (Tensor, Tensor)");
   m.def("bitmap_decode(Tensor words, int length) -> Tensor");
   m.def("topk(Tensor magnitudes, int k) -> Tensor");
   m.def("sampled_topk(Tensor magnitudes, int k, float threshold, float relax_factor, int max_tries) -> Tensor");
-  m.def("scatter_add(Tensor indices, Tensor values, int numel) -> Tensor");
+  m.def("scatter_add(Tensor indices, Tensor values, int numel) -> (Tensor, Tensor)");
   m.def("pack_bits(Tensor codes, int bits) -> Tensor");
   m.def("unpack_bits(Tensor packed, int bits, int numel) -> Tensor");
 }

@@ -205,7 +205,15 @@ def bitmap_encode(positions: torch.Tensor, length: int) -> torch.Tensor:
     ops = _ops(positions)
     if ops is None or positions.dtype not in _INDEX_DTYPES:
         return reference.bitmap_encode(positions, length)
-    return ops.bitmap_encode(positions.detach().reshape(-1), length)
+    flat = positions.detach().reshape(-1)
+    words, first = ops.bitmap_encode(flat, length)
+    bad = int(first)  # host sync
+    if bad < flat.numel():
+        raise IndexError(
+            f"bitmap_encode: position {int(flat[bad])} (at index {bad}) is outside "
+            f"[0, {32 * ((length + 31) // 32)}) for length={length}"
+        )
+    return words
 
 
 def bitmap_decode(words: torch.Tensor, length: int) -> torch.Tensor:
@@ -253,7 +261,11 @@ def scatter_add(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torc
     ops = _ops(indices, values)
     if ops is None or values.dtype not in _FLOAT_DTYPES or indices.device != values.device:
         return reference.scatter_add(indices, values, numel)
-    return ops.scatter_add(indices.detach(), values.detach(), numel)
+    out, first = ops.scatter_add(indices.detach(), values.detach(), numel)
+    bad = int(first)  # host sync
+    if bad < indices.numel():
+        raise ValueError(f"scatter_add: indices must lie in [0, {numel}), got {int(indices[bad])} at position {bad}")
+    return out
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:

@@ -4,8 +4,9 @@
 // each position p; decoding returns the ascending positions of the set bits below `length`.
 //
 // encode: one thread per position, atomicOr into a uint32 view of the words. Positions outside
-//         [0, 32 * num_words) are skipped and the first one is reported (one host sync), as the
-//         numba kernel does; duplicates are harmless (OR is idempotent).
+//         [0, 32 * num_words) are skipped and the index of the first one is returned beside the
+//         words (the Python wrapper raises, as the numba kernel does); duplicates are harmless (OR is
+//         idempotent).
 // decode: ordered compaction (common.cuh) where word w counts popcount(word) outputs and writes
 //         its set bits in ascending order, so the output is sorted without a sort.
 #include <torch/library.h>
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-at::Tensor bitmap_encode_cuda(const at::Tensor& positions, int64_t length) {
+std::tuple<at::Tensor, at::Tensor> bitmap_encode_cuda(const at::Tensor& positions, int64_t length) {
   check_cuda(positions, "bitmap_encode", "positions");
   check_1d(positions, "bitmap_encode", "positions");
   TORCH_CHECK_VALUE(positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt,
@@ -37,9 +38,9 @@ at::Tensor bitmap_encode_cuda(const at::Tensor& positions, int64_t length) {
   const int64_t num_words = ceil_div(length, 32);
   at::Tensor words = at::zeros({num_words}, positions.options().dtype(at::kInt));
   const int64_t n = positions.numel();
-  if (n == 0) return words;
-  const at::Tensor pos = positions.contiguous();
   OutOfRangeCheck check(n, positions.options());
+  if (n == 0) return {words, check.first()};
+  const at::Tensor pos = positions.contiguous();
   auto* words_ptr = reinterpret_cast<unsigned int*>(words.data_ptr<int32_t>());  // bit 31 is the int32 sign
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (pos.scalar_type() == at::kLong) {
@@ -50,10 +51,7 @@ at::Tensor bitmap_encode_cuda(const at::Tensor& positions, int64_t length) {
         pos.data_ptr<int32_t>(), n, 32 * num_words, words_ptr, check.device());
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t bad = check.first();  // host sync
-  TORCH_CHECK_INDEX(bad < 0, "bitmap_encode: position ", pos[bad].item<int64_t>(), " (at index ", bad,
-                    ") is outside [0, ", 32 * num_words, ") for length=", length);
-  return words;
+  return {words, check.first()};
 }
 
 // Set bits of word w that lie below num_bits.

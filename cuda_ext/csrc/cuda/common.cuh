@@ -157,8 +157,11 @@ void tile_write(const TileLayout& layout, const Counter& counter, const Writer& 
 }
 
 // Range check of indices read on the device (bitmap_encode, scatter_add): each thread calls
-// outside(value, limit, t) for its element t, which records the lowest such t; after the launch the
-// host reads it once with first() (a host sync) and raises.
+// outside(value, limit, t) for its element t, which records the lowest such t. The op returns the
+// one-element int64 tensor first() beside its result (n while every index was in range), and the
+// Python wrapper (zensync/kernels/cuda.py) reads it, one host sync, and raises: no C++ exception on
+// the data path (on the lent H200 a C++ exception thrown from this extension after a launch ended the
+// process with a segmentation fault instead of reaching Python; cuda_ext/README.md).
 struct FirstOutOfRange {
   unsigned long long* first;  // n while every index seen is in range
   __device__ __forceinline__ bool outside(int64_t value, int64_t limit, int64_t t) const {
@@ -171,17 +174,12 @@ struct FirstOutOfRange {
 class OutOfRangeCheck {
  public:
   // For n indices, on the device of `options`.
-  OutOfRangeCheck(int64_t n, const at::TensorOptions& options)
-      : n_(n), first_(at::full({1}, n, options.dtype(at::kLong))) {}
+  OutOfRangeCheck(int64_t n, const at::TensorOptions& options) : first_(at::full({1}, n, options.dtype(at::kLong))) {}
   FirstOutOfRange device() { return {reinterpret_cast<unsigned long long*>(first_.data_ptr<int64_t>())}; }
-  // The lowest t with an index out of range, or -1 when there is none. Host sync.
-  int64_t first() const {
-    const int64_t t = first_.item<int64_t>();
-    return t == n_ ? -1 : t;
-  }
+  // The lowest t with an index out of range, n when there is none (on the device: no sync).
+  const at::Tensor& first() const { return first_; }
 
  private:
-  int64_t n_;
   at::Tensor first_;
 };
 

@@ -4,8 +4,8 @@
 // value at its index. One thread per pair, gpuAtomicAddNoReturn (ATen's atomics: native for
 // float32/float64, the half/bfloat16 forms for 16-bit types). Duplicate indices are summed in an
 // unspecified order, as index_add_ does on CUDA; integer-valued data sums exactly in any order.
-// Indices outside [0, numel) are skipped and the first is reported as a ValueError (one host sync,
-// the reference's range check also syncs).
+// Indices outside [0, numel) are skipped and the index of the first is returned beside the result;
+// the Python wrapper raises ValueError (one host sync, the reference's range check also syncs).
 #include <ATen/cuda/Atomic.cuh>
 #include <torch/library.h>
 
@@ -45,7 +45,8 @@ void dispatch_index(const at::Tensor& indices, const at::Tensor& values, int64_t
   }
 }
 
-at::Tensor scatter_add_cuda(const at::Tensor& indices, const at::Tensor& values, int64_t numel) {
+std::tuple<at::Tensor, at::Tensor> scatter_add_cuda(const at::Tensor& indices, const at::Tensor& values,
+                                                     int64_t numel) {
   check_cuda(indices, "scatter_add", "indices");
   check_cuda(values, "scatter_add", "values");
   TORCH_CHECK(indices.device() == values.device(), "scatter_add: indices on ", indices.device(),
@@ -62,10 +63,10 @@ at::Tensor scatter_add_cuda(const at::Tensor& indices, const at::Tensor& values,
   const c10::cuda::CUDAGuard guard(values.device());
   at::Tensor out = at::zeros({numel}, values.options());
   const int64_t n = values.numel();
-  if (n == 0) return out;
+  OutOfRangeCheck check(n, indices.options());
+  if (n == 0) return {out, check.first()};
   const at::Tensor idx = indices.contiguous();
   const at::Tensor val = values.contiguous();
-  OutOfRangeCheck check(n, values.options());
   switch (dtype) {
     case at::kHalf:
       dispatch_index<at::Half>(idx, val, numel, out, check.device());
@@ -80,10 +81,7 @@ at::Tensor scatter_add_cuda(const at::Tensor& indices, const at::Tensor& values,
       dispatch_index<double>(idx, val, numel, out, check.device());
       break;
   }
-  const int64_t bad = check.first();  // host sync
-  TORCH_CHECK_VALUE(bad < 0, "scatter_add: indices must lie in [0, ", numel, "), got ", idx[bad].item<int64_t>(),
-                    " at position ", bad);
-  return out;
+  return {out, check.first()};
 }
 
 }  // namespace
