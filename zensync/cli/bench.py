@@ -26,7 +26,6 @@ import dataclasses
 import importlib.util
 import logging
 import statistics
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -270,7 +269,7 @@ def _scan(runs: dict[str, Transport], config: ScanConfig) -> list[_Cell]:
 def _measure(runs: dict[str, Transport], op: str, size: int, reps: int, log: CommsLogger) -> _Cell:
     """One cell: a warm-up call per backend, then per repetition a barrier and a timed burst on each."""
     from zensync.transport import MixedTransport
-    from zensync.transport.mixed import burst_calls, collective_call
+    from zensync.transport.mixed import burst_calls, collective_call, interleaved_samples
 
     x = torch.ones(size // _ITEMSIZE, dtype=torch.float32)
     calls = {name: collective_call(transport, op, x) for name, transport in runs.items()}
@@ -282,26 +281,14 @@ def _measure(runs: dict[str, Transport], op: str, size: int, reps: int, log: Com
         call()
         if isinstance(mixed, MixedTransport):
             (routed_to,) = [b for b, n in mixed.routed.items() if n != before.get(b, 0)]
-    burst = burst_calls(size)
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
-    names = list(calls)
     # Each burst starts after a barrier of the backend that runs it: for the mixed dispatch, the one
     # it routes this cell to (its own barrier takes the table's default, whose exit skew, about 0.1 ms
     # on gloo, would be timed with a one-call burst).
-    fences = {name: runs[name] for name in names}
+    fences = dict(runs)
     mixed_run = runs.get("mixed")
     if routed_to is not None and isinstance(mixed_run, MixedTransport):
         fences["mixed"] = mixed_run.backends[routed_to]
-    for rep in range(reps):
-        # Interleaved, so noise hits every backend alike, and in an order rotated each repetition,
-        # so that no backend always runs right after the same one (every rank rotates alike).
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            call = calls[name]
-            fences[name].barrier()
-            start = time.perf_counter()
-            for _ in range(burst):
-                call()
-            seconds[name].append((time.perf_counter() - start) / burst)
+    seconds = interleaved_samples(calls, fences, reps, burst_calls(size))
     records = log.records[first:]
     logged = {}
     for name, transport in runs.items():

@@ -48,6 +48,7 @@ __all__ = [
     "TuningTable",
     "burst_calls",
     "collective_call",
+    "interleaved_samples",
     "tune",
 ]
 
@@ -258,8 +259,10 @@ def tune(
 
     A collective call of every rank. Each measurement is the median of ``reps`` samples, each a
     barrier on that backend then ``burst_calls(size)`` calls back to back (a barrier's exit skew
-    between ranks, about 0.1 ms on gloo, would otherwise be timed with each small call), the
-    slowest rank's (an all-gather on the first backend); rank 0
+    between ranks, about 0.1 ms on gloo, would otherwise be timed with each small call), taken by
+    ``interleaved_samples`` (the backends alternate, so a slow spell of the machine hits each alike;
+    measured one backend after the other, 4 ranks on 2 cores once sent 16 MiB broadcasts to gloo at
+    25 ms where MPI took 20), the slowest rank's (an all-gather on the first backend); rank 0
     decides and broadcasts the table, so every rank holds the same one. Sizes between measured ones
     take the backend of the next larger measured size; above the largest, the largest's.
 
@@ -273,19 +276,11 @@ def tune(
     for op in ops:
         for size in sizes:
             x = torch.ones(max(1, size // itemsize), dtype=dtype)
-            for name in names:
-                backend = backends[name]
-                call = collective_call(backend, op, x)
+            calls = {name: collective_call(backends[name], op, x) for name in names}
+            for call in calls.values():
                 call()  # warm-up: first-use setup
-                burst = burst_calls(size)
-                times = []
-                for _ in range(reps):
-                    backend.barrier()
-                    start = clock()
-                    for _ in range(burst):
-                        call()
-                    times.append((clock() - start) / burst)
-                seconds.setdefault(op, {}).setdefault(size, {})[name] = statistics.median(times)
+            samples = interleaved_samples(calls, backends, reps, burst_calls(size), clock)
+            seconds.setdefault(op, {})[size] = {name: statistics.median(samples[name]) for name in names}
     flat = torch.tensor(
         [seconds[op][size][name] for op in ops for size in sizes for name in names], dtype=torch.float64
     )
@@ -307,6 +302,34 @@ def tune(
     table = TuningTable(default=names[0], entries=_merged(entries), world_size=first.world_size)
     # Rank 0's table for every rank: measured alike, but a tie broken differently would route apart.
     return TuningTable.from_json(first.broadcast_text(table.to_json())), seconds
+
+
+def interleaved_samples(
+    calls: Mapping[str, Callable[[], object]],
+    fences: Mapping[str, Transport],
+    reps: int,
+    burst: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """Per-call seconds of ``reps`` timed bursts of each call, the calls interleaved.
+
+    Repetition r runs every call's burst once, in the order of ``calls`` rotated by r (no call
+    always runs right after the same one; every rank rotates alike), each burst right after a
+    barrier of its ``fences`` transport (the one the call runs on). Noise that lasts a repetition,
+    such as a busy core, then hits every call alike, and the samples of one repetition pair up.
+    """
+    names = list(calls)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            call = calls[name]
+            fences[name].barrier()
+            start = clock()
+            for _ in range(burst):
+                call()
+            seconds[name].append((clock() - start) / burst)
+    return seconds
 
 
 def burst_calls(nbytes: int) -> int:

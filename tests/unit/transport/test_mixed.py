@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.strategies import examples
 from zensync.transport import MixedTransport, SimulatedWorld, TrafficLog, Transport, TuningTable, tune
-from zensync.transport.mixed import TuningEntry
+from zensync.transport.mixed import TuningEntry, interleaved_samples
 
 SMALL_TO_B = TuningTable(
     default="a",
@@ -173,3 +174,30 @@ def test_tune_gives_every_rank_one_table_that_covers_every_size() -> None:
             chosen = table.backend_for(op, torch.float32, size)
             assert seconds[size][chosen] == min(seconds[size].values())
     assert all(s[op][size] == results[0][1][op][size] for _, s in results for op in s for size in s[op])
+
+
+def test_interleaved_samples_rotate_the_order_and_fence_each_burst_on_its_backend() -> None:
+    events: list[str] = []
+    ticks = iter(range(1000))
+
+    class Fence:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def barrier(self) -> None:
+            events.append(f"barrier:{self.name}")
+
+    def call(name: str) -> Callable[[], None]:
+        return lambda: events.append(name)
+
+    calls = {"a": call("a"), "b": call("b"), "mixed": call("mixed")}
+    fences = {"a": Fence("a"), "b": Fence("b"), "mixed": Fence("a")}  # mixed routed to a: a's barrier
+    samples = interleaved_samples(calls, fences, reps=3, burst=2, clock=lambda: float(next(ticks)))  # type: ignore[arg-type]
+    bursts = [["a", "a"], ["b", "b"], ["mixed", "mixed"]]
+    expected = []
+    for rep in range(3):
+        for k in range(3):
+            name = ["a", "b", "mixed"][(rep + k) % 3]
+            expected += [f"barrier:{'a' if name == 'mixed' else name}", *bursts[["a", "b", "mixed"].index(name)]]
+    assert events == expected
+    assert samples == {"a": [0.5] * 3, "b": [0.5] * 3, "mixed": [0.5] * 3}  # one tick per burst of 2 calls
