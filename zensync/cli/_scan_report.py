@@ -66,6 +66,17 @@ def format_table(rows: Sequence[dict[str, Any]], world: int, reps: int) -> str:
             f"{row['routed_to'] or '-'} | {'-' if ratio is None else f'{ratio:.2f}'} | "
             f"{'-' if paired is None else f'{paired:.2f}'} |"
         )
+    mixed = [row for row in rows if row.get("best_single")]
+    if mixed:
+        right = sum(row["routed_to"] == row["best_single"] for row in mixed)
+        paired_all = [row["mixed_over_best_single_paired"] for row in mixed]
+        lines += [
+            "",
+            f"The mixed dispatch routed {right} of {len(mixed)} cells to the best single backend (lowest "
+            f"median); paired ratio {min(paired_all):.2f} to {max(paired_all):.2f}. Where it routes to the "
+            "best backend, mixed runs that backend's call: a paired ratio away from 1 there is this "
+            "machine's noise plus the dispatch's own cost (benchmarks/mixed_overhead.py).",
+        ]
     return "\n".join(lines)
 
 

@@ -306,10 +306,15 @@ def _slowest(gloo: Transport, cells: list[_Cell]) -> list[dict[str, list[float]]
     return [{name: [next(agreed) for _ in times] for name, times in cell.seconds.items()} for cell in cells]
 
 
+def _best_single(medians: dict[str, float]) -> str:
+    """The single backend (not "mixed") of lowest median time."""
+    return min((name for name in medians if name != "mixed"), key=medians.__getitem__)
+
+
 def _paired(times: dict[str, list[float]], medians: dict[str, float]) -> float:
     """Median over repetitions of mixed's time over the best single backend's in the same repetition
     (best: lowest median): the pairing cancels noise that a repetition shares, such as a busy core."""
-    best = min((name for name in medians if name != "mixed"), key=medians.__getitem__)
+    best = _best_single(medians)
     return statistics.median(m / b for m, b in zip(times["mixed"], times[best], strict=True))
 
 
@@ -347,6 +352,7 @@ def _rows(
                     "calls_logged": calls,
                     "slowest_rank_s": times[name],
                     "routed_to": cell.routed_to if mixed else None,
+                    "best_single": _best_single(medians) if mixed and singles else None,
                     "mixed_over_best_single": median_s / min(singles) if mixed and singles else None,
                     "mixed_over_best_single_paired": _paired(times, medians) if mixed and singles else None,
                 }

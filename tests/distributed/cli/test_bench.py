@@ -71,11 +71,12 @@ def _check_mixed(scan: dict[str, Any], table: TuningTable) -> set[str]:
         singles = [r for r in scan["rows"] if r["op"] == row["op"] and r["bytes_per_rank"] == row["bytes_per_rank"]]
         singles = [r for r in singles if r["backend"] != "mixed"]
         if singles:  # paired: per repetition against the backend of the lowest median
-            best = min(singles, key=lambda r: r["latency_s"])["slowest_rank_s"]
-            ratios = [m / b for m, b in zip(row["slowest_rank_s"], best, strict=True)]
+            best_row = min(singles, key=lambda r: r["latency_s"])
+            assert row["best_single"] == best_row["backend"]
+            ratios = [m / b for m, b in zip(row["slowest_rank_s"], best_row["slowest_rank_s"], strict=True)]
             assert row["mixed_over_best_single_paired"] == statistics.median(ratios)
         else:
-            assert row["mixed_over_best_single_paired"] is None
+            assert row["mixed_over_best_single_paired"] is None and row["best_single"] is None
         routed.add(expected)
     return routed
 
@@ -85,6 +86,9 @@ def test_scan_with_a_measured_table(tmp_path: Path) -> None:
     table = _check_rows(scan, printed, ("gloo", "mpi", "mixed"))
     assert table is not None and scan["config"]["tuning"] == "measured"
     _check_mixed(scan, table)
+    mixed = [r for r in scan["rows"] if r["backend"] == "mixed"]
+    right = sum(r["routed_to"] == r["best_single"] for r in mixed)
+    assert f"The mixed dispatch routed {right} of {len(mixed)} cells to the best single backend" in printed
     assert f"wrote {tmp_path / 'scan.json'}" in printed
 
 
