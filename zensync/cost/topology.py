@@ -1,0 +1,147 @@
+"""Time of one collective on a two-level network: ranks in nodes, links inside a node, a link per node out.
+
+``Topology(ranks_per_node, intra, inter)`` describes the cluster ``zensync simulate`` charges: ranks
+``r`` and ``s`` share a node when ``r // ranks_per_node == s // ranks_per_node``; inside a node they
+talk over ``intra`` (NVLink, PCIe, shared memory), and each node reaches the others through one
+``inter`` link (its NIC), full duplex, shared by its ranks. A ``Link`` is alpha-beta: ``latency_s``
+per message on the critical path, ``bandwidth_bytes_per_s`` per direction.
+
+Each function prices one collective from what every rank passed to it (the per-rank sizes the
+recording transport saw), with the same latency convention as ``zensync.cost.sparse.predict_time``:
+alpha per sequential message (a ring allreduce pays ``2 (n-1)`` of them), because
+``zensync.cost.calibrate`` fits alpha per message. Algorithms, as NCCL and gloo run them:
+
+- all_reduce: ring, ``2 (n-1)/n M`` per rank over the slowest hop;
+- reduce_scatter: ring, ``(n-1)/n M``;
+- all_gather (equal or uneven blocks): ring; step ``j`` moves every rank's block ``r - j`` one hop, so
+  a step lasts as long as the largest block: ``(n-1) max_r b_r`` over the slowest hop (this is why a
+  skewed sparse all-gather pays its largest rank's size n-1 times);
+- all_to_all_v: direct; each rank's bytes to its node's peers over ``intra``, each node's bytes to and
+  from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies;
+- broadcast: pipelined chain, ``M`` over the slowest hop after ``ceil(log2 n)`` latencies;
+- barrier: ``ceil(log2 n)`` latencies (dissemination).
+
+The slowest hop of a ring that spans several nodes is the node boundary: one ring crosses each NIC
+once each way, so ``inter`` bounds it whatever the number of rings (k rings carry M/k each over the
+same NIC). With one node, everything runs on ``intra``.
+
+Example::
+
+    flat = Topology(1, Link(50e-6, 125e6), Link(50e-6, 125e6))  # 1 Gbit/s between single-GPU hosts
+    flat.all_reduce_s(ranks=4, nbytes=32e6)  # 6 * 50 us + 1.5 * 32e6 / 125e6 = 0.3843 s
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Link", "Topology"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Link:
+    """An alpha-beta link: seconds per message, and bytes per second in each direction."""
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ValueError(f"Link: latency_s={self.latency_s} must be finite and >= 0")
+        if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):
+            raise ValueError(f"Link: bandwidth_bytes_per_s={self.bandwidth_bytes_per_s} must be finite and > 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Topology:
+    """``ranks_per_node`` ranks per node over ``intra``; one ``inter`` link per node (module docstring)."""
+
+    ranks_per_node: int
+    intra: Link
+    inter: Link
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1:
+            raise ValueError(f"Topology: ranks_per_node={self.ranks_per_node!r} must be an int >= 1")
+
+    @classmethod
+    def flat(cls, link: Link) -> Topology:
+        """One rank per node: every pair of ranks talks over ``link`` (the Eq. 1 setting)."""
+        return cls(1, link, link)
+
+    def nodes(self, ranks: int) -> int:
+        return -(-ranks // self.ranks_per_node)
+
+    def node(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def _hop(self, ranks: int) -> Link:
+        """The slowest hop of a ring over ``ranks`` ranks: the node boundary when it spans nodes."""
+        if self.nodes(ranks) == 1:
+            return self.intra
+        return Link(
+            max(self.intra.latency_s, self.inter.latency_s),
+            min(self.intra.bandwidth_bytes_per_s, self.inter.bandwidth_bytes_per_s),
+        )
+
+    def all_reduce_s(self, ranks: int, nbytes: float) -> float:
+        if ranks <= 1:
+            return 0.0
+        hop = self._hop(ranks)
+        return 2 * (ranks - 1) * hop.latency_s + 2 * (ranks - 1) / ranks * nbytes / hop.bandwidth_bytes_per_s
+
+    def reduce_scatter_s(self, ranks: int, nbytes: float) -> float:
+        if ranks <= 1:
+            return 0.0
+        hop = self._hop(ranks)
+        return (ranks - 1) * hop.latency_s + (ranks - 1) / ranks * nbytes / hop.bandwidth_bytes_per_s
+
+    def all_gather_s(self, block_bytes: Sequence[float]) -> float:
+        """Ring all-gather of rank r's ``block_bytes[r]`` (equal or not)."""
+        ranks = len(block_bytes)
+        if ranks <= 1:
+            return 0.0
+        hop = self._hop(ranks)
+        return (ranks - 1) * (hop.latency_s + max(block_bytes) / hop.bandwidth_bytes_per_s)
+
+    def broadcast_s(self, ranks: int, nbytes: float) -> float:
+        if ranks <= 1:
+            return 0.0
+        hop = self._hop(ranks)
+        return math.ceil(math.log2(ranks)) * hop.latency_s + nbytes / hop.bandwidth_bytes_per_s
+
+    def barrier_s(self, ranks: int) -> float:
+        if ranks <= 1:
+            return 0.0
+        return math.ceil(math.log2(ranks)) * self._hop(ranks).latency_s
+
+    def all_to_all_s(self, sent: Sequence[Sequence[float]] | npt.ArrayLike) -> float:
+        """Direct all-to-all: ``sent[s][d]`` bytes from rank s to rank d (the diagonal stays local)."""
+        matrix = np.array(sent, dtype=np.float64)
+        ranks = matrix.shape[0] if matrix.ndim == 2 else 0
+        if matrix.ndim != 2 or matrix.shape[1] != ranks:
+            raise ValueError(f"all_to_all_s: sent must be a square ranks x ranks matrix, got shape {matrix.shape}")
+        if ranks <= 1:
+            return 0.0
+        np.fill_diagonal(matrix, 0.0)
+        node = np.arange(ranks) // self.ranks_per_node
+        same = node[:, None] == node[None, :]
+        intra = np.where(same, matrix, 0.0)
+        byte_s = max(intra.sum(1).max(), intra.sum(0).max()) / self.intra.bandwidth_bytes_per_s
+        latency = self.intra.latency_s
+        if self.nodes(ranks) > 1:
+            inter = np.where(same, 0.0, matrix)
+            out_node = np.bincount(node, weights=inter.sum(1))
+            in_node = np.bincount(node, weights=inter.sum(0))
+            byte_s = max(byte_s, max(out_node.max(), in_node.max()) / self.inter.bandwidth_bytes_per_s)
+            latency = max(latency, self.inter.latency_s)
+        return float((ranks - 1) * latency + byte_s)
+
+    def send_recv_s(self, src: int, dst: int, nbytes: float) -> float:
+        link = self.intra if self.node(src) == self.node(dst) else self.inter
+        return link.latency_s + nbytes / link.bandwidth_bytes_per_s
