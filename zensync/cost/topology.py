@@ -80,48 +80,61 @@ class Topology:
     def node(self, rank: int) -> int:
         return rank // self.ranks_per_node
 
-    def _hop(self, ranks: int) -> Link:
-        """The slowest hop of a ring over ``ranks`` ranks: the node boundary when it spans nodes."""
-        if self.nodes(ranks) == 1:
+    def link(self, a: int, b: int) -> Link:
+        """The link between global ranks ``a`` and ``b``."""
+        return self.intra if self.node(a) == self.node(b) else self.inter
+
+    def _spans(self, ranks: int, members: Sequence[int] | None) -> bool:
+        """Whether a group (global ranks ``members``, default ``0..ranks-1``) spans several nodes."""
+        if members is None:
+            return self.nodes(ranks) > 1
+        return len({self.node(m) for m in members}) > 1
+
+    def _hop(self, ranks: int, members: Sequence[int] | None = None) -> Link:
+        """The slowest hop of a ring over the group: the node boundary when it spans nodes."""
+        if not self._spans(ranks, members):
             return self.intra
         return Link(
             max(self.intra.latency_s, self.inter.latency_s),
             min(self.intra.bandwidth_bytes_per_s, self.inter.bandwidth_bytes_per_s),
         )
 
-    def all_reduce_s(self, ranks: int, nbytes: float) -> float:
+    def all_reduce_s(self, ranks: int, nbytes: float, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
             return 0.0
-        hop = self._hop(ranks)
+        hop = self._hop(ranks, members)
         return 2 * (ranks - 1) * hop.latency_s + 2 * (ranks - 1) / ranks * nbytes / hop.bandwidth_bytes_per_s
 
-    def reduce_scatter_s(self, ranks: int, nbytes: float) -> float:
+    def reduce_scatter_s(self, ranks: int, nbytes: float, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
             return 0.0
-        hop = self._hop(ranks)
+        hop = self._hop(ranks, members)
         return (ranks - 1) * hop.latency_s + (ranks - 1) / ranks * nbytes / hop.bandwidth_bytes_per_s
 
-    def all_gather_s(self, block_bytes: Sequence[float]) -> float:
+    def all_gather_s(self, block_bytes: Sequence[float], members: Sequence[int] | None = None) -> float:
         """Ring all-gather of rank r's ``block_bytes[r]`` (equal or not)."""
         ranks = len(block_bytes)
         if ranks <= 1:
             return 0.0
-        hop = self._hop(ranks)
+        hop = self._hop(ranks, members)
         return (ranks - 1) * (hop.latency_s + max(block_bytes) / hop.bandwidth_bytes_per_s)
 
-    def broadcast_s(self, ranks: int, nbytes: float) -> float:
+    def broadcast_s(self, ranks: int, nbytes: float, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
             return 0.0
-        hop = self._hop(ranks)
+        hop = self._hop(ranks, members)
         return math.ceil(math.log2(ranks)) * hop.latency_s + nbytes / hop.bandwidth_bytes_per_s
 
-    def barrier_s(self, ranks: int) -> float:
+    def barrier_s(self, ranks: int, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
             return 0.0
-        return math.ceil(math.log2(ranks)) * self._hop(ranks).latency_s
+        return math.ceil(math.log2(ranks)) * self._hop(ranks, members).latency_s
 
-    def all_to_all_s(self, sent: Sequence[Sequence[float]] | npt.ArrayLike) -> float:
-        """Direct all-to-all: ``sent[s][d]`` bytes from rank s to rank d (the diagonal stays local)."""
+    def all_to_all_s(
+        self, sent: Sequence[Sequence[float]] | npt.ArrayLike, members: Sequence[int] | None = None
+    ) -> float:
+        """Direct all-to-all: ``sent[s][d]`` bytes from group rank s to group rank d (the diagonal
+        stays local); group rank i is global rank ``members[i]`` (default i)."""
         matrix = np.array(sent, dtype=np.float64)
         ranks = matrix.shape[0] if matrix.ndim == 2 else 0
         if matrix.ndim != 2 or matrix.shape[1] != ranks:
@@ -129,12 +142,12 @@ class Topology:
         if ranks <= 1:
             return 0.0
         np.fill_diagonal(matrix, 0.0)
-        node = np.arange(ranks) // self.ranks_per_node
+        node = (np.arange(ranks) if members is None else np.asarray(members, dtype=np.int64)) // self.ranks_per_node
         same = node[:, None] == node[None, :]
         intra = np.where(same, matrix, 0.0)
         byte_s = max(intra.sum(1).max(), intra.sum(0).max()) / self.intra.bandwidth_bytes_per_s
         latency = self.intra.latency_s
-        if self.nodes(ranks) > 1:
+        if self._spans(ranks, members):
             inter = np.where(same, 0.0, matrix)
             out_node = np.bincount(node, weights=inter.sum(1))
             in_node = np.bincount(node, weights=inter.sum(0))
@@ -143,5 +156,5 @@ class Topology:
         return float((ranks - 1) * latency + byte_s)
 
     def send_recv_s(self, src: int, dst: int, nbytes: float) -> float:
-        link = self.intra if self.node(src) == self.node(dst) else self.inter
+        link = self.link(src, dst)
         return link.latency_s + nbytes / link.bandwidth_bytes_per_s
