@@ -1,0 +1,71 @@
+"""Counted mode writes the records a full Zen run writes, on the same index sets and seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.strategies import examples
+from zensync.simulate import Link, Topology, price, simulate
+from zensync.simulate.counted import zen_calls
+from zensync.sync.base import SyncOptions, item_view
+from zensync.sync.run import run_agreed
+from zensync.transport import Transport
+from zensync.types import SyncStats
+
+
+def _index_sets(ranks: int, num_items: int, density: float, skew: float, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(ranks):
+        draws = (torch.rand(max(1, int(density * num_items)), generator=gen) ** skew * num_items).long()
+        out.append(torch.unique(draws.clamp_(0, num_items - 1)))
+    return out
+
+
+def _full_calls(index_sets: list[torch.Tensor], num_items: int, dim: int, seed: int, scheme: str) -> list:
+    def body(t: Transport) -> torch.Tensor:
+        x = torch.zeros(num_items, dim)
+        x[index_sets[t.rank]] = 1.0 + t.rank
+        view = item_view(x, "row")
+        options = SyncOptions(h0_seed=seed)
+        return run_agreed(view, t, scheme=scheme, options=options, h0_seed=seed, stats=SyncStats())
+
+    sim = simulate(body, len(index_sets), Topology.flat(Link(50e-6, 125e6)))
+    expected = torch.zeros(num_items, dim)
+    for rank, items in enumerate(index_sets):
+        expected[items] += 1.0 + rank
+    assert all(torch.equal(result, expected) for result in sim.results)
+    return sim.calls
+
+
+@settings(max_examples=examples(15), deadline=None)
+@given(
+    ranks=st.integers(1, 6),
+    num_items=st.integers(1, 3000),
+    density=st.sampled_from([0.001, 0.05, 0.3, 0.9]),
+    skew=st.sampled_from([1.0, 3.0]),
+    dim=st.sampled_from([1, 4]),
+    seed=st.integers(0, 2**31 - 1),
+    hashed=st.booleans(),
+)
+def test_counted_records_equal_the_full_runs(
+    ranks: int, num_items: int, density: float, skew: float, dim: int, seed: int, hashed: bool
+) -> None:
+    sets = _index_sets(ranks, num_items, density, skew, seed)
+    full = _full_calls(sets, num_items, dim, seed, "zen" if hashed else "sparse_ps")
+    counted = zen_calls(
+        lambda r: sets[r], world_size=ranks, num_items=num_items, item_bytes=4 * dim, seed=seed, hashed=hashed
+    )
+    assert counted == full
+    topo = Topology(2, Link(1e-6, 1e11), Link(50e-6, 125e6))
+    assert price(counted, topo) == price(full, topo)
+
+
+def test_bad_index_sets_are_refused() -> None:
+    with pytest.raises(ValueError, match="1-D int64"):
+        zen_calls(lambda r: torch.tensor([1, 2], dtype=torch.int32), world_size=2, num_items=10, item_bytes=4, seed=1)
+    with pytest.raises(ValueError, match="ascending ids"):
+        zen_calls(lambda r: torch.tensor([3, 10]), world_size=2, num_items=10, item_bytes=4, seed=1)
