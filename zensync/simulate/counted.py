@@ -12,6 +12,9 @@ push and the pull):
 - pull: one all_gather_v, each owner's 40-byte header plus the smallest of its COO, bitmap and dense
   encodings (``zen.pull_payload_bytes``) of its partition of the union.
 
+``counted_calls`` adds AGsparse (one all_gather_v of each rank's COO records) and dense (one
+all-reduce of the whole tensor).
+
 ``tests/unit/simulate/test_counted.py`` checks the records equal a full run's on the same index sets.
 The index sets come one rank at a time from a callable, so memory holds one rank's ids, the
 union's bitmap (one byte per item) and the n x n count matrix.
@@ -29,7 +32,10 @@ from zensync.sync.partition import make_partition
 from zensync.sync.zen import PULL_ENCODINGS, pull_payload_bytes
 from zensync.types import index_dtype
 
-__all__ = ["HEADER_BYTES", "zen_calls"]
+__all__ = ["COUNTED_SCHEMES", "HEADER_BYTES", "counted_calls", "zen_calls"]
+
+COUNTED_SCHEMES = ("zen", "sparse_ps", "agsparse", "dense")
+"""The schemes whose records counted mode writes (the others need a full run)."""
 
 HEADER_BYTES = 40
 """The pull header Zen puts before each owner's payload (5 int64 fields)."""
@@ -77,3 +83,32 @@ def zen_calls(
         pull = Call(op="all_gather_v", group=group, phase="pull", nbytes=HEADER_BYTES + body, sizes_first=True)
         calls.append([push[rank], pull])
     return calls
+
+
+def counted_calls(
+    scheme: str,
+    items_of: Callable[[int], torch.Tensor],
+    *,
+    world_size: int,
+    num_items: int,
+    item_bytes: int,
+    seed: int,
+) -> list[list[Call]]:
+    """Every rank's records of one step of ``scheme`` (one of ``COUNTED_SCHEMES``) from its item ids."""
+    group = tuple(range(world_size))
+    if scheme in ("zen", "sparse_ps"):
+        return zen_calls(
+            items_of, world_size=world_size, num_items=num_items, item_bytes=item_bytes, seed=seed,
+            hashed=scheme == "zen",
+        )  # fmt: skip
+    if scheme == "dense":
+        call = Call(op="all_reduce", group=group, phase="allreduce", nbytes=num_items * item_bytes)
+        return [[call] for _ in range(world_size)]
+    if scheme == "agsparse":
+        record = index_dtype(num_items).itemsize + item_bytes
+        out = []
+        for rank in range(world_size):
+            nbytes = items_of(rank).numel() * record
+            out.append([Call(op="all_gather_v", group=group, phase="allgather", nbytes=nbytes, sizes_first=True)])
+        return out
+    raise ValueError(f"counted mode covers {', '.join(COUNTED_SCHEMES)}; {scheme!r} needs a full run")

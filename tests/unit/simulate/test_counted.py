@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tests.strategies import examples
 from zensync.simulate import Link, Topology, price, simulate
-from zensync.simulate.counted import zen_calls
+from zensync.simulate.counted import COUNTED_SCHEMES, counted_calls, zen_calls
 from zensync.sync.base import SyncOptions, item_view
 from zensync.sync.run import run_agreed
 from zensync.transport import Transport
@@ -41,7 +41,7 @@ def _full_calls(index_sets: list[torch.Tensor], num_items: int, dim: int, seed: 
     return sim.calls
 
 
-@settings(max_examples=examples(15), deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     ranks=st.integers(1, 6),
     num_items=st.integers(1, 3000),
@@ -49,15 +49,15 @@ def _full_calls(index_sets: list[torch.Tensor], num_items: int, dim: int, seed: 
     skew=st.sampled_from([1.0, 3.0]),
     dim=st.sampled_from([1, 4]),
     seed=st.integers(0, 2**31 - 1),
-    hashed=st.booleans(),
+    scheme=st.sampled_from(COUNTED_SCHEMES),
 )
 def test_counted_records_equal_the_full_runs(
-    ranks: int, num_items: int, density: float, skew: float, dim: int, seed: int, hashed: bool
+    ranks: int, num_items: int, density: float, skew: float, dim: int, seed: int, scheme: str
 ) -> None:
     sets = _index_sets(ranks, num_items, density, skew, seed)
-    full = _full_calls(sets, num_items, dim, seed, "zen" if hashed else "sparse_ps")
-    counted = zen_calls(
-        lambda r: sets[r], world_size=ranks, num_items=num_items, item_bytes=4 * dim, seed=seed, hashed=hashed
+    full = _full_calls(sets, num_items, dim, seed, scheme)
+    counted = counted_calls(
+        scheme, lambda r: sets[r], world_size=ranks, num_items=num_items, item_bytes=4 * dim, seed=seed
     )
     assert counted == full
     topo = Topology(2, Link(1e-6, 1e11), Link(50e-6, 125e6))
@@ -67,5 +67,7 @@ def test_counted_records_equal_the_full_runs(
 def test_bad_index_sets_are_refused() -> None:
     with pytest.raises(ValueError, match="1-D int64"):
         zen_calls(lambda r: torch.tensor([1, 2], dtype=torch.int32), world_size=2, num_items=10, item_bytes=4, seed=1)
+    with pytest.raises(ValueError, match="needs a full run"):
+        counted_calls("sparcml", lambda r: torch.tensor([1]), world_size=2, num_items=10, item_bytes=4, seed=1)
     with pytest.raises(ValueError, match="ascending ids"):
         zen_calls(lambda r: torch.tensor([3, 10]), world_size=2, num_items=10, item_bytes=4, seed=1)
