@@ -8,12 +8,13 @@
 from __future__ import annotations
 
 from zensync.workloads import lm, zipf
-from zensync.workloads.zipf import zipf_gradient, zipf_gradients, zipf_sparse
+from zensync.workloads.zipf import zipf_gradient, zipf_gradients, zipf_items, zipf_sparse
 
 __all__ = [
     "lm",
     "zipf",
     "zipf_gradient",
     "zipf_gradients",
+    "zipf_items",
     "zipf_sparse",
 ]

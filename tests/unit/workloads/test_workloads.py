@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zensync.workloads import lm, zipf_gradient, zipf_gradients, zipf_sparse
+from zensync.workloads import lm, zipf, zipf_gradient, zipf_gradients, zipf_items, zipf_sparse
 
 # A 1 MB corpus and 10k vocabulary keep the LM tests to a few seconds; the regime is the same.
 SMALL_LM = lm.Config(vocab_size=10_000, max_bytes=1_000_000, embed_dim=16, hidden_size=32)
@@ -191,3 +191,27 @@ def test_tied_weights_make_the_gradient_dense() -> None:
 def test_lm_config_rejects_bad_values(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         lm.Config(**kwargs)
+
+
+@pytest.mark.parametrize(("zipf_s", "density", "overlap"), [(0.0, 0.2, 0.0), (1.1, 0.1, 0.3), (3.0, 0.5, 0.2)])
+def test_zipf_items_draw_zipf_sparse_s_law(zipf_s: float, density: float, overlap: float) -> None:
+    """Exact count, the shared pool in every rank's ids, and each id's inclusion frequency over 600
+    ranks within 4 standard errors of zipf_sparse's (both samplers are seeded: the comparison is
+    deterministic). (3.0, 0.5) exhausts the heavy ids and takes the successive sampler's fallback."""
+    num_items, ranks = 60, 600
+    k = round(density * num_items)
+    pool = zipf._shared_pool(num_items, round(overlap * k), zipf_s, 5)
+    fast = torch.zeros(num_items)
+    slow = torch.zeros(num_items)
+    for rank in range(ranks):
+        ids = zipf_items(rank, num_items, density=density, zipf_s=zipf_s, overlap=overlap, seed=5)
+        assert ids.numel() == k == ids.unique().numel()
+        assert torch.equal(ids, ids.sort().values) and int(ids[0]) >= 0 and int(ids[-1]) < num_items
+        assert bool(torch.isin(pool, ids).all())
+        fast[ids] += 1
+        slow[zipf_sparse(rank, num_items, density=density, zipf_s=zipf_s, overlap=overlap, seed=5)[0]] += 1
+    p_fast, p_slow = fast / ranks, slow / ranks
+    stderr = ((p_fast * (1 - p_fast) + p_slow * (1 - p_slow)) / ranks).sqrt().clamp_min(1e-3)
+    assert bool(((p_fast - p_slow).abs() <= 4 * stderr + 1e-9).all()), (p_fast - p_slow).abs().max()
+    again = zipf_items(3, num_items, density=density, zipf_s=zipf_s, overlap=overlap, seed=5)
+    assert torch.equal(again, zipf_items(3, num_items, density=density, zipf_s=zipf_s, overlap=overlap, seed=5))
