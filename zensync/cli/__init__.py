@@ -10,6 +10,8 @@ Subcommands (one module each, ``add_<name>`` registers it)::
     mpiexec -n 2 python -m mpi4py -m zensync tune [-o tuning.json]   # gloo/MPI table of the mixed dispatch
     mpiexec -n 2 python -m mpi4py -m zensync bench --scan [--sizes 8,4096] [--backends gloo,mpi,mixed] \\
                  [--png] [-o collective_scan_p2]                     # collective latency/busbw per size
+    zensync simulate [--schemes zen,agsparse,dense] [--ranks 2,...,1024] [--items 10000000] \
+                 [--ranks-per-node 8] [--inter 25Gbit] [-o PREFIX] [--png]  # one sync step, priced
 
 Exit status (``zensync --help`` prints it; ``zensync.cli._errors`` holds the rule): 0 on success; 1
 when the command fails while running (a worker crashed or hung, matplotlib missing for ``--png``, a
@@ -30,6 +32,7 @@ from zensync.cli.bench import add_bench
 from zensync.cli.demo import DEMO_FLAGS, add_demo
 from zensync.cli.plan import add_explain, add_plan
 from zensync.cli.profile import add_profile
+from zensync.cli.simulate import add_simulate
 from zensync.cli.tune import add_tune
 
 __all__ = ["DEMO_FLAGS", "build_parser", "main"]
@@ -51,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile(sub)
     add_tune(sub)
     add_bench(sub)
+    add_simulate(sub)
     return parser
 
 

@@ -50,6 +50,7 @@ def _demo_parser():
         ["explain", "--help"],
         ["profile", "--help"],
         ["bench", "--help"],
+        ["simulate", "--help"],
     ],
 )
 def test_help_exits_zero(argv, capsys):
@@ -166,6 +167,7 @@ def test_plan_profile_tune_and_bench_flags_are_pinned():
     from zensync.cli import bench as cli_bench
     from zensync.cli import plan as cli_plan
     from zensync.cli import profile as cli_profile
+    from zensync.cli import simulate as cli_simulate
     from zensync.cli import tune as cli_tune
 
     for name, pinned in (
@@ -173,6 +175,7 @@ def test_plan_profile_tune_and_bench_flags_are_pinned():
         ("profile", set(cli_profile.PROFILE_FLAGS)),
         ("tune", set(cli_tune.TUNE_FLAGS)),
         ("bench", set(cli_bench.BENCH_FLAGS)),
+        ("simulate", set(cli_simulate.SIMULATE_FLAGS)),
     ):
         parser = _subparser(name)
         flags = {s for action in parser._actions for s in action.option_strings if s.startswith("--")} - {"--help"}

@@ -1,0 +1,219 @@
+"""``zensync simulate``: one synchronization step per scheme and world size, priced on a two-level network.
+
+    zensync simulate [--schemes zen,sparse_ps,agsparse,dense] [--ranks 2,4,8,...,1024]
+                     [--items 10000000] [--dim 1] [--density 0.01] [--skew 1.1] [--overlap 0.0] [--seed 0]
+                     [--ranks-per-node 8] [--intra nvlink] [--inter 25Gbit] [--intra-latency-us 5]
+                     [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [-o PREFIX] [--png]
+
+For each scheme and each world size, zensync's real algorithms run on the in-process simulated world
+(full mode) or their exact records are counted from the ranks' index sets (counted mode: zen,
+sparse_ps, agsparse, dense; ``auto`` takes it once the dense tensors would not fit in --memory-gb),
+and the step's collectives are priced on a cluster of --ranks-per-node ranks per node joined by
+--intra, with one --inter link per node (``zensync.simulate``). The workload is a Zipf-family
+sparse gradient (``zensync.workloads.zipf``): --items rows of --dim float32, --density of the rows
+non-zero on each rank, Zipf exponent --skew, --overlap of each rank's rows from a shared pool.
+Only the network is priced: the kernels' local work is not part of the time. Prints a Markdown
+table (step time per scheme and world size, the mode that ran, the largest rank's payload) and
+writes PREFIX.json, PREFIX.md and, with --png and matplotlib, PREFIX.png (time against ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import platform
+import sys
+import time
+from typing import Any
+
+from zensync.cli._errors import UsageError, check_output_file, write_failed
+from zensync.cli._progress import bar
+
+__all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
+
+SIMULATE_FLAGS = (
+    "--schemes", "--ranks", "--items", "--dim", "--density", "--skew", "--overlap", "--seed",
+    "--ranks-per-node", "--intra", "--inter", "--intra-latency-us", "--inter-latency-us", "--mode",
+    "--memory-gb", "--output", "--png",
+)  # fmt: skip
+"""The pinned flag set of ``zensync simulate``."""
+
+
+def add_simulate(sub: argparse._SubParsersAction) -> None:
+    """Add the ``simulate`` subcommand."""
+    parser = sub.add_parser(
+        "simulate",
+        help="price one sync step per scheme and world size on a modelled two-level network",
+        description=__doc__.split("\n\n")[2] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--schemes", default="zen,sparse_ps,agsparse,dense", help="comma-separated schemes")
+    parser.add_argument("--ranks", default="2,4,8,16,32,64,128,256,512,1024", help="comma-separated world sizes")
+    parser.add_argument("--items", type=int, default=10_000_000, help="rows of the gradient")
+    parser.add_argument("--dim", type=int, default=1, help="float32 elements per row")
+    parser.add_argument("--density", type=float, default=0.01, help="non-zero fraction of rows per rank")
+    parser.add_argument("--skew", type=float, default=1.1, help="Zipf exponent over row ids (0: uniform)")
+    parser.add_argument("--overlap", type=float, default=0.0, help="fraction of each rank's rows from a shared pool")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the index sets")
+    parser.add_argument("--ranks-per-node", type=int, default=8, help="ranks (GPUs) per node")
+    parser.add_argument("--intra", default="nvlink", help="intra-node bandwidth: nvlink, pcie or e.g. 50GB/s")
+    parser.add_argument("--inter", default="25Gbit", help="inter-node bandwidth per node, e.g. 25Gbit, 100Gbit")
+    parser.add_argument("--intra-latency-us", type=float, default=5.0, help="intra-node latency per message")
+    parser.add_argument("--inter-latency-us", type=float, default=10.0, help="inter-node latency per message")
+    parser.add_argument("--mode", choices=("auto", "full", "counted"), default="auto", help="how each point runs")
+    parser.add_argument("--memory-gb", type=float, default=4.0, help="auto: the largest full run, in dense tensors")
+    parser.add_argument("-o", "--output", metavar="PREFIX", default="simulate", help="writes PREFIX.json and .md")
+    parser.add_argument("--png", action="store_true", help="also PREFIX.png (needs matplotlib)")
+    parser.set_defaults(run=_run_simulate, subparser=parser)
+
+
+def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[list[str], list[int], Any, Any]:
+    """Schemes, world sizes, workload and topology from the flags (a bad value: exit 2)."""
+    from zensync.planner.cluster import parse_bandwidth
+    from zensync.simulate import Link, Topology
+    from zensync.simulate.sweep import ZipfWorkload
+    from zensync.sync import SCHEMES
+
+    try:
+        schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+        unknown = [s for s in schemes if s not in SCHEMES or s == "auto"]
+        if not schemes or unknown:
+            raise ValueError(f"--schemes: unknown {unknown}; valid: {', '.join(s for s in SCHEMES if s != 'auto')}")
+        ranks = sorted({int(r) for r in args.ranks.split(",") if r.strip()})
+        if not ranks or ranks[0] < 1 or ranks[-1] > 4096:
+            raise ValueError("--ranks: world sizes in 1..4096")
+        workload = ZipfWorkload(
+            num_items=args.items, dim=args.dim, density=args.density, skew=args.skew, overlap=args.overlap,
+            seed=args.seed,
+        )  # fmt: skip
+        if args.items < 1 or args.dim < 1 or not 0 < args.density <= 1 or not 0 <= args.overlap <= 1:
+            raise ValueError("--items and --dim must be >= 1, --density in (0, 1], --overlap in [0, 1]")
+        if not 0 <= args.skew <= 8:
+            raise ValueError("--skew must be in [0, 8]")
+        if not args.memory_gb > 0:
+            raise ValueError("--memory-gb must be > 0")
+        topology = Topology(
+            args.ranks_per_node,
+            Link(args.intra_latency_us * 1e-6, parse_bandwidth(args.intra)),
+            Link(args.inter_latency_us * 1e-6, parse_bandwidth(args.inter)),
+        )
+    except ValueError as err:
+        parser.error(str(err))
+    if args.mode == "counted":
+        from zensync.simulate.counted import COUNTED_SCHEMES
+
+        full_only = [s for s in schemes if s not in COUNTED_SCHEMES]
+        if full_only:
+            parser.error(f"--mode counted covers {', '.join(COUNTED_SCHEMES)}; {full_only} need full runs")
+    return schemes, ranks, workload, topology
+
+
+def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    for suffix in (".json", ".md", *((".png",) if args.png else ())):
+        check_output_file(args.output + suffix, "-o")
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as err:
+            raise UsageError("--png needs matplotlib (pip install matplotlib)") from err
+    schemes, ranks, workload, topology = _config(args, parser)
+    from zensync.simulate.sweep import simulate_step
+
+    rows = []
+    started = time.perf_counter()
+    with bar(len(schemes) * len(ranks), "simulate", unit="point") as progress:
+        for n in ranks:
+            for scheme in schemes:
+                rows.append(
+                    simulate_step(scheme, n, workload, topology, mode=args.mode, memory_bytes=args.memory_gb * 1e9)
+                )
+                progress.update(1)
+    document = {
+        "version": 1,
+        "command": "zensync " + " ".join(sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "versions": _versions(),
+        "workload": {"family": "zipf", **_asdict(workload)},
+        "topology": {
+            "ranks_per_node": topology.ranks_per_node,
+            "intra": _asdict(topology.intra),
+            "inter": _asdict(topology.inter),
+        },
+        "priced": "network only (collectives on the two-level model); local work is not charged",
+        "wall_s": time.perf_counter() - started,
+        "rows": rows,
+    }
+    text = format_report(document)
+    print(text)
+    _write(args.output + ".json", json.dumps(document, indent=1) + "\n")
+    _write(args.output + ".md", text + "\n")
+    if args.png:
+        from zensync.cli._simulate_png import draw_simulation
+
+        try:
+            draw_simulation(rows, args.output + ".png", title=_title(document))
+        except OSError as err:
+            raise write_failed(args.output + ".png", err) from err
+    print(f"wrote {args.output}.json, {args.output}.md" + (f", {args.output}.png" if args.png else ""))
+    return 0
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(obj)
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    import zensync
+
+    return {"zensync": getattr(zensync, "__version__", "unknown"), "torch": torch.__version__}
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        pathlib.Path(path).write_text(text)
+    except OSError as err:
+        raise write_failed(path, err) from err
+
+
+def _title(document: dict[str, Any]) -> str:
+    w, t = document["workload"], document["topology"]
+    return (
+        f"Zipf {w['num_items']:,} x {w['dim']} rows, density {w['density']}, skew {w['skew']}; "
+        f"{t['ranks_per_node']}/node, inter {t['inter']['bandwidth_bytes_per_s'] * 8 / 1e9:g} Gbit/s"
+    )
+
+
+def format_report(document: dict[str, Any]) -> str:
+    """The run as Markdown: the setting, then one row per world size, a time column per scheme."""
+    rows = document["rows"]
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    ranks = sorted({r["ranks"] for r in rows})
+    by = {(r["scheme"], r["ranks"]): r for r in rows}
+    lines = [
+        f"zensync simulate: {_title(document)}.",
+        f"Step time in ms ({document['priced']}); mode: F full run, C counted from the index sets, "
+        "- skipped (too big for a full run, not countable); in brackets the largest rank's payload sent, MB.",
+        "",
+        "| ranks | " + " | ".join(schemes) + " |",
+        "|---|" + "---|" * len(schemes),
+    ]
+    for n in ranks:
+        cells = []
+        for scheme in schemes:
+            row = by[(scheme, n)]
+            if row["seconds"] is None:
+                cells.append("-")
+            else:
+                mode = "F" if row["mode"] == "full" else "C"
+                cells.append(f"{row['seconds'] * 1e3:.3g} {mode} ({row['max_sent_bytes'] / 1e6:.3g})")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Simulator wall time: {document['wall_s']:.1f} s.")
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""One synchronization step of a sparse gradient, per scheme and world size: what ``zensync simulate`` runs.
+
+``ZipfWorkload`` describes the gradient (``zensync.workloads.zipf``: items, row width, density,
+skew, overlap, seed; rank r's non-zero ids are ``zipf_items(r, ...)`` in both modes, so a full and a
+counted run of the same point see the same index sets). ``simulate_step`` runs one point:
+
+- ``full``: every rank builds its dense tensor and the scheme's real code runs on the simulated
+  world (``run_agreed``, one steady-state step: the agreement is made once, at registration, as the
+  DDP hook makes it), with every collective recorded (``zensync.simulate``);
+- ``counted``: the records come from the index sets alone (``zensync.simulate.counted``; zen,
+  sparse_ps, agsparse, dense), equal to a full run's;
+- ``auto``: full while the ranks' dense tensors fit in ``memory_bytes``, else counted.
+
+The step is priced on the topology (the network only; local work is not charged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from zensync.cost.topology import Link, Topology
+from zensync.simulate import simulate
+from zensync.simulate.counted import COUNTED_SCHEMES, counted_calls
+from zensync.simulate.record import Call
+from zensync.simulate.timeline import price
+from zensync.sync import SCHEMES
+from zensync.sync.base import SyncOptions, item_view
+from zensync.sync.run import run_agreed
+from zensync.transport import Transport
+from zensync.types import SyncStats
+from zensync.workloads.zipf import zipf_items
+
+__all__ = ["MODES", "ZipfWorkload", "payload_sent", "simulate_step"]
+
+MODES = ("auto", "full", "counted")
+_ITEM_DTYPE = torch.float32
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ZipfWorkload:
+    """A Zipf-family sparse gradient: ``num_items`` rows of ``dim`` float32 (module docstring)."""
+
+    num_items: int
+    dim: int = 1
+    density: float = 0.01
+    skew: float = 1.1
+    overlap: float = 0.0
+    seed: int = 0
+
+    @property
+    def item_bytes(self) -> int:
+        return self.dim * _ITEM_DTYPE.itemsize
+
+    def items(self, rank: int) -> torch.Tensor:
+        return zipf_items(
+            rank, self.num_items, density=self.density, zipf_s=self.skew, overlap=self.overlap, seed=self.seed
+        )
+
+    def tensor(self, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s dense (num_items, dim) gradient: values in [1, 2) at its ids."""
+        ids = self.items(rank)
+        gen = torch.Generator().manual_seed(self.seed * 7919 + rank)
+        x = torch.zeros(self.num_items, self.dim, dtype=_ITEM_DTYPE)
+        x[ids] = torch.rand(ids.numel(), self.dim, generator=gen, dtype=_ITEM_DTYPE).add_(1.0)
+        return x
+
+    def full_bytes(self, ranks: int) -> int:
+        """Memory of every rank's dense tensor together (what a full run holds at least)."""
+        return ranks * self.num_items * self.item_bytes
+
+
+def payload_sent(calls: Sequence[Call], rank: int) -> int:
+    """Payload bytes ``rank`` sends in ``calls``, in the transport's byte model (``TrafficLog.bytes_sent``:
+    ring all-reduce 2 (n-1)/n of the tensor, all-gather n-1 copies, all-to-all what leaves the rank)."""
+    total = 0
+    for call in calls:
+        n = len(call.group)
+        if call.op == "all_to_all_v":
+            total += sum(b for d, b in enumerate(call.sent) if call.group[d] != rank)
+        elif call.op in ("all_gather", "all_gather_v"):
+            total += call.nbytes * (n - 1)
+        elif call.op == "send_recv":
+            total += call.nbytes
+        elif call.op == "all_reduce":
+            total += 2 * (n - 1) * call.nbytes // n
+        elif call.op in ("reduce_scatter", "broadcast"):
+            total += (n - 1) * call.nbytes // n if call.op == "reduce_scatter" else call.nbytes
+    return total
+
+
+def _mode(scheme: str, ranks: int, workload: ZipfWorkload, mode: str, memory_bytes: float) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "counted" and scheme not in COUNTED_SCHEMES:
+        raise ValueError(f"counted mode covers {', '.join(COUNTED_SCHEMES)}; {scheme!r} needs a full run")
+    if mode == "auto":
+        fits = workload.full_bytes(ranks) <= memory_bytes
+        if fits or scheme not in COUNTED_SCHEMES:
+            return "full" if fits else "skip"
+        return "counted"
+    return mode
+
+
+def simulate_step(
+    scheme: str,
+    ranks: int,
+    workload: ZipfWorkload,
+    topology: Topology,
+    *,
+    mode: str = "auto",
+    memory_bytes: float = 4e9,
+    h0_seed: int = 12345,
+) -> dict[str, Any]:
+    """One point: the priced step of ``scheme`` on ``ranks`` ranks (module docstring), as a report row.
+
+    A point ``auto`` cannot run (too big for a full run, and a scheme counted mode does not cover)
+    comes back with ``mode`` "skip" and no time.
+    """
+    if scheme not in SCHEMES or scheme == "auto":
+        raise ValueError(f"scheme={scheme!r}: expected one of {', '.join(s for s in SCHEMES if s != 'auto')}")
+    chosen = _mode(scheme, ranks, workload, mode, memory_bytes)
+    row: dict[str, Any] = {"scheme": scheme, "ranks": ranks, "mode": chosen}
+    if chosen == "skip":
+        return {**row, "seconds": None, "phase_seconds": {}, "max_sent_bytes": None, "wall_s": 0.0}
+    start = time.perf_counter()
+    if chosen == "counted":
+        calls = counted_calls(
+            scheme, workload.items, world_size=ranks, num_items=workload.num_items,
+            item_bytes=workload.item_bytes, seed=h0_seed,
+        )  # fmt: skip
+    else:
+        calls = _full_calls(scheme, ranks, workload, h0_seed)
+    priced = price(calls, topology)
+    sent = [payload_sent(c, r) for r, c in enumerate(calls)]
+    return {
+        **row,
+        "seconds": priced.seconds,
+        "phase_seconds": priced.phase_seconds,
+        "max_sent_bytes": max(sent),
+        "mean_sent_bytes": sum(sent) / ranks,
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def _full_calls(scheme: str, ranks: int, workload: ZipfWorkload, h0_seed: int) -> list[list[Call]]:
+    def body(t: Transport) -> None:
+        view = item_view(workload.tensor(t.rank), "row")
+        options = SyncOptions(h0_seed=h0_seed)
+        run_agreed(view, t, scheme=scheme, options=options, h0_seed=h0_seed, stats=SyncStats())
+
+    unpriced = Topology.flat(Link(0.0, 1.0))  # the records are what counts; priced by the caller
+    return simulate(body, ranks, unpriced).calls
