@@ -119,17 +119,14 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         except ImportError as err:
             raise UsageError("--png needs matplotlib (pip install matplotlib)") from err
     schemes, ranks, workload, topology = _config(args, parser)
-    from zensync.simulate.sweep import simulate_step
+    from zensync.simulate.sweep import simulate_sweep
 
-    rows = []
     started = time.perf_counter()
     with bar(len(schemes) * len(ranks), "simulate", unit="point") as progress:
-        for n in ranks:
-            for scheme in schemes:
-                rows.append(
-                    simulate_step(scheme, n, workload, topology, mode=args.mode, memory_bytes=args.memory_gb * 1e9)
-                )
-                progress.update(1)
+        rows = simulate_sweep(
+            schemes, ranks, workload, topology, mode=args.mode, memory_bytes=args.memory_gb * 1e9,
+            on_point=lambda row: progress.update(1),
+        )  # fmt: skip
     document = {
         "version": 1,
         "command": "zensync " + " ".join(sys.argv[1:]),

@@ -32,13 +32,91 @@ from zensync.sync.partition import make_partition
 from zensync.sync.zen import PULL_ENCODINGS, pull_payload_bytes
 from zensync.types import index_dtype
 
-__all__ = ["COUNTED_SCHEMES", "HEADER_BYTES", "counted_calls", "zen_calls"]
+__all__ = ["COUNTED_SCHEMES", "HEADER_BYTES", "Counter", "counted_calls", "zen_calls"]
 
 COUNTED_SCHEMES = ("zen", "sparse_ps", "agsparse", "dense")
 """The schemes whose records counted mode writes (the others need a full run)."""
 
 HEADER_BYTES = 40
 """The pull header Zen puts before each owner's payload (5 int64 fields)."""
+
+
+class Counter:
+    """One counted point (scheme, world size): fed each rank's ids in rank order, then ``calls()``.
+
+    Feeding ranks one at a time lets a sweep draw each rank's ids once for every point that has that
+    rank (rank r's ids do not depend on the world size): ``zensync.simulate.sweep``.
+    """
+
+    def __init__(self, scheme: str, *, world_size: int, num_items: int, item_bytes: int, seed: int) -> None:
+        if scheme not in COUNTED_SCHEMES:
+            raise ValueError(f"counted mode covers {', '.join(COUNTED_SCHEMES)}; {scheme!r} needs a full run")
+        self.scheme = scheme
+        self.world_size = world_size
+        self.num_items = num_items
+        self.item_bytes = item_bytes
+        self.group = tuple(range(world_size))
+        self._fed = 0
+        self._per_rank: list[Call] = []
+        self._union: torch.Tensor | None = None
+        self._part = None
+        self._record = 0
+        if scheme in ("zen", "sparse_ps"):
+            self._part = make_partition(num_items, world_size, seed=seed, hashed=scheme == "zen")
+            self._idx_bytes = index_dtype(self._part.range_len).itemsize
+            self._record = self._idx_bytes + item_bytes
+            self._union = torch.zeros(num_items, dtype=torch.bool)
+        elif scheme == "agsparse":
+            self._record = index_dtype(num_items).itemsize + item_bytes
+
+    @property
+    def needs_items(self) -> bool:
+        """Whether ``add`` reads the ids (dense does not)."""
+        return self.scheme != "dense"
+
+    def add(self, rank: int, items: torch.Tensor | None) -> None:
+        """Rank ``rank``'s ascending unique int64 ids (the ranks in order; None for dense)."""
+        if rank != self._fed:
+            raise ValueError(f"Counter: rank {rank} fed after {self._fed} ranks (feed them in order)")
+        self._fed += 1
+        if self.scheme == "dense":
+            call = Call(op="all_reduce", group=self.group, phase="allreduce", nbytes=self.num_items * self.item_bytes)
+            self._per_rank.append(call)
+            return
+        if items is None or items.dtype != torch.int64 or items.dim() != 1:
+            raise ValueError(f"zen_calls: rank {rank}'s items must be a 1-D int64 tensor")
+        if items.numel() and (int(items[0]) < 0 or int(items[-1]) >= self.num_items):
+            raise ValueError(f"zen_calls: rank {rank}'s items must be ascending ids in [0, {self.num_items})")
+        if self.scheme == "agsparse":
+            nbytes = items.numel() * self._record
+            self._per_rank.append(Call(op="all_gather_v", group=self.group, phase="allgather", nbytes=nbytes,
+                                       sizes_first=True))  # fmt: skip
+            return
+        assert self._part is not None and self._union is not None
+        _, _, counts = kernels.bucket_items(items, self._part)
+        sent = tuple(int(c) * self._record for c in counts.tolist())
+        call = Call(op="all_to_all_v", group=self.group, phase="push", nbytes=sum(sent), sent=sent, sizes_first=True)
+        self._per_rank.append(call)
+        self._union[items] = True
+
+    def calls(self) -> list[list[Call]]:
+        """Every rank's records, once every rank was fed."""
+        if self._fed != self.world_size:
+            raise ValueError(f"Counter: {self._fed} of {self.world_size} ranks fed")
+        if self._part is None or self._union is None:
+            return [[call] for call in self._per_rank]
+        part = self._part
+        _, _, unique = kernels.bucket_items(self._union.nonzero().squeeze(1), part)
+        out = []
+        for rank, num_unique in enumerate(unique.tolist()):
+            _, range_len = part.owner_range(rank)
+            sizes = (
+                pull_payload_bytes(e, num_unique, range_len, self._idx_bytes, self.item_bytes) for e in PULL_ENCODINGS
+            )
+            pull = Call(op="all_gather_v", group=self.group, phase="pull", nbytes=HEADER_BYTES + min(sizes),
+                        sizes_first=True)  # fmt: skip
+            out.append([self._per_rank[rank], pull])
+        return out
 
 
 def zen_calls(
@@ -59,30 +137,8 @@ def zen_calls(
         item_bytes: Value bytes per item (row width times the dtype's size).
         seed: Zen's agreed hash seed (what ``SyncOptions.h0_seed`` or the agreement gives).
     """
-    part = make_partition(num_items, world_size, seed=seed, hashed=hashed)
-    idx_bytes = index_dtype(part.range_len).itemsize
-    record = idx_bytes + item_bytes
-    group = tuple(range(world_size))
-    union = torch.zeros(num_items, dtype=torch.bool)
-    push: list[Call] = []
-    for rank in range(world_size):
-        items = items_of(rank)
-        if items.dtype != torch.int64 or items.dim() != 1:
-            raise ValueError(f"zen_calls: rank {rank}'s items must be a 1-D int64 tensor, got {items.dtype}")
-        if items.numel() and (int(items[0]) < 0 or int(items[-1]) >= num_items):
-            raise ValueError(f"zen_calls: rank {rank}'s items must be ascending ids in [0, {num_items})")
-        _, _, counts = kernels.bucket_items(items, part)
-        sent = tuple(int(c) * record for c in counts.tolist())
-        push.append(Call(op="all_to_all_v", group=group, phase="push", nbytes=sum(sent), sent=sent, sizes_first=True))
-        union[items] = True
-    _, _, unique = kernels.bucket_items(union.nonzero().squeeze(1), part)
-    calls = []
-    for rank, num_unique in enumerate(unique.tolist()):
-        _, range_len = part.owner_range(rank)
-        body = min(pull_payload_bytes(e, num_unique, range_len, idx_bytes, item_bytes) for e in PULL_ENCODINGS)
-        pull = Call(op="all_gather_v", group=group, phase="pull", nbytes=HEADER_BYTES + body, sizes_first=True)
-        calls.append([push[rank], pull])
-    return calls
+    scheme = "zen" if hashed else "sparse_ps"
+    return counted_calls(scheme, items_of, world_size=world_size, num_items=num_items, item_bytes=item_bytes, seed=seed)
 
 
 def counted_calls(
@@ -95,20 +151,7 @@ def counted_calls(
     seed: int,
 ) -> list[list[Call]]:
     """Every rank's records of one step of ``scheme`` (one of ``COUNTED_SCHEMES``) from its item ids."""
-    group = tuple(range(world_size))
-    if scheme in ("zen", "sparse_ps"):
-        return zen_calls(
-            items_of, world_size=world_size, num_items=num_items, item_bytes=item_bytes, seed=seed,
-            hashed=scheme == "zen",
-        )  # fmt: skip
-    if scheme == "dense":
-        call = Call(op="all_reduce", group=group, phase="allreduce", nbytes=num_items * item_bytes)
-        return [[call] for _ in range(world_size)]
-    if scheme == "agsparse":
-        record = index_dtype(num_items).itemsize + item_bytes
-        out = []
-        for rank in range(world_size):
-            nbytes = items_of(rank).numel() * record
-            out.append([Call(op="all_gather_v", group=group, phase="allgather", nbytes=nbytes, sizes_first=True)])
-        return out
-    raise ValueError(f"counted mode covers {', '.join(COUNTED_SCHEMES)}; {scheme!r} needs a full run")
+    counter = Counter(scheme, world_size=world_size, num_items=num_items, item_bytes=item_bytes, seed=seed)
+    for rank in range(world_size):
+        counter.add(rank, items_of(rank) if counter.needs_items else None)
+    return counter.calls()

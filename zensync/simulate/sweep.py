@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from zensync.cost.topology import Link, Topology
 from zensync.simulate import simulate
-from zensync.simulate.counted import COUNTED_SCHEMES, counted_calls
+from zensync.simulate.counted import COUNTED_SCHEMES, Counter, counted_calls
 from zensync.simulate.record import Call
 from zensync.simulate.timeline import price
 from zensync.sync import SCHEMES
@@ -35,7 +35,7 @@ from zensync.transport import Transport
 from zensync.types import SyncStats
 from zensync.workloads.zipf import zipf_items
 
-__all__ = ["MODES", "ZipfWorkload", "payload_sent", "simulate_step"]
+__all__ = ["MODES", "ZipfWorkload", "payload_sent", "simulate_step", "simulate_sweep"]
 
 MODES = ("auto", "full", "counted")
 _ITEM_DTYPE = torch.float32
@@ -135,6 +135,10 @@ def simulate_step(
         )  # fmt: skip
     else:
         calls = _full_calls(scheme, ranks, workload, h0_seed)
+    return _row(row, calls, topology, start)
+
+
+def _row(row: dict[str, Any], calls: list[list[Call]], topology: Topology, start: float) -> dict[str, Any]:
     priced = price(calls, topology)
     sent = [payload_sent(c, r) for r, c in enumerate(calls)]
     return {
@@ -142,9 +146,66 @@ def simulate_step(
         "seconds": priced.seconds,
         "phase_seconds": priced.phase_seconds,
         "max_sent_bytes": max(sent),
-        "mean_sent_bytes": sum(sent) / ranks,
+        "mean_sent_bytes": sum(sent) / len(calls),
         "wall_s": time.perf_counter() - start,
     }
+
+
+def simulate_sweep(
+    schemes: Sequence[str],
+    ranks: Sequence[int],
+    workload: ZipfWorkload,
+    topology: Topology,
+    *,
+    mode: str = "auto",
+    memory_bytes: float = 4e9,
+    h0_seed: int = 12345,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """``simulate_step`` for every (world size, scheme), rows in that order, each rank's ids drawn once.
+
+    The counted points share one pass over the ranks: rank r's ids (the same at every world size)
+    are drawn once and fed to every counted point with more than r ranks, and each point is priced
+    as soon as its last rank is in. A counted point's ``wall_s`` is its own counting and pricing;
+    the shared draws are not in it. ``on_point`` sees each row as it is done.
+    """
+    for scheme in schemes:
+        if scheme not in SCHEMES or scheme == "auto":
+            raise ValueError(f"scheme={scheme!r}: expected one of {', '.join(s for s in SCHEMES if s != 'auto')}")
+    done: dict[tuple[int, str], dict[str, Any]] = {}
+    counters: dict[tuple[int, str], tuple[Counter, float]] = {}
+    for n in ranks:
+        for scheme in schemes:
+            chosen = _mode(scheme, n, workload, mode, memory_bytes)
+            if chosen == "counted":
+                counter = Counter(scheme, world_size=n, num_items=workload.num_items,
+                                  item_bytes=workload.item_bytes, seed=h0_seed)  # fmt: skip
+                counters[(n, scheme)] = (counter, 0.0)
+            else:
+                # full or skip: the same choice again inside
+                row = simulate_step(
+                    scheme, n, workload, topology, mode=mode, memory_bytes=memory_bytes, h0_seed=h0_seed
+                )
+                done[(n, scheme)] = row
+                if on_point is not None:
+                    on_point(done[(n, scheme)])
+    for rank in range(max((n for n, _ in counters), default=0)):
+        live = [(key, c) for key, c in counters.items() if key[0] > rank]
+        items = workload.items(rank) if any(c[0].needs_items for _, c in live) else None
+        for key, (counter, spent) in live:
+            start = time.perf_counter()
+            counter.add(rank, items if counter.needs_items else None)
+            spent += time.perf_counter() - start
+            counters[key] = (counter, spent)
+            if rank == key[0] - 1:
+                start = time.perf_counter()
+                row = _row({"scheme": key[1], "ranks": key[0], "mode": "counted"}, counter.calls(), topology, start)
+                row["wall_s"] += spent
+                done[key] = row
+                del counters[key]
+                if on_point is not None:
+                    on_point(row)
+    return [done[(n, scheme)] for n in ranks for scheme in schemes]
 
 
 def _full_calls(scheme: str, ranks: int, workload: ZipfWorkload, h0_seed: int) -> list[list[Call]]:

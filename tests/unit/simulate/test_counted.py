@@ -71,3 +71,32 @@ def test_bad_index_sets_are_refused() -> None:
         counted_calls("sparcml", lambda r: torch.tensor([1]), world_size=2, num_items=10, item_bytes=4, seed=1)
     with pytest.raises(ValueError, match="ascending ids"):
         zen_calls(lambda r: torch.tensor([3, 10]), world_size=2, num_items=10, item_bytes=4, seed=1)
+
+
+def test_a_sweep_draws_each_rank_once_and_gives_each_points_own_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    from zensync.simulate import sweep
+
+    workload = sweep.ZipfWorkload(num_items=5000, dim=2, density=0.03, skew=1.1, overlap=0.2, seed=4)
+    topo = Topology(2, Link(1e-6, 1e11), Link(50e-6, 125e6))
+    schemes, ranks = ["zen", "sparse_ps", "agsparse", "dense", "sparcml"], [2, 3, 5]
+    drawn: list[int] = []
+    real = sweep.zipf_items
+
+    def counting(rank: int, *args: object, **kwargs: object) -> torch.Tensor:
+        drawn.append(rank)
+        return real(rank, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "zipf_items", counting)
+    seen: list[tuple[int, str]] = []
+    rows = sweep.simulate_sweep(schemes, ranks, workload, topo, memory_bytes=2 * 5000 * 8 + 1,
+                                on_point=lambda row: seen.append((row["ranks"], row["scheme"])))  # fmt: skip
+    # The full points (2 ranks) draw inside their runs; the counted ones (3 and 5) once per rank.
+    assert drawn[-5:] == [0, 1, 2, 3, 4] and len(drawn) == 5 + 2 * len(schemes)
+    monkeypatch.setattr(sweep, "zipf_items", real)
+    assert sorted(seen) == sorted((n, s) for n in ranks for s in schemes)
+    for row, (n, scheme) in zip(rows, [(n, s) for n in ranks for s in schemes], strict=True):
+        assert (row["ranks"], row["scheme"]) == (n, scheme)
+        expected = "full" if n == 2 else ("skip" if scheme == "sparcml" else "counted")
+        assert row["mode"] == expected
+        alone = sweep.simulate_step(scheme, n, workload, topo, memory_bytes=2 * 5000 * 8 + 1)
+        assert (row["seconds"], row["max_sent_bytes"]) == (alone["seconds"], alone["max_sent_bytes"])
