@@ -90,6 +90,10 @@ def _shared_pool(num_items: int, num_shared: int, zipf_s: float, seed: int) -> t
     return _zipf_sample(num_items, num_shared, zipf_s, generator, exclude=None)
 
 
+_MIN_DRAWS = 1 << 14
+"""The smallest batch of draws of ``_successive_sample``."""
+
+
 @functools.lru_cache(maxsize=2)
 def _cdf(num_items: int, zipf_s: float) -> torch.Tensor:
     """Cumulative Zipf weights (i + 1) ** -zipf_s, float64, last entry the total (cached)."""
@@ -109,18 +113,21 @@ def _successive_sample(
     have = 0
     while have < num_samples:
         need = num_samples - have
-        u = torch.rand(need + need // 4 + 16, generator=generator, dtype=torch.float64).mul_(cdf[-1])
+        # Draws: a quarter more than needed, and never fewer than _MIN_DRAWS (the last few ids
+        # of a sample would otherwise come from tiny batches that mostly hit taken ids).
+        u = torch.rand(max(need + need // 4, _MIN_DRAWS), generator=generator, dtype=torch.float64).mul_(cdf[-1])
         draws = torch.searchsorted(cdf, u, right=True).clamp_(max=num_items - 1)
         # First occurrence of each id in draw order, then the ones not taken, in draw order.
         unique, inverse = torch.unique(draws, return_inverse=True)
         first = torch.full((unique.numel(),), draws.numel(), dtype=torch.long)
         first.scatter_reduce_(0, inverse, torch.arange(draws.numel()), reduce="amin")
         fresh = ~taken[unique]
+        num_fresh = int(fresh.sum())
         new = unique[fresh][torch.argsort(first[fresh])][:need]
         taken[new] = True
         kept.append(new)
         have += new.numel()
-        if have < num_samples and new.numel() * 8 < draws.numel():
+        if have < num_samples and num_fresh * 8 < draws.numel():
             # Most draws hit taken ids (heavy skew, high density): the rest, given what is taken, is
             # a weighted sample without replacement of the others, which one key per item draws.
             rest = _zipf_sample(num_items, num_samples - have, zipf_s, generator, exclude=taken.nonzero().squeeze(1))

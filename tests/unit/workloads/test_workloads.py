@@ -193,12 +193,27 @@ def test_lm_config_rejects_bad_values(kwargs: dict, match: str) -> None:
         lm.Config(**kwargs)
 
 
-@pytest.mark.parametrize(("zipf_s", "density", "overlap"), [(0.0, 0.2, 0.0), (1.1, 0.1, 0.3), (3.0, 0.5, 0.2)])
-def test_zipf_items_draw_zipf_sparse_s_law(zipf_s: float, density: float, overlap: float) -> None:
+@pytest.mark.parametrize(
+    ("zipf_s", "density", "overlap", "min_draws"),
+    [(0.0, 0.2, 0.0, 1 << 14), (1.1, 0.1, 0.3, 1 << 14), (1.1, 0.1, 0.3, 4), (3.0, 0.5, 0.2, 4)],
+)
+def test_zipf_items_draw_zipf_sparse_s_law(
+    zipf_s: float, density: float, overlap: float, min_draws: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Exact count, the shared pool in every rank's ids, and each id's inclusion frequency over 600
     ranks within 4 standard errors of zipf_sparse's (both samplers are seeded: the comparison is
-    deterministic). (3.0, 0.5) exhausts the heavy ids and takes the successive sampler's fallback."""
+    deterministic). With batches of 4 draws the successive sampler runs several rounds, and at
+    (3.0, 0.5) it exhausts the heavy ids and finishes with its fallback (counted below)."""
     num_items, ranks = 60, 600
+    monkeypatch.setattr(zipf, "_MIN_DRAWS", min_draws)
+    fallbacks = []
+    real_sample = zipf._zipf_sample
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        fallbacks.append(1)
+        return real_sample(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(zipf, "_zipf_sample", spy)
     k = round(density * num_items)
     pool = zipf._shared_pool(num_items, round(overlap * k), zipf_s, 5)
     fast = torch.zeros(num_items)
@@ -215,3 +230,5 @@ def test_zipf_items_draw_zipf_sparse_s_law(zipf_s: float, density: float, overla
     assert bool(((p_fast - p_slow).abs() <= 4 * stderr + 1e-9).all()), (p_fast - p_slow).abs().max()
     again = zipf_items(3, num_items, density=density, zipf_s=zipf_s, overlap=overlap, seed=5)
     assert torch.equal(again, zipf_items(3, num_items, density=density, zipf_s=zipf_s, overlap=overlap, seed=5))
+    if zipf_s == 3.0:  # beyond the zipf_sparse calls above (one per rank) and the pool's
+        assert len(fallbacks) > ranks + 1
