@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -142,20 +143,35 @@ def zipf_items(
     """One rank's sorted non-zero item ids, as ``zipf_sparse`` defines them, drawn faster.
 
     The same shared pool and the same law for the private items (a Zipf sample without replacement
-    outside the pool), drawn by successive sampling instead of one key per item: about 10 ms instead
-    of 0.4 s for 100k of 10M items, which is what ``zensync simulate``'s counted mode needs for 1024
-    ranks. Other random draws than ``zipf_sparse``'s, so other ids: the same distribution, not the
-    same sample (tests/unit/workloads/test_zipf.py compares inclusion frequencies).
+    outside the pool), drawn by successive sampling instead of one key per item: about 60 ms instead
+    of 0.4 s for 100k of 10M items on this repository's machine, which is what ``zensync simulate``'s
+    counted mode needs for 1024 ranks. Other random draws than ``zipf_sparse``'s, so other ids: the
+    same distribution, not the same sample (tests/unit/workloads/test_workloads.py compares
+    inclusion frequencies).
     """
     _check(num_items, 1, density, zipf_s, overlap, torch.float32)
+    return _ids(rank, num_items, density, zipf_s, overlap, seed, _successive_sample)[0]
+
+
+def _ids(
+    rank: int,
+    num_items: int,
+    density: float,
+    zipf_s: float,
+    overlap: float,
+    seed: int,
+    sample: Callable[[int, int, float, torch.Generator, torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Generator]:
+    """Rank ``rank``'s sorted ids: the shared pool (the same generator stream on every rank), then its
+    private items drawn by ``sample`` from everything outside the pool; and the rank's generator."""
     if rank < 0:
         raise ValueError(f"rank={rank} must be >= 0")
     num_nonzero = round(density * num_items)
     num_shared = round(overlap * num_nonzero)
     shared = _shared_pool(num_items, num_shared, float(zipf_s), seed)
     rank_gen = torch.Generator().manual_seed(mix_seed(seed, rank))
-    private = _successive_sample(num_items, num_nonzero - num_shared, float(zipf_s), rank_gen, shared)
-    return torch.cat([shared, private]).sort().values
+    private = sample(num_items, num_nonzero - num_shared, float(zipf_s), rank_gen, shared)
+    return torch.cat([shared, private]).sort().values, rank_gen
 
 
 def _random_values(shape: tuple[int, ...], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
@@ -181,16 +197,9 @@ def zipf_sparse(
 ) -> ZipfSparse:
     """One rank's non-zeros in compact form: sorted item ids and their values (see ``zipf_gradient``)."""
     _check(num_items, item_numel, density, zipf_s, overlap, dtype)
-    if rank < 0:
-        raise ValueError(f"rank={rank} must be >= 0")
-    num_nonzero = round(density * num_items)
-    num_shared = round(overlap * num_nonzero)
-    # Step 1: the shared pool: same generator stream on every rank.
-    shared = _shared_pool(num_items, num_shared, float(zipf_s), seed)
-    # Step 2: this rank's private items, Zipf-drawn from everything outside the pool.
-    rank_gen = torch.Generator().manual_seed(mix_seed(seed, rank))
-    private = _zipf_sample(num_items, num_nonzero - num_shared, zipf_s, rank_gen, exclude=shared)
-    ids = torch.cat([shared, private]).sort().values
+    # Steps 1-2: the shared pool and this rank's private items, Zipf-drawn outside it.
+    ids, rank_gen = _ids(rank, num_items, density, zipf_s, overlap, seed, _zipf_sample)
+    num_nonzero = ids.numel()
     # Step 3: random non-zero values for every element of every chosen item.
     value_shape = (num_nonzero,) if item_numel == 1 else (num_nonzero, item_numel)
     return ids, _random_values(value_shape, dtype, rank_gen)
