@@ -18,7 +18,6 @@ ranks, so the calls of several groups (Zen's hierarchical sync, two-level scheme
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -134,8 +133,3 @@ class RecordingTransport(Transport):
         part = self.inner.split(color)
         members = part.all_gather(torch.tensor([self.group[self.rank]], dtype=torch.int64))
         return RecordingTransport(part, self.calls, tuple(int(m) for m in members))
-
-
-def recorded(fn: Callable[[Transport], Any], calls: list[Call]) -> Callable[[Transport], Any]:
-    """``fn`` run on a ``RecordingTransport`` over the transport it is given (for ``SimulatedWorld.run``)."""
-    return lambda transport: fn(RecordingTransport(transport, calls))
