@@ -11,7 +11,9 @@ sparse_ps, agsparse, dense; ``auto`` takes it once the dense tensors would not f
 and the step's collectives are priced on a cluster of --ranks-per-node ranks per node joined by
 --intra, with one --inter link per node (``zensync.simulate``). The workload is a Zipf-family
 sparse gradient (``zensync.workloads.zipf``): --items rows of --dim float32, --density of the rows
-non-zero on each rank, Zipf exponent --skew, --overlap of each rank's rows from a shared pool.
+non-zero on each rank, Zipf exponent --skew, --overlap of each rank's rows from a shared pool; or
+several such tensors from --stats FILE (``zensync.simulate.sweep.load_stats``: per tensor rows, dim,
+density, skew, overlap), synced one after another, their times and bytes added.
 Only the network is priced: the kernels' local work is not part of the time. Prints a Markdown
 table (step time per scheme and world size, the mode that ran, the largest rank's payload) and
 writes PREFIX.json, PREFIX.md and, with --png and matplotlib, PREFIX.png (time against ranks).
@@ -28,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from zensync.cli._errors import UsageError, check_output_file, write_failed
+from zensync.cli._errors import UsageError, check_output_file, read_input, write_failed
 from zensync.cli._progress import bar
 
 __all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
@@ -36,7 +38,7 @@ __all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
 SIMULATE_FLAGS = (
     "--schemes", "--ranks", "--items", "--dim", "--density", "--skew", "--overlap", "--seed",
     "--ranks-per-node", "--intra", "--inter", "--intra-latency-us", "--inter-latency-us", "--mode",
-    "--memory-gb", "--output", "--png",
+    "--memory-gb", "--stats", "--output", "--png",
 )  # fmt: skip
 """The pinned flag set of ``zensync simulate``."""
 
@@ -64,6 +66,9 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--inter-latency-us", type=float, default=10.0, help="inter-node latency per message")
     parser.add_argument("--mode", choices=("auto", "full", "counted"), default="auto", help="how each point runs")
     parser.add_argument("--memory-gb", type=float, default=4.0, help="auto: the largest full run, in dense tensors")
+    parser.add_argument(
+        "--stats", metavar="FILE", help="gradient statistics JSON (several tensors; replaces --items ... --seed)"
+    )
     parser.add_argument("-o", "--output", metavar="PREFIX", default="simulate", help="writes PREFIX.json and .md")
     parser.add_argument("--png", action="store_true", help="also PREFIX.png (needs matplotlib)")
     parser.set_defaults(run=_run_simulate, subparser=parser)
@@ -119,21 +124,30 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         except ImportError as err:
             raise UsageError("--png needs matplotlib (pip install matplotlib)") from err
     schemes, ranks, workload, topology = _config(args, parser)
-    from zensync.simulate.sweep import simulate_sweep
+    from zensync.simulate.sweep import combine, load_stats, simulate_sweep
 
+    tensors = {"gradient": workload}
+    if args.stats is not None:
+        try:
+            tensors = load_stats(read_input(args.stats, "--stats"))
+        except ValueError as err:
+            raise UsageError(f"--stats {args.stats}: {err}") from err
     started = time.perf_counter()
-    with bar(len(schemes) * len(ranks), "simulate", unit="point") as progress:
-        rows = simulate_sweep(
-            schemes, ranks, workload, topology, mode=args.mode, memory_bytes=args.memory_gb * 1e9,
-            on_point=lambda row: progress.update(1),
-        )  # fmt: skip
+    per_tensor = {}
+    with bar(len(schemes) * len(ranks) * len(tensors), "simulate", unit="point") as progress:
+        for name, tensor in tensors.items():
+            per_tensor[name] = simulate_sweep(
+                schemes, ranks, tensor, topology, mode=args.mode, memory_bytes=args.memory_gb * 1e9,
+                on_point=lambda row: progress.update(1),
+            )  # fmt: skip
+    rows = per_tensor["gradient"] if args.stats is None else combine(per_tensor)
     document = {
         "version": 1,
         "command": "zensync " + " ".join(sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "versions": _versions(),
-        "workload": {"family": "zipf", **_asdict(workload)},
+        "workload": {"family": "zipf", "stats": args.stats, "tensors": {n: _asdict(w) for n, w in tensors.items()}},
         "topology": {
             "ranks_per_node": topology.ranks_per_node,
             "intra": _asdict(topology.intra),
@@ -180,11 +194,13 @@ def _write(path: str, text: str) -> None:
 
 
 def _title(document: dict[str, Any]) -> str:
-    w, t = document["workload"], document["topology"]
-    return (
-        f"Zipf {w['num_items']:,} x {w['dim']} rows, density {w['density']}, skew {w['skew']}; "
-        f"{t['ranks_per_node']}/node, inter {t['inter']['bandwidth_bytes_per_s'] * 8 / 1e9:g} Gbit/s"
-    )
+    tensors, t = document["workload"]["tensors"], document["topology"]
+    if len(tensors) == 1:
+        (w,) = tensors.values()
+        what = f"Zipf {w['num_items']:,} x {w['dim']} rows, density {w['density']}, skew {w['skew']}"
+    else:
+        what = f"{len(tensors)} Zipf tensors ({', '.join(tensors)}) synced in turn"
+    return f"{what}; {t['ranks_per_node']}/node, inter {t['inter']['bandwidth_bytes_per_s'] * 8 / 1e9:g} Gbit/s"
 
 
 def format_report(document: dict[str, Any]) -> str:

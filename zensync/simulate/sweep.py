@@ -17,6 +17,7 @@ The step is priced on the topology (the network only; local work is not charged)
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +36,7 @@ from zensync.transport import Transport
 from zensync.types import SyncStats
 from zensync.workloads.zipf import zipf_items
 
-__all__ = ["MODES", "ZipfWorkload", "payload_sent", "simulate_step", "simulate_sweep"]
+__all__ = ["MODES", "ZipfWorkload", "combine", "load_stats", "payload_sent", "simulate_step", "simulate_sweep"]
 
 MODES = ("auto", "full", "counted")
 _ITEM_DTYPE = torch.float32
@@ -216,3 +217,84 @@ def _full_calls(scheme: str, ranks: int, workload: ZipfWorkload, h0_seed: int) -
 
     unpriced = Topology.flat(Link(0.0, 1.0))  # the records are what counts; priced by the caller
     return simulate(body, ranks, unpriced).calls
+
+
+def load_stats(text: str) -> dict[str, ZipfWorkload]:
+    """Gradient statistics as JSON: one Zipf-family tensor per entry, synced one after another.
+
+    Format (version 1)::
+
+        {
+            "version": 1,
+            "seed": 0,
+            "tensors": [
+                {"name": "embedding", "rows": 10000000, "dim": 64, "density": 0.0113, "skew": 1.1, "overlap": 0.3}
+            ],
+        }
+
+    ``dim`` (default 1), ``skew`` (1.1), ``overlap`` (0) and the top-level ``seed`` (0) are optional;
+    names must be unique. Raises ValueError on anything else.
+    """
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("version") != 1:
+            raise ValueError('expected an object with "version": 1')
+        seed = int(data.get("seed", 0))
+        tensors = data["tensors"]
+        if not isinstance(tensors, list) or not tensors:
+            raise ValueError('"tensors" must be a non-empty list')
+        out: dict[str, ZipfWorkload] = {}
+        for i, entry in enumerate(tensors):
+            name = str(entry.get("name", f"tensor{i}"))
+            if name in out:
+                raise ValueError(f"tensor name {name!r} appears twice")
+            workload = ZipfWorkload(
+                num_items=int(entry["rows"]), dim=int(entry.get("dim", 1)), density=float(entry["density"]),
+                skew=float(entry.get("skew", 1.1)), overlap=float(entry.get("overlap", 0.0)), seed=seed + i,
+            )  # fmt: skip
+            _check_workload(workload, name)
+            out[name] = workload
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"not a gradient-statistics file: {exc}") from None
+    return out
+
+
+def _check_workload(workload: ZipfWorkload, name: str) -> None:
+    if workload.num_items < 1 or workload.dim < 1:
+        raise ValueError(f"{name}: rows and dim must be >= 1")
+    if not 0 < workload.density <= 1 or not 0 <= workload.overlap <= 1 or not 0 <= workload.skew <= 8:
+        raise ValueError(f"{name}: density must be in (0, 1], overlap in [0, 1], skew in [0, 8]")
+
+
+def combine(per_tensor: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per point from each tensor's rows (the same points, in the same order): the tensors
+    synced one after another, so times and bytes add; a point any tensor skipped is skipped."""
+    tables = list(per_tensor.values())
+    rows = []
+    for parts in zip(*tables, strict=True):
+        first = parts[0]
+        modes = {p["mode"] for p in parts}
+        row: dict[str, Any] = {"scheme": first["scheme"], "ranks": first["ranks"]}
+        summary = {
+            name: {"seconds": p["seconds"], "mode": p["mode"], "max_sent_bytes": p["max_sent_bytes"]}
+            for name, p in zip(per_tensor, parts, strict=True)
+        }
+        wall_s = sum(p["wall_s"] for p in parts)
+        if "skip" in modes:
+            rows.append({**row, "mode": "skip", "seconds": None, "phase_seconds": {}, "max_sent_bytes": None,
+                         "wall_s": wall_s, "tensors": summary})  # fmt: skip
+            continue
+        phases: dict[str, float] = {}
+        for part in parts:
+            for phase, seconds in part["phase_seconds"].items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+        rows.append({
+            **row,
+            "mode": modes.pop() if len(modes) == 1 else "mixed",
+            "seconds": sum(p["seconds"] for p in parts),
+            "phase_seconds": phases,
+            "max_sent_bytes": sum(p["max_sent_bytes"] for p in parts),
+            "wall_s": wall_s,
+            "tensors": summary,
+        })  # fmt: skip
+    return rows

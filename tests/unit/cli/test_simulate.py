@@ -26,7 +26,9 @@ def test_the_report_holds_each_points_priced_step(tmp_path: Path, capsys: pytest
     assert Path(prefix + ".md").read_text().strip() in printed
     workload = ZipfWorkload(num_items=3000, dim=4, density=0.05, skew=1.1, overlap=0.2, seed=3)
     topology = Topology(2, Link(2e-6, 50e9), Link(40e-6, 1e9 / 8))
-    assert document["workload"]["num_items"] == 3000 and document["topology"]["ranks_per_node"] == 2
+    assert (
+        document["workload"]["tensors"]["gradient"]["num_items"] == 3000 and document["topology"]["ranks_per_node"] == 2
+    )
     assert [(r["ranks"], r["scheme"]) for r in document["rows"]] == [
         (n, s) for n in (2, 4) for s in ("zen", "dense", "sparcml")
     ]
@@ -62,3 +64,49 @@ def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureF
         main(["simulate", *argv, "-o", str(tmp_path / "x")])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_stats_tensors_add_up_to_the_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from zensync.simulate.sweep import load_stats, simulate_sweep
+
+    stats = {"version": 1, "seed": 7, "tensors": [
+        {"name": "emb", "rows": 4000, "dim": 4, "density": 0.05, "skew": 1.1, "overlap": 0.2},
+        {"name": "out", "rows": 900, "density": 0.3, "skew": 0.0},
+    ]}  # fmt: skip
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps(stats))
+    prefix = str(tmp_path / "sim")
+    assert (
+        main(["simulate", *ARGS, "--stats", str(path), "--ranks", "2,3", "--schemes", "zen,agsparse", "-o", prefix])
+        == 0
+    )
+    document = json.loads(Path(prefix + ".json").read_text())
+    assert "2 Zipf tensors (emb, out) synced in turn" in capsys.readouterr().out
+    tensors = load_stats(path.read_text())
+    assert tensors["emb"].seed == 7 and tensors["out"].seed == 8 and tensors["out"].dim == 1
+    topology = Topology(2, Link(2e-6, 50e9), Link(40e-6, 1e9 / 8))
+    alone = {n: simulate_sweep(["zen", "agsparse"], [2, 3], w, topology) for n, w in tensors.items()}
+    for i, row in enumerate(document["rows"]):
+        parts = [alone["emb"][i], alone["out"][i]]
+        assert row["seconds"] == pytest.approx(sum(p["seconds"] for p in parts), rel=1e-12)
+        assert row["max_sent_bytes"] == sum(p["max_sent_bytes"] for p in parts)
+        assert row["tensors"]["emb"]["seconds"] == pytest.approx(parts[0]["seconds"], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1]", "version"),
+        ('{"version": 1, "tensors": []}', "non-empty"),
+        ('{"version": 1, "tensors": [{"rows": 10}]}', "density"),
+        ('{"version": 1, "tensors": [{"rows": 10, "density": 2}]}', "density must be in"),
+        (json.dumps({"version": 1, "tensors": [{"name": "a", "rows": 9, "density": 0.1}] * 2}), "twice"),
+        ("not json", "not a gradient-statistics file"),
+    ],
+)
+def test_bad_stats_files_exit_2(content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "stats.json"
+    path.write_text(content)
+    assert main(["simulate", "--stats", str(path), "--ranks", "2", "-o", str(tmp_path / "x")]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["simulate", "--stats", str(tmp_path / "missing.json"), "-o", str(tmp_path / "x")]) == 2
