@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import pathlib
 import platform
@@ -30,7 +31,7 @@ import sys
 import time
 from typing import Any
 
-from zensync.cli._errors import UsageError, check_output_file, read_input, write_failed
+from zensync.cli._errors import CommandFailed, UsageError, check_output_file, read_input, write_failed
 from zensync.cli._progress import bar
 
 __all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
@@ -118,12 +119,9 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
 def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for suffix in (".json", ".md", *((".png",) if args.png else ())):
         check_output_file(args.output + suffix, "-o")
-    if args.png:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError as err:
-            raise UsageError("--png needs matplotlib (pip install matplotlib)") from err
     schemes, ranks, workload, topology = _config(args, parser)
+    if args.png and importlib.util.find_spec("matplotlib") is None:  # before the work, as bench and explain
+        raise CommandFailed("--png needs matplotlib (pip install 'zensync[bench]')")
     from zensync.simulate.sweep import combine, load_stats, simulate_sweep
 
     tensors = {"gradient": workload}

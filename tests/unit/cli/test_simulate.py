@@ -110,3 +110,22 @@ def test_bad_stats_files_exit_2(content: str, message: str, tmp_path: Path, caps
     assert main(["simulate", "--stats", str(path), "--ranks", "2", "-o", str(tmp_path / "x")]) == 2
     assert message in capsys.readouterr().err
     assert main(["simulate", "--stats", str(tmp_path / "missing.json"), "-o", str(tmp_path / "x")]) == 2
+
+
+def test_png_without_matplotlib_exits_1_before_the_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["simulate", *ARGS, "--ranks", "2", "--png", "-o", str(tmp_path / "x")]) == 1
+    assert "needs matplotlib" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_png_is_written_with_matplotlib(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    prefix = str(tmp_path / "x")
+    assert main(["simulate", *ARGS, "--ranks", "2,4", "--schemes", "zen,dense", "--png", "-o", prefix]) == 0
+    assert Path(prefix + ".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
