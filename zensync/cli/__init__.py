@@ -10,7 +10,7 @@ Subcommands (one module each, ``add_<name>`` registers it)::
     mpiexec -n 2 python -m mpi4py -m zensync tune [-o tuning.json]   # gloo/MPI table of the mixed dispatch
     mpiexec -n 2 python -m mpi4py -m zensync bench --scan [--sizes 8,4096] [--backends gloo,mpi,mixed] \\
                  [--png] [-o collective_scan_p2]                     # collective latency/busbw per size
-    zensync simulate [--schemes zen,agsparse,dense] [--ranks 2,...,1024] [--items 10000000] \
+    zensync simulate [--schemes zen,agsparse,dense] [--ranks 2,...,1024] [--items 10000000] \\
                  [--ranks-per-node 8] [--inter 25Gbit] [-o PREFIX] [--png]  # one sync step, priced
 
 Exit status (``zensync --help`` prints it; ``zensync.cli._errors`` holds the rule): 0 on success; 1
