@@ -87,6 +87,7 @@ def _worker(
     rank: int, world: int, variants: list[str], rounds: int, port: int | None, out: str, device_type: str = "cpu"
 ) -> None:
     from zensync.compress import cast
+    from zensync.kernels import synchronize
 
     if port is not None:  # loopback: spawned here; on the emulated cluster the launcher sets the env
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -102,7 +103,7 @@ def _worker(
     optimizers = {v: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for v, m in models.items()}
     gen = torch.Generator().manual_seed(rank)
     x, y = torch.randn(64, 1024, generator=gen).to(device), torch.randint(0, 10, (64,), generator=gen).to(device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+
     times: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}  # this process's CPU time (all threads) per step
     warmup = 5
@@ -110,13 +111,13 @@ def _worker(
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
             cast._PIPELINE_PIECE = pieces[v]
-            sync()
+            synchronize(device)
             dist.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
             optimizers[v].zero_grad(set_to_none=False)
             nn.functional.cross_entropy(models[v](x), y).backward()
             optimizers[v].step()
-            sync()
+            synchronize(device)
             if r >= warmup:
                 times[v].append(time.perf_counter() - start)
                 cpu[v].append(time.process_time() - start_cpu)

@@ -22,6 +22,7 @@ writes PREFIX.json, PREFIX.md and, with --png and matplotlib, PREFIX.png (time a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -90,14 +91,13 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
         ranks = sorted({int(r) for r in args.ranks.split(",") if r.strip()})
         if not ranks or ranks[0] < 1 or ranks[-1] > 4096:
             raise ValueError("--ranks: world sizes in 1..4096")
-        workload = ZipfWorkload(
-            num_items=args.items, dim=args.dim, density=args.density, skew=args.skew, overlap=args.overlap,
-            seed=args.seed,
-        )  # fmt: skip
-        if args.items < 1 or args.dim < 1 or not 0 < args.density <= 1 or not 0 <= args.overlap <= 1:
-            raise ValueError("--items and --dim must be >= 1, --density in (0, 1], --overlap in [0, 1]")
-        if not 0 <= args.skew <= 8:
-            raise ValueError("--skew must be in [0, 8]")
+        try:
+            workload = ZipfWorkload(
+                num_items=args.items, dim=args.dim, density=args.density, skew=args.skew, overlap=args.overlap,
+                seed=args.seed,
+            )  # fmt: skip
+        except ValueError as err:
+            raise ValueError(f"--items, --dim, --density, --skew, --overlap: {err}") from None
         if not args.memory_gb > 0:
             raise ValueError("--memory-gb must be > 0")
         topology = Topology(
@@ -145,11 +145,15 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         "date": datetime.date.today().isoformat(),
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "versions": _versions(),
-        "workload": {"family": "zipf", "stats": args.stats, "tensors": {n: _asdict(w) for n, w in tensors.items()}},
+        "workload": {
+            "family": "zipf",
+            "stats": args.stats,
+            "tensors": {n: dataclasses.asdict(w) for n, w in tensors.items()},
+        },
         "topology": {
             "ranks_per_node": topology.ranks_per_node,
-            "intra": _asdict(topology.intra),
-            "inter": _asdict(topology.inter),
+            "intra": dataclasses.asdict(topology.intra),
+            "inter": dataclasses.asdict(topology.inter),
         },
         "priced": "network only (collectives on the two-level model); local work is not charged",
         "wall_s": time.perf_counter() - started,
@@ -168,12 +172,6 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             raise write_failed(args.output + ".png", err) from err
     print(f"wrote {args.output}.json, {args.output}.md" + (f", {args.output}.png" if args.png else ""))
     return 0
-
-
-def _asdict(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(obj)
 
 
 def _versions() -> dict[str, str]:

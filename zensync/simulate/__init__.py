@@ -28,7 +28,7 @@ from zensync.simulate.record import Call, RecordingTransport
 from zensync.simulate.timeline import Priced, price
 from zensync.transport import SimulatedWorld, TrafficLog, Transport
 
-__all__ = ["Call", "Link", "Priced", "RecordingTransport", "Simulation", "Topology", "price", "simulate"]
+__all__ = ["Call", "Link", "Priced", "RecordingTransport", "Simulation", "Topology", "price", "record", "simulate"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,10 +46,10 @@ class Simulation:
     """Whether local work is part of ``priced`` (not yet: the network only)."""
 
 
-def simulate(
-    fn: Callable[[Transport], Any], world_size: int, topology: Topology, *, timeout_s: float = 600.0
-) -> Simulation:
-    """Run ``fn`` on ``world_size`` simulated ranks and price its collectives on ``topology``."""
+def record(
+    fn: Callable[[Transport], Any], world_size: int, *, timeout_s: float = 600.0
+) -> tuple[list[Any], list[list[Call]], list[TrafficLog]]:
+    """Run ``fn`` on ``world_size`` simulated ranks: each rank's result, recorded calls and traffic."""
     calls: list[list[Call]] = [[] for _ in range(world_size)]
     logs = [TrafficLog() for _ in range(world_size)]
 
@@ -59,4 +59,12 @@ def simulate(
             return fn(recording)
 
     results = SimulatedWorld(world_size, timeout_s=timeout_s).run(body)
-    return Simulation(results=list(results), priced=price(calls, topology), calls=calls, traffic=logs)
+    return list(results), calls, logs
+
+
+def simulate(
+    fn: Callable[[Transport], Any], world_size: int, topology: Topology, *, timeout_s: float = 600.0
+) -> Simulation:
+    """Run ``fn`` on ``world_size`` simulated ranks and price its collectives on ``topology``."""
+    results, calls, logs = record(fn, world_size, timeout_s=timeout_s)
+    return Simulation(results=results, priced=price(calls, topology), calls=calls, traffic=logs)

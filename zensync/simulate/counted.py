@@ -84,9 +84,9 @@ class Counter:
             self._per_rank.append(call)
             return
         if items is None or items.dtype != torch.int64 or items.dim() != 1:
-            raise ValueError(f"zen_calls: rank {rank}'s items must be a 1-D int64 tensor")
+            raise ValueError(f"counted mode: rank {rank}'s items must be a 1-D int64 tensor")
         if items.numel() and (int(items[0]) < 0 or int(items[-1]) >= self.num_items):
-            raise ValueError(f"zen_calls: rank {rank}'s items must be ascending ids in [0, {self.num_items})")
+            raise ValueError(f"counted mode: rank {rank}'s items must be ascending ids in [0, {self.num_items})")
         if self.scheme == "agsparse":
             nbytes = items.numel() * self._record
             self._per_rank.append(Call(op="all_gather_v", group=self.group, phase="allgather", nbytes=nbytes,

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from zensync.cost.topology import Link, Topology
-from zensync.simulate import simulate
+from zensync.cost.topology import Topology
+from zensync.simulate import record
 from zensync.simulate.counted import COUNTED_SCHEMES, Counter, counted_calls
 from zensync.simulate.record import Call
 from zensync.simulate.timeline import price
@@ -52,6 +52,12 @@ class ZipfWorkload:
     skew: float = 1.1
     overlap: float = 0.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_items < 1 or self.dim < 1:
+            raise ValueError(f"rows={self.num_items} and dim={self.dim} must be >= 1")
+        if not 0 < self.density <= 1 or not 0 <= self.overlap <= 1 or not 0 <= self.skew <= 8:
+            raise ValueError("density must be in (0, 1], overlap in [0, 1], skew in [0, 8]")
 
     @property
     def item_bytes(self) -> int:
@@ -89,9 +95,16 @@ def payload_sent(calls: Sequence[Call], rank: int) -> int:
             total += call.nbytes
         elif call.op == "all_reduce":
             total += 2 * (n - 1) * call.nbytes // n
-        elif call.op in ("reduce_scatter", "broadcast"):
-            total += (n - 1) * call.nbytes // n if call.op == "reduce_scatter" else call.nbytes
+        elif call.op == "reduce_scatter":
+            total += (n - 1) * call.nbytes // n
+        elif call.op == "broadcast":
+            total += call.nbytes
     return total
+
+
+def _check_scheme(scheme: str) -> None:
+    if scheme not in SCHEMES or scheme == "auto":
+        raise ValueError(f"scheme={scheme!r}: expected one of {', '.join(s for s in SCHEMES if s != 'auto')}")
 
 
 def _mode(scheme: str, ranks: int, workload: ZipfWorkload, mode: str, memory_bytes: float) -> str:
@@ -122,9 +135,14 @@ def simulate_step(
     A point ``auto`` cannot run (too big for a full run, and a scheme counted mode does not cover)
     comes back with ``mode`` "skip" and no time.
     """
-    if scheme not in SCHEMES or scheme == "auto":
-        raise ValueError(f"scheme={scheme!r}: expected one of {', '.join(s for s in SCHEMES if s != 'auto')}")
-    chosen = _mode(scheme, ranks, workload, mode, memory_bytes)
+    _check_scheme(scheme)
+    return _point(scheme, ranks, workload, topology, _mode(scheme, ranks, workload, mode, memory_bytes), h0_seed)
+
+
+def _point(
+    scheme: str, ranks: int, workload: ZipfWorkload, topology: Topology, chosen: str, h0_seed: int
+) -> dict[str, Any]:
+    """The row of one point whose mode is decided (``_mode``)."""
     row: dict[str, Any] = {"scheme": scheme, "ranks": ranks, "mode": chosen}
     if chosen == "skip":
         return {**row, "seconds": None, "phase_seconds": {}, "max_sent_bytes": None, "wall_s": 0.0}
@@ -171,37 +189,33 @@ def simulate_sweep(
     the shared draws are not in it. ``on_point`` sees each row as it is done.
     """
     for scheme in schemes:
-        if scheme not in SCHEMES or scheme == "auto":
-            raise ValueError(f"scheme={scheme!r}: expected one of {', '.join(s for s in SCHEMES if s != 'auto')}")
+        _check_scheme(scheme)
     done: dict[tuple[int, str], dict[str, Any]] = {}
-    counters: dict[tuple[int, str], tuple[Counter, float]] = {}
+    counters: dict[tuple[int, str], Counter] = {}
+    spent: dict[tuple[int, str], float] = {}
+    """Per counted point, the seconds its own counting took so far."""
     for n in ranks:
         for scheme in schemes:
             chosen = _mode(scheme, n, workload, mode, memory_bytes)
             if chosen == "counted":
-                counter = Counter(scheme, world_size=n, num_items=workload.num_items,
-                                  item_bytes=workload.item_bytes, seed=h0_seed)  # fmt: skip
-                counters[(n, scheme)] = (counter, 0.0)
+                counters[(n, scheme)] = Counter(scheme, world_size=n, num_items=workload.num_items,
+                                                item_bytes=workload.item_bytes, seed=h0_seed)  # fmt: skip
+                spent[(n, scheme)] = 0.0
             else:
-                # full or skip: the same choice again inside
-                row = simulate_step(
-                    scheme, n, workload, topology, mode=mode, memory_bytes=memory_bytes, h0_seed=h0_seed
-                )
-                done[(n, scheme)] = row
+                done[(n, scheme)] = _point(scheme, n, workload, topology, chosen, h0_seed)
                 if on_point is not None:
                     on_point(done[(n, scheme)])
     for rank in range(max((n for n, _ in counters), default=0)):
-        live = [(key, c) for key, c in counters.items() if key[0] > rank]
-        items = workload.items(rank) if any(c[0].needs_items for _, c in live) else None
-        for key, (counter, spent) in live:
+        live = [(key, counter) for key, counter in counters.items() if key[0] > rank]
+        items = workload.items(rank) if any(counter.needs_items for _, counter in live) else None
+        for key, counter in live:
             start = time.perf_counter()
             counter.add(rank, items if counter.needs_items else None)
-            spent += time.perf_counter() - start
-            counters[key] = (counter, spent)
+            spent[key] += time.perf_counter() - start
             if rank == key[0] - 1:
                 start = time.perf_counter()
                 row = _row({"scheme": key[1], "ranks": key[0], "mode": "counted"}, counter.calls(), topology, start)
-                row["wall_s"] += spent
+                row["wall_s"] += spent[key]
                 done[key] = row
                 del counters[key]
                 if on_point is not None:
@@ -215,8 +229,7 @@ def _full_calls(scheme: str, ranks: int, workload: ZipfWorkload, h0_seed: int) -
         options = SyncOptions(h0_seed=h0_seed)
         run_agreed(view, t, scheme=scheme, options=options, h0_seed=h0_seed, stats=SyncStats())
 
-    unpriced = Topology.flat(Link(0.0, 1.0))  # the records are what counts; priced by the caller
-    return simulate(body, ranks, unpriced).calls
+    return record(body, ranks)[1]
 
 
 def load_stats(text: str) -> dict[str, ZipfWorkload]:
@@ -248,22 +261,16 @@ def load_stats(text: str) -> dict[str, ZipfWorkload]:
             name = str(entry.get("name", f"tensor{i}"))
             if name in out:
                 raise ValueError(f"tensor name {name!r} appears twice")
-            workload = ZipfWorkload(
-                num_items=int(entry["rows"]), dim=int(entry.get("dim", 1)), density=float(entry["density"]),
-                skew=float(entry.get("skew", 1.1)), overlap=float(entry.get("overlap", 0.0)), seed=seed + i,
-            )  # fmt: skip
-            _check_workload(workload, name)
-            out[name] = workload
+            try:
+                out[name] = ZipfWorkload(
+                    num_items=int(entry["rows"]), dim=int(entry.get("dim", 1)), density=float(entry["density"]),
+                    skew=float(entry.get("skew", 1.1)), overlap=float(entry.get("overlap", 0.0)), seed=seed + i,
+                )  # fmt: skip
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
     except (KeyError, TypeError, AttributeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise ValueError(f"not a gradient-statistics file: {exc}") from None
     return out
-
-
-def _check_workload(workload: ZipfWorkload, name: str) -> None:
-    if workload.num_items < 1 or workload.dim < 1:
-        raise ValueError(f"{name}: rows and dim must be >= 1")
-    if not 0 < workload.density <= 1 or not 0 <= workload.overlap <= 1 or not 0 <= workload.skew <= 8:
-        raise ValueError(f"{name}: density must be in (0, 1], overlap in [0, 1], skew in [0, 8]")
 
 
 def combine(per_tensor: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
