@@ -3,7 +3,8 @@
     zensync simulate [--schemes zen,sparse_ps,agsparse,dense] [--ranks 2,4,8,...,1024]
                      [--items 10000000] [--dim 1] [--density 0.01] [--skew 1.1] [--overlap 0.0] [--seed 0]
                      [--ranks-per-node 8] [--intra nvlink] [--inter 25Gbit] [--intra-latency-us 5]
-                     [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [-o PREFIX] [--png]
+                     [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [--compute-scale 1]
+                     [--stats FILE] [-o PREFIX] [--png]
 
 For each scheme and each world size, zensync's real algorithms run on the in-process simulated world
 (full mode) or their exact records are counted from the ranks' index sets (counted mode: zen,
@@ -14,9 +15,12 @@ sparse gradient (``zensync.workloads.zipf``): --items rows of --dim float32, --d
 non-zero on each rank, Zipf exponent --skew, --overlap of each rank's rows from a shared pool; or
 several such tensors from --stats FILE (``zensync.simulate.sweep.load_stats``: per tensor rows, dim,
 density, skew, overlap), synced one after another, their times and bytes added.
-Only the network is priced: the kernels' local work is not part of the time. Prints a Markdown
-table (step time per scheme and world size, the mode that ran, the largest rank's payload) and
-writes PREFIX.json, PREFIX.md and, with --png and matplotlib, PREFIX.png (time against ranks).
+A full point also charges each rank's local work as measured (the CPU seconds of one core of this
+machine between its calls) times --compute-scale (0: the network alone; a faster device: a smaller
+factor); a counted point runs no kernels and prices the network alone. Prints a Markdown table
+(step time per scheme and world size, the mode that ran, the largest rank's payload, a full
+point's local work) and writes PREFIX.json, PREFIX.md and, with --png and matplotlib, PREFIX.png
+(time against ranks).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ __all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
 SIMULATE_FLAGS = (
     "--schemes", "--ranks", "--items", "--dim", "--density", "--skew", "--overlap", "--seed",
     "--ranks-per-node", "--intra", "--inter", "--intra-latency-us", "--inter-latency-us", "--mode",
-    "--memory-gb", "--stats", "--output", "--png",
+    "--memory-gb", "--compute-scale", "--stats", "--output", "--png",
 )  # fmt: skip
 """The pinned flag set of ``zensync simulate``."""
 
@@ -68,6 +72,9 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--inter-latency-us", type=float, default=10.0, help="inter-node latency per message")
     parser.add_argument("--mode", choices=("auto", "full", "counted"), default="auto", help="how each point runs")
     parser.add_argument("--memory-gb", type=float, default=4.0, help="auto: the largest full run, in dense tensors")
+    parser.add_argument(
+        "--compute-scale", type=float, default=1.0, help="factor on a full point's measured local work (0: network)"
+    )
     parser.add_argument(
         "--stats", metavar="FILE", help="gradient statistics JSON (several tensors; replaces --items ... --seed)"
     )
@@ -100,6 +107,8 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
             raise ValueError(f"--items, --dim, --density, --skew, --overlap: {err}") from None
         if not args.memory_gb > 0:
             raise ValueError("--memory-gb must be > 0")
+        if not args.compute_scale >= 0:
+            raise ValueError("--compute-scale must be >= 0 (0: the network alone)")
         topology = Topology(
             args.ranks_per_node,
             Link(args.intra_latency_us * 1e-6, parse_bandwidth(args.intra)),
@@ -136,7 +145,7 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         for name, tensor in tensors.items():
             per_tensor[name] = simulate_sweep(
                 schemes, ranks, tensor, topology, mode=args.mode, memory_bytes=args.memory_gb * 1e9,
-                on_point=lambda row: progress.update(1),
+                compute_scale=args.compute_scale, on_point=lambda row: progress.update(1),
             )  # fmt: skip
     rows = per_tensor["gradient"] if args.stats is None else combine(per_tensor)
     document = {
@@ -155,7 +164,8 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             "intra": dataclasses.asdict(topology.intra),
             "inter": dataclasses.asdict(topology.inter),
         },
-        "priced": "network only (collectives on the two-level model); local work is not charged",
+        "priced": _priced(args.compute_scale),
+        "compute_scale": args.compute_scale,
         "wall_s": time.perf_counter() - started,
         "rows": rows,
     }
@@ -172,6 +182,15 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             raise write_failed(args.output + ".png", err) from err
     print(f"wrote {args.output}.json, {args.output}.md" + (f", {args.output}.png" if args.png else ""))
     return 0
+
+
+def _priced(compute_scale: float) -> str:
+    if compute_scale == 0:
+        return "the network alone: collectives on the two-level model, local work not charged"
+    return (
+        f"collectives on the two-level model plus, at full points, {compute_scale:g} x the measured local work "
+        "(one core of this machine); counted points: the network alone"
+    )
 
 
 def _versions() -> dict[str, str]:
@@ -208,7 +227,8 @@ def format_report(document: dict[str, Any]) -> str:
     lines = [
         f"zensync simulate: {_title(document)}.",
         f"Step time in ms ({document['priced']}); mode: F full run, C counted from the index sets, "
-        "- skipped (too big for a full run, not countable); in brackets the largest rank's payload sent, MB.",
+        "- skipped (too big for a full run, not countable); in brackets the largest rank's payload sent, MB, "
+        "and a full point's local work (largest rank), ms.",
         "",
         "| ranks | " + " | ".join(schemes) + " |",
         "|---|" + "---|" * len(schemes),
@@ -221,7 +241,8 @@ def format_report(document: dict[str, Any]) -> str:
                 cells.append("-")
             else:
                 mode = "F" if row["mode"] == "full" else "C"
-                cells.append(f"{row['seconds'] * 1e3:.3g} {mode} ({row['max_sent_bytes'] / 1e6:.3g})")
+                local = "" if not row.get("compute_seconds") else f"; local {row['compute_seconds'] * 1e3:.3g}"
+                cells.append(f"{row['seconds'] * 1e3:.3g} {mode} ({row['max_sent_bytes'] / 1e6:.3g}{local})")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Simulator wall time: {document['wall_s']:.1f} s.")

@@ -6,15 +6,17 @@ issues with its real sizes (``record``), and replays the records on ``topology``
 alpha-beta network (``zensync.cost.topology``; ``timeline``). It returns every rank's result, the
 priced time and, per rank, the bytes the transport accounted (its ``TrafficLog``).
 
-Only the network is priced: local work between the calls (kernels, compression) is not part of the
-time (``Simulation.compute_charged`` is False), and point-to-point messages that leave one node at
+Local work is charged as measured: each recorded call carries the CPU seconds its rank spent
+preparing it (``Call.compute_s``: one core of this machine, the thread's CPU clock), and the rank's
+clock advances by that, times ``compute_scale``, before the call (``compute_scale=0`` prices the
+network alone; a faster device is a smaller factor). Point-to-point messages that leave one node at
 the same time do not share its link in the model (collectives do).
 
 Example::
 
     topo = Topology(8, Link(5e-6, 150e9), Link(10e-6, 12.5e9))  # 8 GPUs per node, 100 Gbit/s between
     sim = simulate(lambda t: zensync.sparse_allreduce(grads[t.rank], group=t), 64, topo)
-    sim.priced.seconds, sim.priced.phase_seconds["push"]
+    sim.priced.seconds, sim.priced.phase_seconds["push"], sim.priced.compute_seconds
 """
 
 from __future__ import annotations
@@ -24,11 +26,22 @@ from collections.abc import Callable
 from typing import Any
 
 from zensync.cost.topology import Link, Topology
-from zensync.simulate.record import Call, RecordingTransport
+from zensync.simulate.record import Call, RecordingTransport, network_calls
 from zensync.simulate.timeline import Priced, price
 from zensync.transport import SimulatedWorld, TrafficLog, Transport
 
-__all__ = ["Call", "Link", "Priced", "RecordingTransport", "Simulation", "Topology", "price", "record", "simulate"]
+__all__ = [
+    "Call",
+    "Link",
+    "Priced",
+    "RecordingTransport",
+    "Simulation",
+    "Topology",
+    "network_calls",
+    "price",
+    "record",
+    "simulate",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,29 +55,46 @@ class Simulation:
     """Each rank's recorded collectives, in issue order."""
     traffic: list[TrafficLog]
     """Each rank's bytes per phase, as the transport accounted them."""
-    compute_charged: bool = False
-    """Whether local work is part of ``priced`` (not yet: the network only)."""
+    compute_scale: float = 1.0
+    """The factor on the measured local work in ``priced`` (0: the network alone)."""
 
 
 def record(
-    fn: Callable[[Transport], Any], world_size: int, *, timeout_s: float = 600.0
+    fn: Callable[[Transport], Any], world_size: int, *, warmup: bool = False, timeout_s: float = 600.0
 ) -> tuple[list[Any], list[list[Call]], list[TrafficLog]]:
-    """Run ``fn`` on ``world_size`` simulated ranks: each rank's result, recorded calls and traffic."""
+    """Run ``fn`` on ``world_size`` simulated ranks: each rank's result, recorded calls and traffic.
+
+    With ``warmup``, every rank first runs ``fn`` once unrecorded (its result dropped), so compiling
+    the kernels and first-call allocations are not measured as local work; ``fn`` must then be
+    repeatable (build its inputs inside, not modify them in place).
+    """
     calls: list[list[Call]] = [[] for _ in range(world_size)]
     logs = [TrafficLog() for _ in range(world_size)]
 
     def body(transport: Transport) -> Any:
+        if warmup:
+            fn(transport)
         recording = RecordingTransport(transport, calls[transport.rank])
         with recording.recording(logs[transport.rank]):
-            return fn(recording)
+            result = fn(recording)
+        recording.finish()
+        return result
 
     results = SimulatedWorld(world_size, timeout_s=timeout_s).run(body)
     return list(results), calls, logs
 
 
 def simulate(
-    fn: Callable[[Transport], Any], world_size: int, topology: Topology, *, timeout_s: float = 600.0
+    fn: Callable[[Transport], Any],
+    world_size: int,
+    topology: Topology,
+    *,
+    compute_scale: float = 1.0,
+    warmup: bool = False,
+    timeout_s: float = 600.0,
 ) -> Simulation:
-    """Run ``fn`` on ``world_size`` simulated ranks and price its collectives on ``topology``."""
-    results, calls, logs = record(fn, world_size, timeout_s=timeout_s)
-    return Simulation(results=results, priced=price(calls, topology), calls=calls, traffic=logs)
+    """Run ``fn`` on ``world_size`` simulated ranks and price its collectives and local work on
+    ``topology`` (``warmup``: as ``record``'s)."""
+    results, calls, logs = record(fn, world_size, warmup=warmup, timeout_s=timeout_s)
+    priced = price(calls, topology, compute_scale=compute_scale)
+    return Simulation(results=results, priced=priced, calls=calls, traffic=logs, compute_scale=compute_scale)

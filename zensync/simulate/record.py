@@ -9,7 +9,15 @@ was given, so they are the bytes the algorithm really moves:
 - all_reduce, all_gather, all_gather_v, reduce_scatter, broadcast: this rank's tensor, in bytes;
 - all_to_all_v: the bytes this rank sends to each rank of the group;
 - send_recv: the bytes sent and the destination (global rank), or none; the source it receives from;
-- barrier: nothing.
+- barrier: nothing;
+- local: no collective: the rank's local work after its last call (``RecordingTransport.finish``).
+
+Each call also carries ``compute_s``: the CPU seconds the issuing thread spent since this rank's
+previous call (``time.thread_time``), minus what the transport itself spent issuing that call, i.e.
+the rank's own local work (kernels, encoding, compression) that prepared this one. It is measured
+per thread, so work done on another thread than the one issuing the collectives is not seen; the
+simulated world runs each rank's algorithm on its own thread with one torch thread and
+single-threaded numba kernels, so the figure is the local work on one CPU core of this machine.
 
 A group split from a recording transport records into the same list, with its members' global
 ranks, so the calls of several groups (Zen's hierarchical sync, two-level schemes) line up per group.
@@ -18,6 +26,8 @@ ranks, so the calls of several groups (Zen's hierarchical sync, two-level scheme
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from typing import Any
 
 import torch
@@ -25,7 +35,7 @@ import torch
 from zensync.transport.base import Transport
 from zensync.transport.handle import Handle
 
-__all__ = ["Call", "RecordingTransport"]
+__all__ = ["Call", "RecordingTransport", "network_calls"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,6 +55,32 @@ class Call:
     sizes_first: bool = False
     """Whether the backend exchanges sizes before the payload (all_gather_v; all_to_all_v without
     known receive counts): one more round, 8 bytes per peer."""
+    compute_s: float = 0.0
+    """CPU seconds of this rank's local work before this call (module docstring; 0: not measured)."""
+
+
+class _LocalClock:
+    """Per thread, the CPU time at which the rank's transport last handed control back to it.
+
+    Shared by a recording transport and the groups split from it (one rank, one clock).
+    """
+
+    def __init__(self) -> None:
+        self._marks: dict[int, float] = {}
+
+    def start(self) -> None:
+        self._marks[threading.get_ident()] = time.thread_time()
+
+    def elapsed(self) -> float:
+        """CPU seconds this thread spent since its mark (0 on a thread never marked)."""
+        mark = self._marks.get(threading.get_ident())
+        return 0.0 if mark is None else max(0.0, time.thread_time() - mark)
+
+
+def network_calls(calls: list[list[Call]]) -> list[list[Call]]:
+    """Each rank's calls without their local work: no ``local`` calls, every ``compute_s`` 0 (what
+    the network alone sees; what a counted run records)."""
+    return [[dataclasses.replace(c, compute_s=0.0) for c in per_rank if c.op != "local"] for per_rank in calls]
 
 
 def _nbytes(tensor: torch.Tensor | None) -> int:
@@ -60,12 +96,29 @@ class RecordingTransport(Transport):
         group: Global ranks of ``inner``'s group (default: ``range(inner.world_size)``).
     """
 
-    def __init__(self, inner: Transport, calls: list[Call], group: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self,
+        inner: Transport,
+        calls: list[Call],
+        group: tuple[int, ...] | None = None,
+        *,
+        _clock: _LocalClock | None = None,
+    ) -> None:
         super().__init__(inner.rank, inner.world_size)
         self.inner = inner
         self.calls = calls
         self.group = tuple(range(inner.world_size)) if group is None else group
         self._issued_phase = "other"
+        self._issued_compute_s = 0.0
+        self._clock = _LocalClock() if _clock is None else _clock
+        self._clock.start()
+
+    def finish(self) -> None:
+        """Record the local work after the last call (a ``local`` call), under the last call's phase."""
+        phase = self.calls[-1].phase if self.calls else "other"
+        me = (self.group[self.rank],)
+        self.calls.append(Call(op="local", group=me, phase=phase, compute_s=self._clock.elapsed()))
+        self._clock.start()
 
     @property
     def control_device(self) -> torch.device:
@@ -74,20 +127,27 @@ class RecordingTransport(Transport):
     def _issue(self, start_op: Any, traffic: Any, start: Any, *, blocking: bool, **kwargs: Any) -> Any:
         captured = kwargs.pop("captured", None) or self._capture()
         phase = captured[1]
+        compute_s = self._clock.elapsed()  # the rank's work since the transport last returned
 
         def started() -> Any:
-            self._issued_phase = phase  # read by the hooks that start_op calls
+            # Read by the hooks that start_op calls (on this thread, or later on the one that
+            # finishes the call queued before it).
+            self._issued_phase, self._issued_compute_s = phase, compute_s
             return start_op()
 
-        return super()._issue(started, traffic, start, blocking=blocking, captured=captured, **kwargs)
+        try:
+            return super()._issue(started, traffic, start, blocking=blocking, captured=captured, **kwargs)
+        finally:
+            self._clock.start()  # the transport's own work on this thread is not the rank's
 
     def _record(
         self, op: str, nbytes: int = 0, sent: tuple[int, ...] = (), source: int | None = None, sizes_first: bool = False
     ) -> None:
         call = Call(
             op=op, group=self.group, phase=self._issued_phase, nbytes=nbytes, sent=sent, source=source,
-            sizes_first=sizes_first,
+            sizes_first=sizes_first, compute_s=self._issued_compute_s,
         )  # fmt: skip
+        self._issued_compute_s = 0.0
         self.calls.append(call)
 
     def _all_reduce(self, tensor: torch.Tensor) -> Handle[torch.Tensor]:
@@ -132,4 +192,4 @@ class RecordingTransport(Transport):
     def _split(self, color: int) -> RecordingTransport:
         part = self.inner.split(color)
         members = part.all_gather(torch.tensor([self.group[self.rank]], dtype=torch.int64))
-        return RecordingTransport(part, self.calls, tuple(int(m) for m in members))
+        return RecordingTransport(part, self.calls, tuple(int(m) for m in members), _clock=self._clock)

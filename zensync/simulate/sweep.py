@@ -6,12 +6,16 @@ counted run of the same point see the same index sets). ``simulate_step`` runs o
 
 - ``full``: every rank builds its dense tensor and the scheme's real code runs on the simulated
   world (``run_agreed``, one steady-state step: the agreement is made once, at registration, as the
-  DDP hook makes it), with every collective recorded (``zensync.simulate``);
+  DDP hook makes it), with every collective and the local work between them recorded
+  (``zensync.simulate``), after one unrecorded warm-up step (kernel compilation is not local work);
 - ``counted``: the records come from the index sets alone (``zensync.simulate.counted``; zen,
   sparse_ps, agsparse, dense), equal to a full run's;
 - ``auto``: full while the ranks' dense tensors fit in ``memory_bytes``, else counted.
 
-The step is priced on the topology (the network only; local work is not charged).
+The step is priced on the topology. A full point also charges each rank's measured local work
+(``zensync.simulate``: one core of this machine, times ``compute_scale``; its row's
+``compute_seconds``); a counted point runs no kernels, so its time is the network's alone and its
+``compute_seconds`` is None.
 """
 
 from __future__ import annotations
@@ -129,6 +133,7 @@ def simulate_step(
     mode: str = "auto",
     memory_bytes: float = 4e9,
     h0_seed: int = 12345,
+    compute_scale: float = 1.0,
 ) -> dict[str, Any]:
     """One point: the priced step of ``scheme`` on ``ranks`` ranks (module docstring), as a report row.
 
@@ -136,16 +141,24 @@ def simulate_step(
     comes back with ``mode`` "skip" and no time.
     """
     _check_scheme(scheme)
-    return _point(scheme, ranks, workload, topology, _mode(scheme, ranks, workload, mode, memory_bytes), h0_seed)
+    chosen = _mode(scheme, ranks, workload, mode, memory_bytes)
+    return _point(scheme, ranks, workload, topology, chosen, h0_seed, compute_scale)
 
 
 def _point(
-    scheme: str, ranks: int, workload: ZipfWorkload, topology: Topology, chosen: str, h0_seed: int
+    scheme: str,
+    ranks: int,
+    workload: ZipfWorkload,
+    topology: Topology,
+    chosen: str,
+    h0_seed: int,
+    compute_scale: float,
 ) -> dict[str, Any]:
     """The row of one point whose mode is decided (``_mode``)."""
     row: dict[str, Any] = {"scheme": scheme, "ranks": ranks, "mode": chosen}
     if chosen == "skip":
-        return {**row, "seconds": None, "phase_seconds": {}, "max_sent_bytes": None, "wall_s": 0.0}
+        return {**row, "seconds": None, "phase_seconds": {}, "compute_seconds": None, "max_sent_bytes": None,
+                "wall_s": 0.0}  # fmt: skip
     start = time.perf_counter()
     if chosen == "counted":
         calls = counted_calls(
@@ -154,16 +167,19 @@ def _point(
         )  # fmt: skip
     else:
         calls = _full_calls(scheme, ranks, workload, h0_seed)
-    return _row(row, calls, topology, start)
+    return _row(row, calls, topology, start, compute_scale)
 
 
-def _row(row: dict[str, Any], calls: list[list[Call]], topology: Topology, start: float) -> dict[str, Any]:
-    priced = price(calls, topology)
+def _row(
+    row: dict[str, Any], calls: list[list[Call]], topology: Topology, start: float, compute_scale: float
+) -> dict[str, Any]:
+    priced = price(calls, topology, compute_scale=compute_scale)
     sent = [payload_sent(c, r) for r, c in enumerate(calls)]
     return {
         **row,
         "seconds": priced.seconds,
         "phase_seconds": priced.phase_seconds,
+        "compute_seconds": priced.compute_seconds if row["mode"] == "full" else None,
         "max_sent_bytes": max(sent),
         "mean_sent_bytes": sum(sent) / len(calls),
         "wall_s": time.perf_counter() - start,
@@ -179,6 +195,7 @@ def simulate_sweep(
     mode: str = "auto",
     memory_bytes: float = 4e9,
     h0_seed: int = 12345,
+    compute_scale: float = 1.0,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """``simulate_step`` for every (world size, scheme), rows in that order, each rank's ids drawn once.
@@ -202,7 +219,7 @@ def simulate_sweep(
                                                 item_bytes=workload.item_bytes, seed=h0_seed)  # fmt: skip
                 spent[(n, scheme)] = 0.0
             else:
-                done[(n, scheme)] = _point(scheme, n, workload, topology, chosen, h0_seed)
+                done[(n, scheme)] = _point(scheme, n, workload, topology, chosen, h0_seed, compute_scale)
                 if on_point is not None:
                     on_point(done[(n, scheme)])
     for rank in range(max((n for n, _ in counters), default=0)):
@@ -214,7 +231,8 @@ def simulate_sweep(
             spent[key] += time.perf_counter() - start
             if rank == key[0] - 1:
                 start = time.perf_counter()
-                row = _row({"scheme": key[1], "ranks": key[0], "mode": "counted"}, counter.calls(), topology, start)
+                head = {"scheme": key[1], "ranks": key[0], "mode": "counted"}
+                row = _row(head, counter.calls(), topology, start, 0.0)
                 row["wall_s"] += spent[key]
                 done[key] = row
                 del counters[key]
@@ -229,7 +247,7 @@ def _full_calls(scheme: str, ranks: int, workload: ZipfWorkload, h0_seed: int) -
         options = SyncOptions(h0_seed=h0_seed)
         run_agreed(view, t, scheme=scheme, options=options, h0_seed=h0_seed, stats=SyncStats())
 
-    return record(body, ranks)[1]
+    return record(body, ranks, warmup=True)[1]
 
 
 def load_stats(text: str) -> dict[str, ZipfWorkload]:
@@ -288,8 +306,8 @@ def combine(per_tensor: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
         }
         wall_s = sum(p["wall_s"] for p in parts)
         if "skip" in modes:
-            rows.append({**row, "mode": "skip", "seconds": None, "phase_seconds": {}, "max_sent_bytes": None,
-                         "wall_s": wall_s, "tensors": summary})  # fmt: skip
+            rows.append({**row, "mode": "skip", "seconds": None, "phase_seconds": {}, "compute_seconds": None,
+                         "max_sent_bytes": None, "wall_s": wall_s, "tensors": summary})  # fmt: skip
             continue
         phases: dict[str, float] = {}
         for part in parts:
@@ -300,6 +318,7 @@ def combine(per_tensor: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
             "mode": modes.pop() if len(modes) == 1 else "mixed",
             "seconds": sum(p["seconds"] for p in parts),
             "phase_seconds": phases,
+            "compute_seconds": None if "counted" in modes else sum(p["compute_seconds"] for p in parts),
             "max_sent_bytes": sum(p["max_sent_bytes"] for p in parts),
             "wall_s": wall_s,
             "tensors": summary,

@@ -14,9 +14,12 @@
   and the call ends when this rank's own send has left (``bytes / bandwidth``) and its receive, if any,
   has arrived. The k-th receive from a source matches that source's k-th send to this rank.
 
-Only the network is charged here: local work between calls (kernels, compression) is not (the
-``simulate`` report says so). The result: the time at which the last rank finishes, and per phase
-the longest any rank spent in that phase's calls.
+- Local work: before each call, its rank's clock advances by the call's ``compute_s`` times
+  ``compute_scale``; a ``local`` call is that alone (the work after a rank's last collective).
+
+The result: the time at which the last rank finishes; per phase the longest any rank spent in that
+phase (its calls, its waits for the group's last member and its local work); and the largest local
+work of any rank, so a report can say how much of the time is the network.
 """
 
 from __future__ import annotations
@@ -41,8 +44,12 @@ class Priced:
     """Per phase: the largest, over ranks, of the seconds that rank spent in calls of that phase."""
     calls: int
     """Collectives priced (each once, not once per rank) plus point-to-point calls (per rank)."""
+    compute_seconds: float = 0.0
+    """The largest, over ranks, of the local work charged (``compute_s`` times the scale)."""
 
 
+_RANK_OPS = ("send_recv", "local")
+"""Calls priced per rank, not as a group's collective."""
 _SIZE_BYTES = 8
 """One int64 size per peer in a size exchange."""
 
@@ -71,35 +78,59 @@ def _collective_s(topology: Topology, op: str, members: Sequence[Call]) -> float
     raise ValueError(f"price: no time model for collective {op!r}")
 
 
-def price(calls: Sequence[Sequence[Call]], topology: Topology) -> Priced:
+def price(calls: Sequence[Sequence[Call]], topology: Topology, *, compute_scale: float = 1.0) -> Priced:
     """Replay every rank's ``calls`` (indexed by global rank) on ``topology`` (module docstring).
+
+    ``compute_scale`` multiplies the recorded local work (0: the network alone).
 
     Raises:
         ValueError: If the ranks' records do not line up (a group's members issued different
             collectives at the same position, or a rank waits for a message never sent).
     """
+    if not compute_scale >= 0:
+        raise ValueError(f"compute_scale={compute_scale} must be >= 0 (0: the network alone)")
     ranks = len(calls)
     clock = [0.0] * ranks
+    computed = [0.0] * ranks
+    charged = [False] * ranks  # whether the head call's local work is on the rank's clock
     heads = [0] * ranks
     inbox: dict[tuple[int, int], collections.deque[float]] = collections.defaultdict(collections.deque)
     spent: list[dict[str, float]] = [collections.defaultdict(float) for _ in range(ranks)]
     posted = [False] * ranks
     priced = 0
     remaining = sum(len(c) for c in calls)
+
+    def charge(r: int) -> None:
+        """Put the local work before rank r's head call on its clock (once)."""
+        if not charged[r]:
+            call = calls[r][heads[r]]
+            work = call.compute_s * compute_scale
+            clock[r] += work
+            computed[r] += work
+            spent[r][call.phase] += work
+            charged[r] = True
+
     while remaining:
         progressed = False
         for r in range(ranks):
             while heads[r] < len(calls[r]):
                 call = calls[r][heads[r]]
-                if call.op == "send_recv":
+                charge(r)
+                if call.op == "local":
+                    heads[r] += 1
+                    charged[r] = False
+                elif call.op == "send_recv":
                     if not _p2p(r, call, clock, inbox, spent, topology, posted):
                         break
                     heads[r] += 1
+                    charged[r] = False
                 else:
                     heads_of = [calls[m][heads[m]] if heads[m] < len(calls[m]) else None for m in call.group]
-                    members = [c for c in heads_of if c is not None and c.group == call.group and c.op != "send_recv"]
+                    members = [c for c in heads_of if c is not None and c.group == call.group and c.op not in _RANK_OPS]
                     if len(members) != len(call.group):
                         break
+                    for m in call.group:
+                        charge(m)
                     ops = {c.op for c in members}  # each member's next call on this group
                     if len(ops) != 1:
                         raise ValueError(
@@ -112,6 +143,7 @@ def price(calls: Sequence[Sequence[Call]], topology: Topology) -> Priced:
                         spent[m][c.phase] += start + duration - clock[m]  # the wait for the last member too
                         clock[m] = start + duration
                         heads[m] += 1
+                        charged[m] = False
                     remaining -= len(call.group) - 1
                     priced += 1
                 remaining -= 1
@@ -124,6 +156,7 @@ def price(calls: Sequence[Sequence[Call]], topology: Topology) -> Priced:
         seconds=max(clock, default=0.0),
         phase_seconds={p: max(per_rank.get(p, 0.0) for per_rank in spent) for p in phases},
         calls=priced,
+        compute_seconds=max(computed, default=0.0),
     )
 
 

@@ -19,7 +19,7 @@ ARGS = ["--items", "3000", "--dim", "4", "--density", "0.05", "--skew", "1.1", "
 def test_the_report_holds_each_points_priced_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prefix = str(tmp_path / "sim")
     code = main(["simulate", *ARGS, "--ranks", "4,2", "--schemes", "zen,dense,sparcml", "--memory-gb", "1e-4",
-                 "-o", prefix])  # fmt: skip
+                 "--compute-scale", "0", "-o", prefix])  # fmt: skip
     assert code == 0
     document = json.loads(Path(prefix + ".json").read_text())
     printed = capsys.readouterr().out
@@ -41,10 +41,29 @@ def test_the_report_holds_each_points_priced_step(tmp_path: Path, capsys: pytest
         if row["mode"] == "skip":
             assert row["seconds"] is None
             continue
-        again = simulate_step(row["scheme"], row["ranks"], workload, topology, mode=row["mode"])
+        again = simulate_step(row["scheme"], row["ranks"], workload, topology, mode=row["mode"], compute_scale=0.0)
         assert row["seconds"] == pytest.approx(again["seconds"], rel=1e-12)
         assert row["max_sent_bytes"] == again["max_sent_bytes"] > 0
     assert "| 4 | " in printed and " - |" in printed
+
+
+def test_full_points_add_their_measured_local_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """At the default --compute-scale a full point costs its network time plus local work (which a
+    counted point has none of), and the report shows it. The rank with the most local work ends no
+    earlier than that work plus every collective's time, which is the network-only step."""
+    prefix = str(tmp_path / "sim")
+    argv = ["simulate", *ARGS, "--ranks", "2,4", "--schemes", "zen", "--memory-gb", "1e-4", "-o", prefix]
+    assert main(argv) == 0
+    document = json.loads(Path(prefix + ".json").read_text())
+    assert document["compute_scale"] == 1.0 and "measured local work" in document["priced"]
+    full, counted = document["rows"]
+    assert (full["mode"], counted["mode"]) == ("full", "counted") and counted["compute_seconds"] is None
+    workload = ZipfWorkload(num_items=3000, dim=4, density=0.05, skew=1.1, overlap=0.2, seed=3)
+    topology = Topology(2, Link(2e-6, 50e9), Link(40e-6, 1e9 / 8))
+    network = simulate_step("zen", 2, workload, topology, mode="full", compute_scale=0.0)["seconds"]
+    assert full["compute_seconds"] > 0 and full["seconds"] >= network + full["compute_seconds"] - 1e-12
+    assert counted["seconds"] == pytest.approx(simulate_step("zen", 4, workload, topology, mode="counted")["seconds"])
+    assert "; local " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -57,6 +76,7 @@ def test_the_report_holds_each_points_priced_step(tmp_path: Path, capsys: pytest
         (["--inter", "fast"], "bandwidth"),
         (["--mode", "counted", "--schemes", "sparcml"], "need full runs"),
         (["--ranks-per-node", "0"], "ranks_per_node"),
+        (["--compute-scale", "-1"], "--compute-scale"),
     ],
 )
 def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -76,16 +96,15 @@ def test_stats_tensors_add_up_to_the_step(tmp_path: Path, capsys: pytest.Capture
     path = tmp_path / "stats.json"
     path.write_text(json.dumps(stats))
     prefix = str(tmp_path / "sim")
-    assert (
-        main(["simulate", *ARGS, "--stats", str(path), "--ranks", "2,3", "--schemes", "zen,agsparse", "-o", prefix])
-        == 0
-    )
+    argv = ["simulate", *ARGS, "--stats", str(path), "--ranks", "2,3", "--schemes", "zen,agsparse",
+            "--compute-scale", "0", "-o", prefix]  # fmt: skip
+    assert main(argv) == 0
     document = json.loads(Path(prefix + ".json").read_text())
     assert "2 Zipf tensors (emb, out) synced in turn" in capsys.readouterr().out
     tensors = load_stats(path.read_text())
     assert tensors["emb"].seed == 7 and tensors["out"].seed == 8 and tensors["out"].dim == 1
     topology = Topology(2, Link(2e-6, 50e9), Link(40e-6, 1e9 / 8))
-    alone = {n: simulate_sweep(["zen", "agsparse"], [2, 3], w, topology) for n, w in tensors.items()}
+    alone = {n: simulate_sweep(["zen", "agsparse"], [2, 3], w, topology, compute_scale=0.0) for n, w in tensors.items()}
     for i, row in enumerate(document["rows"]):
         parts = [alone["emb"][i], alone["out"][i]]
         assert row["seconds"] == pytest.approx(sum(p["seconds"] for p in parts), rel=1e-12)

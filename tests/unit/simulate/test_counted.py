@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.strategies import examples
-from zensync.simulate import Link, Topology, price, simulate
+from zensync.simulate import Link, Topology, network_calls, price, simulate
 from zensync.simulate.counted import COUNTED_SCHEMES, counted_calls, zen_calls
 from zensync.sync.base import SyncOptions, item_view
 from zensync.sync.run import run_agreed
@@ -38,7 +38,7 @@ def _full_calls(index_sets: list[torch.Tensor], num_items: int, dim: int, seed: 
     for rank, items in enumerate(index_sets):
         expected[items] += 1.0 + rank
     assert all(torch.equal(result, expected) for result in sim.results)
-    return sim.calls
+    return network_calls(sim.calls)
 
 
 @settings(max_examples=examples(25), deadline=None)
@@ -88,15 +88,16 @@ def test_a_sweep_draws_each_rank_once_and_gives_each_points_own_result(monkeypat
 
     monkeypatch.setattr(sweep, "zipf_items", counting)
     seen: list[tuple[int, str]] = []
-    rows = sweep.simulate_sweep(schemes, ranks, workload, topo, memory_bytes=2 * 5000 * 8 + 1,
+    rows = sweep.simulate_sweep(schemes, ranks, workload, topo, memory_bytes=2 * 5000 * 8 + 1, compute_scale=0.0,
                                 on_point=lambda row: seen.append((row["ranks"], row["scheme"])))  # fmt: skip
-    # The full points (2 ranks) draw inside their runs; the counted ones (3 and 5) once per rank.
-    assert drawn[-5:] == [0, 1, 2, 3, 4] and len(drawn) == 5 + 2 * len(schemes)
+    # The full points (2 ranks) draw inside their runs (the warm-up step and the recorded one); the
+    # counted ones (3 and 5) once per rank.
+    assert drawn[-5:] == [0, 1, 2, 3, 4] and len(drawn) == 5 + 2 * 2 * len(schemes)
     monkeypatch.setattr(sweep, "zipf_items", real)
     assert sorted(seen) == sorted((n, s) for n in ranks for s in schemes)
     for row, (n, scheme) in zip(rows, [(n, s) for n in ranks for s in schemes], strict=True):
         assert (row["ranks"], row["scheme"]) == (n, scheme)
         expected = "full" if n == 2 else ("skip" if scheme == "sparcml" else "counted")
         assert row["mode"] == expected
-        alone = sweep.simulate_step(scheme, n, workload, topo, memory_bytes=2 * 5000 * 8 + 1)
+        alone = sweep.simulate_step(scheme, n, workload, topo, memory_bytes=2 * 5000 * 8 + 1, compute_scale=0.0)
         assert (row["seconds"], row["max_sent_bytes"]) == (alone["seconds"], alone["max_sent_bytes"])

@@ -1,9 +1,11 @@
 """``zensync.simulate``: the recorded calls are the transport's real bytes, and their price is the
-topology's time for each collective, with groups and point-to-point messages replayed in order."""
+topology's time for each collective, with groups and point-to-point messages replayed in order, and
+each rank's measured local work on its own clock."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -29,10 +31,10 @@ def _gradients(ranks: int, rows: int = 2000, dim: int = 8, nnz: int = 100) -> li
 
 def test_a_dense_all_reduce_costs_the_topologys_time() -> None:
     topo = Topology.flat(GBIT)
-    sim = simulate(lambda t: t.all_reduce(torch.ones(1000)), 4, topo)
+    sim = simulate(lambda t: t.all_reduce(torch.ones(1000)), 4, topo, compute_scale=0.0)
     assert all(torch.equal(r, torch.full((1000,), 4.0)) for r in sim.results)
     assert sim.priced.seconds == pytest.approx(topo.all_reduce_s(4, 4000), rel=1e-12)
-    assert sim.priced.calls == 1 and not sim.compute_charged
+    assert sim.priced.calls == 1 and sim.priced.compute_seconds == 0.0
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -40,7 +42,10 @@ def test_every_scheme_is_lossless_and_records_the_bytes_the_transport_accounted(
     ranks = 4
     grads = _gradients(ranks)
     sim = simulate(
-        lambda t: zensync.sparse_allreduce(grads[t.rank], group=t, scheme=scheme), ranks, Topology.flat(GBIT)
+        lambda t: zensync.sparse_allreduce(grads[t.rank], group=t, scheme=scheme),
+        ranks,
+        Topology.flat(GBIT),
+        compute_scale=0.0,
     )
     expected = sum(grads)
     assert all(torch.equal(result, expected) for result in sim.results)
@@ -66,7 +71,7 @@ def test_every_scheme_is_lossless_and_records_the_bytes_the_transport_accounted(
 def test_zen_push_is_priced_as_its_all_to_all() -> None:
     topo = Topology(2, FAST, GBIT)
     grads = _gradients(4)
-    sim = simulate(lambda t: zensync.sparse_allreduce(grads[t.rank], group=t, scheme="zen"), 4, topo)
+    sim = simulate(lambda t: zensync.sparse_allreduce(grads[t.rank], group=t, scheme="zen"), 4, topo, compute_scale=0)
     pushes = [next(c for c in calls if c.phase == "push") for calls in sim.calls]
     matrix = [list(c.sent) for c in pushes]
     sizes = topo.all_to_all_s([[8] * 4] * 4)  # the counts round before the payload
@@ -87,7 +92,7 @@ def test_groups_split_from_the_world_run_side_by_side() -> None:
             leaders.all_reduce(x, inplace=True)
         return x
 
-    sim = simulate(body, 4, topo)
+    sim = simulate(body, 4, topo, compute_scale=0.0)
     assert all(torch.equal(r, torch.full((10_000,), 4.0)) for r in sim.results)
     intra = topo.all_reduce_s(2, 40_000, [0, 1])
     inter = topo.all_reduce_s(2, 40_000, [0, 2])
@@ -114,7 +119,7 @@ def test_point_to_point_exchanges_follow_the_messages() -> None:
             got.append(int(received[0]))
         return got
 
-    sim = simulate(body, 3, topo)
+    sim = simulate(body, 3, topo, compute_scale=0.0)
     assert sim.results == [[2, 2], [0, 0], [1, 1]]
     hop = topo.send_recv_s(0, 1, 1000)
     assert sim.priced.phase_seconds["ring"] == pytest.approx(2 * hop, rel=1e-9)
@@ -131,3 +136,61 @@ def test_records_that_do_not_line_up_are_refused() -> None:
         price([[waits], []], Topology.flat(GBIT))
     assert price([[], []], Topology.flat(GBIT)).seconds == 0.0
     assert math.isfinite(price([[reduce], [reduce]], Topology.flat(GBIT)).seconds)
+
+
+def _busy(cpu_s: float) -> None:
+    """Spend ``cpu_s`` seconds of this thread's CPU time."""
+    start = time.thread_time()
+    while time.thread_time() - start < cpu_s:
+        pass
+
+
+BUSY_S = 0.05
+SLACK_S = 0.03
+"""CPU seconds of Python between the calls besides the busy loop (argument checks, the loop's own
+overshoot, the transport's bookkeeping outside the call): generous, as CI machines are noisy."""
+
+
+def test_local_work_is_measured_per_rank_and_put_on_its_clock() -> None:
+    """Rank 1 works BUSY_S before the all-reduce, rank 0 after it: both wait for rank 1, then
+    rank 0 works; the step ends when rank 0 is done."""
+    topo = Topology.flat(GBIT)
+
+    def body(t: Transport) -> torch.Tensor:
+        if t.rank == 1:
+            _busy(BUSY_S)
+        out = t.all_reduce(torch.ones(1000))
+        if t.rank == 0:
+            _busy(BUSY_S)
+        return out
+
+    sim = simulate(body, 2, topo)
+    before = [calls[0].compute_s for calls in sim.calls]
+    after = [calls[-1].compute_s for calls in sim.calls]
+    assert [calls[-1].op for calls in sim.calls] == ["local", "local"]
+    assert BUSY_S <= before[1] < BUSY_S + SLACK_S and before[0] < SLACK_S
+    assert BUSY_S <= after[0] < BUSY_S + SLACK_S and after[1] < SLACK_S
+    network = topo.all_reduce_s(2, 4000)
+    assert sim.priced.seconds == pytest.approx(before[1] + network + after[0], rel=1e-9)
+    assert sim.priced.compute_seconds == pytest.approx(max(before[0] + after[0], before[1] + after[1]), rel=1e-9)
+    halved = price(sim.calls, topo, compute_scale=0.5)
+    assert halved.seconds == pytest.approx(0.5 * (before[1] + after[0]) + network, rel=1e-9)
+    assert price(sim.calls, topo, compute_scale=0.0).seconds == pytest.approx(network, rel=1e-12)
+
+
+def test_priced_local_work_by_hand() -> None:
+    """Exact: rank 0 computes 1.0 s, rank 1 0.25 s before one all-reduce; rank 1 then 2.0 s alone."""
+    group, topo = (0, 1), Topology.flat(GBIT)
+    net = topo.all_reduce_s(2, 8)
+    calls = [
+        [Call(op="all_reduce", group=group, phase="a", nbytes=8, compute_s=1.0)],
+        [Call(op="all_reduce", group=group, phase="a", nbytes=8, compute_s=0.25),
+         Call(op="local", group=(1,), phase="b", compute_s=2.0)],
+    ]  # fmt: skip
+    priced = price(calls, topo)
+    assert priced.seconds == pytest.approx(1.0 + net + 2.0, rel=1e-12)
+    assert priced.compute_seconds == pytest.approx(2.25, rel=1e-12)
+    # Phase a: rank 0's 1.0 s of work and the call; rank 1 waits for it (0.75 s) too.
+    assert priced.phase_seconds == pytest.approx({"a": 1.0 + net, "b": 2.0}, rel=1e-12)
+    with pytest.raises(ValueError, match="compute_scale"):
+        price(calls, topo, compute_scale=-1.0)
