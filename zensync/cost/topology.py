@@ -17,7 +17,11 @@ alpha per sequential message (a ring allreduce pays ``2 (n-1)`` of them), becaus
   a step lasts as long as the largest block: ``(n-1) max_r b_r`` over the slowest hop (this is why a
   skewed sparse all-gather pays its largest rank's size n-1 times);
 - all_to_all_v: direct; each rank's bytes to its node's peers over ``intra``, each node's bytes to and
-  from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies;
+  from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies; the
+  byte term is divided by ``all_to_all_efficiency`` (default 1), the fraction of the links' rate a
+  direct all-to-all achieves where ring collectives achieve all of it (1: the ideal above; gloo on
+  shaped namespaces reaches less, as n-1 concurrent flows per host share each tbf-shaped link:
+  calibrated by experiments/simulate_validation.py, which fits it from timed all-to-alls);
 - broadcast: pipelined chain, ``M`` over the slowest hop after ``ceil(log2 n)`` latencies;
 - barrier: ``ceil(log2 n)`` latencies (dissemination).
 
@@ -64,15 +68,22 @@ class Topology:
     ranks_per_node: int
     intra: Link
     inter: Link
+    all_to_all_efficiency: float = 1.0
+    """Fraction of the links' bandwidth a direct all-to-all achieves, in (0, 1] (module docstring)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1:
             raise ValueError(f"Topology: ranks_per_node={self.ranks_per_node!r} must be an int >= 1")
+        if not 0 < self.all_to_all_efficiency <= 1:  # also rejects NaN
+            raise ValueError(
+                f"Topology: all_to_all_efficiency={self.all_to_all_efficiency!r} must be in (0, 1]: the fraction "
+                "of the links' bandwidth a direct all-to-all achieves"
+            )
 
     @classmethod
-    def flat(cls, link: Link) -> Topology:
+    def flat(cls, link: Link, *, all_to_all_efficiency: float = 1.0) -> Topology:
         """One rank per node: every pair of ranks talks over ``link`` (the Eq. 1 setting)."""
-        return cls(1, link, link)
+        return cls(1, link, link, all_to_all_efficiency)
 
     def nodes(self, ranks: int) -> int:
         return -(-ranks // self.ranks_per_node)
@@ -153,7 +164,7 @@ class Topology:
             in_node = np.bincount(node, weights=inter.sum(0))
             byte_s = max(byte_s, max(out_node.max(), in_node.max()) / self.inter.bandwidth_bytes_per_s)
             latency = max(latency, self.inter.latency_s)
-        return float((ranks - 1) * latency + byte_s)
+        return float((ranks - 1) * latency + byte_s / self.all_to_all_efficiency)
 
     def send_recv_s(self, src: int, dst: int, nbytes: float) -> float:
         link = self.link(src, dst)
