@@ -4,7 +4,7 @@
                      [--items 10000000] [--dim 1] [--density 0.01] [--skew 1.1] [--overlap 0.0] [--seed 0]
                      [--ranks-per-node 8] [--intra nvlink] [--inter 25Gbit] [--intra-latency-us 5]
                      [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [--compute-scale 1]
-                     [--stats FILE] [-o PREFIX] [--png]
+                     [--stats FILE] [--model NAME [--compressor dgc:0.01]] [-o PREFIX] [--png]
 
 For each scheme and each world size, zensync's real algorithms run on the in-process simulated world
 (full mode) or their exact records are counted from the ranks' index sets (counted mode: zen,
@@ -21,6 +21,12 @@ factor); a counted point runs no kernels and prices the network alone. Prints a 
 (step time per scheme and world size, the mode that ran, the largest rank's payload, a full
 point's local work) and writes PREFIX.json, PREFIX.md and, with --png and matplotlib, PREFIX.png
 (time against ranks).
+
+With --model (a built-in model: ``zensync plan --help`` lists them) the gradient step is a dense
+model's instead: at each world size (a multiple of --ranks-per-node) the planner chooses a
+compression plan with --compressor for the cluster the flags describe, and the step of DDP's
+float32 buckets, the same in fp16 and the plan run as the hook runs them, on one rank whose records
+stand for every rank (``zensync.simulate.planned``; mode M, mirrored).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ __all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
 SIMULATE_FLAGS = (
     "--schemes", "--ranks", "--items", "--dim", "--density", "--skew", "--overlap", "--seed",
     "--ranks-per-node", "--intra", "--inter", "--intra-latency-us", "--inter-latency-us", "--mode",
-    "--memory-gb", "--compute-scale", "--stats", "--output", "--png",
+    "--memory-gb", "--compute-scale", "--stats", "--model", "--compressor", "--output", "--png",
 )  # fmt: skip
 """The pinned flag set of ``zensync simulate``."""
 
@@ -78,6 +84,8 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--stats", metavar="FILE", help="gradient statistics JSON (several tensors; replaces --items ... --seed)"
     )
+    parser.add_argument("--model", help="a built-in model's dense step with a planned compression (replaces --stats)")
+    parser.add_argument("--compressor", default="dgc:0.01", help="with --model: the plan's compressor")
     parser.add_argument("-o", "--output", metavar="PREFIX", default="simulate", help="writes PREFIX.json and .md")
     parser.add_argument("--png", action="store_true", help="also PREFIX.png (needs matplotlib)")
     parser.set_defaults(run=_run_simulate, subparser=parser)
@@ -116,13 +124,34 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
         )
     except ValueError as err:
         parser.error(str(err))
-    if args.mode == "counted":
+    if args.model is not None:
+        _check_model(args, parser, ranks)
+    elif args.mode == "counted":
         from zensync.simulate.counted import COUNTED_SCHEMES
 
         full_only = [s for s in schemes if s not in COUNTED_SCHEMES]
         if full_only:
             parser.error(f"--mode counted covers {', '.join(COUNTED_SCHEMES)}; {full_only} need full runs")
     return schemes, ranks, workload, topology
+
+
+def _check_model(args: argparse.Namespace, parser: argparse.ArgumentParser, ranks: list[int]) -> None:
+    from zensync.compress import build
+    from zensync.planner import builtin_models
+
+    if args.stats is not None:
+        parser.error("--model and --stats are two workloads: give one")
+    if args.model.lower() not in builtin_models():
+        parser.error(f"--model {args.model!r}: valid: {', '.join(builtin_models())}")
+    try:
+        build(args.compressor)
+    except ValueError as err:
+        parser.error(f"--compressor: {err}")
+    if args.compressor.startswith("powersgd"):
+        parser.error("--compressor powersgd: a plan does not hold the matrix shapes PowerSGD factors")
+    bad = [n for n in ranks if n % args.ranks_per_node]
+    if bad:
+        parser.error(f"--model: world sizes {bad} are not multiples of --ranks-per-node {args.ranks_per_node}")
 
 
 def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -133,6 +162,8 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         raise CommandFailed("--png needs matplotlib (pip install 'zensync[bench]')")
     from zensync.simulate.sweep import combine, load_stats, simulate_sweep
 
+    if args.model is not None:
+        return _run_model(args, ranks, topology)
     tensors = {"gradient": workload}
     if args.stats is not None:
         try:
@@ -148,17 +179,46 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                 compute_scale=args.compute_scale, on_point=lambda row: progress.update(1),
             )  # fmt: skip
     rows = per_tensor["gradient"] if args.stats is None else combine(per_tensor)
+    workload_doc = {
+        "family": "zipf",
+        "stats": args.stats,
+        "tensors": {n: dataclasses.asdict(w) for n, w in tensors.items()},
+    }
+    return _report(args, topology, workload_doc, rows, started)
+
+
+def _run_model(args: argparse.Namespace, ranks: list[int], topology: Any) -> int:
+    from zensync.planner import builtin_profile
+    from zensync.simulate.planned import plan_sweep
+
+    started = time.perf_counter()
+    profile = builtin_profile(args.model)
+    with bar(3 * len(ranks), "simulate", unit="point") as progress:
+        rows = plan_sweep(
+            profile, args.compressor, ranks, topology, compute_scale=args.compute_scale, seed=args.seed,
+            on_point=lambda row: progress.update(1),
+        )  # fmt: skip
+    workload_doc = {
+        "family": "model",
+        "model": args.model,
+        "parameters": profile.num_params,
+        "tensors": len(profile.tensors),
+        "compressor": args.compressor,
+        "profile": f"{profile.device}, {profile.batch}",
+    }
+    return _report(args, topology, workload_doc, rows, started)
+
+
+def _report(
+    args: argparse.Namespace, topology: Any, workload: dict[str, Any], rows: list[dict[str, Any]], started: float
+) -> int:
     document = {
         "version": 1,
         "command": "zensync " + " ".join(sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "versions": _versions(),
-        "workload": {
-            "family": "zipf",
-            "stats": args.stats,
-            "tensors": {n: dataclasses.asdict(w) for n, w in tensors.items()},
-        },
+        "workload": workload,
         "topology": {
             "ranks_per_node": topology.ranks_per_node,
             "intra": dataclasses.asdict(topology.intra),
@@ -188,8 +248,8 @@ def _priced(compute_scale: float) -> str:
     if compute_scale == 0:
         return "the network alone: collectives on the two-level model, local work not charged"
     return (
-        f"collectives on the two-level model plus, at full points, {compute_scale:g} x the measured local work "
-        "(one core of this machine); counted points: the network alone"
+        f"collectives on the two-level model plus, at full and mirrored points, {compute_scale:g} x the measured "
+        "local work (one core of this machine); counted points: the network alone"
     )
 
 
@@ -209,8 +269,14 @@ def _write(path: str, text: str) -> None:
 
 
 def _title(document: dict[str, Any]) -> str:
-    tensors, t = document["workload"]["tensors"], document["topology"]
-    if len(tensors) == 1:
+    workload, t = document["workload"], document["topology"]
+    tensors = workload["tensors"]
+    if workload["family"] == "model":
+        what = (
+            f"{workload['model']} ({workload['parameters']:,} parameters in {tensors} tensors), "
+            f"DDP fp32 / fp16 buckets vs the plan with {workload['compressor']}"
+        )
+    elif len(tensors) == 1:
         (w,) = tensors.values()
         what = f"Zipf {w['num_items']:,} x {w['dim']} rows, density {w['density']}, skew {w['skew']}"
     else:
@@ -227,6 +293,7 @@ def format_report(document: dict[str, Any]) -> str:
     lines = [
         f"zensync simulate: {_title(document)}.",
         f"Step time in ms ({document['priced']}); mode: F full run, C counted from the index sets, "
+        "M one rank mirrored, "
         "- skipped (too big for a full run, not countable); in brackets the largest rank's payload sent, MB, "
         "and a full point's local work (largest rank), ms.",
         "",
@@ -240,7 +307,7 @@ def format_report(document: dict[str, Any]) -> str:
             if row["seconds"] is None:
                 cells.append("-")
             else:
-                mode = "F" if row["mode"] == "full" else "C"
+                mode = {"full": "F", "counted": "C", "mirror": "M"}[row["mode"]]
                 local = "" if not row.get("compute_seconds") else f"; local {row['compute_seconds'] * 1e3:.3g}"
                 cells.append(f"{row['seconds'] * 1e3:.3g} {mode} ({row['max_sent_bytes'] / 1e6:.3g}{local})")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")

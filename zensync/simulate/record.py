@@ -189,7 +189,12 @@ class RecordingTransport(Transport):
         self._record("barrier")
         return self.inner._barrier()
 
+    def subgroup(self, inner: Transport, members: tuple[int, ...]) -> RecordingTransport:
+        """A group of this rank's (run on ``inner``; ``members``: its global ranks in group order)
+        that records into the same list, with the same local-work clock."""
+        return RecordingTransport(inner, self.calls, members, _clock=self._clock)
+
     def _split(self, color: int) -> RecordingTransport:
         part = self.inner.split(color)
         members = part.all_gather(torch.tensor([self.group[self.rank]], dtype=torch.int64))
-        return RecordingTransport(part, self.calls, tuple(int(m) for m in members), _clock=self._clock)
+        return self.subgroup(part, tuple(int(m) for m in members))

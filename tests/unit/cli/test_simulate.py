@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from zensync.cli import main
+from zensync.planner.cluster import parse_bandwidth
 from zensync.simulate import Link, Topology
 from zensync.simulate.sweep import ZipfWorkload, simulate_step
 
@@ -77,6 +78,11 @@ def test_full_points_add_their_measured_local_work(tmp_path: Path, capsys: pytes
         (["--mode", "counted", "--schemes", "sparcml"], "need full runs"),
         (["--ranks-per-node", "0"], "ranks_per_node"),
         (["--compute-scale", "-1"], "--compute-scale"),
+        (["--model", "alexnet"], "valid: resnet50"),
+        (["--model", "resnet50", "--ranks", "8,12"], "[12] are not multiples of --ranks-per-node 8"),
+        (["--model", "resnet50", "--stats", "x.json"], "give one"),
+        (["--model", "resnet50", "--ranks", "8", "--compressor", "powersgd:2"], "matrix shapes"),
+        (["--model", "resnet50", "--ranks", "8", "--compressor", "bogus"], "--compressor"),
     ],
 )
 def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -148,3 +154,21 @@ def test_png_is_written_with_matplotlib(tmp_path: Path) -> None:
     prefix = str(tmp_path / "x")
     assert main(["simulate", *ARGS, "--ranks", "2,4", "--schemes", "zen,dense", "--png", "-o", prefix]) == 0
     assert Path(prefix + ".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow  # three 25M-element steps: about 10 s
+def test_a_models_planned_step_is_reported_per_strategy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from zensync.planner import builtin_profile
+    from zensync.simulate.planned import plan_sweep
+
+    prefix = str(tmp_path / "sim")
+    argv = ["simulate", "--model", "resnet50", "--ranks", "4", "--ranks-per-node", "2", "--inter", "10Gbit",
+            "--compute-scale", "0", "-o", prefix]  # fmt: skip
+    assert main(argv) == 0
+    document = json.loads(Path(prefix + ".json").read_text())
+    assert document["workload"]["parameters"] == 25_557_032 and "resnet50 (25,557,032" in capsys.readouterr().out
+    topology = Topology(2, Link(5e-6, parse_bandwidth("nvlink")), Link(10e-6, parse_bandwidth("10Gbit")))
+    expected = plan_sweep(builtin_profile("resnet50"), "dgc:0.01", [4], topology, compute_scale=0.0)
+    assert [r["scheme"] for r in document["rows"]] == ["fp32", "fp16", "plan"]
+    for row, want in zip(document["rows"], expected, strict=True):
+        assert row["seconds"] == pytest.approx(want["seconds"], rel=1e-12) and row["mode"] == "mirror"
