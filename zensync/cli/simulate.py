@@ -4,7 +4,7 @@
                      [--items 10000000] [--dim 1] [--density 0.01] [--skew 1.1] [--overlap 0.0] [--seed 0]
                      [--ranks-per-node 8] [--intra nvlink] [--inter 25Gbit] [--intra-latency-us 5]
                      [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [--compute-scale 1]
-                     [--stats FILE] [--model NAME [--compressor dgc:0.01]] [-o PREFIX] [--png]
+                     [--stats FILE | --lm-batch B | --model NAME [--compressor dgc:0.01]] [-o PREFIX] [--png]
 
 For each scheme and each world size, zensync's real algorithms run on the in-process simulated world
 (full mode) or their exact records are counted from the ranks' index sets (counted mode: zen,
@@ -14,7 +14,10 @@ and the step's collectives are priced on a cluster of --ranks-per-node ranks per
 sparse gradient (``zensync.workloads.zipf``): --items rows of --dim float32, --density of the rows
 non-zero on each rank, Zipf exponent --skew, --overlap of each rank's rows from a shared pool; or
 several such tensors from --stats FILE (``zensync.simulate.sweep.load_stats``: per tensor rows, dim,
-density, skew, overlap), synced one after another, their times and bytes added.
+density, skew, overlap), synced one after another, their times and bytes added; or, with
+--lm-batch B, the embedded LM's embedding gradient (``zensync.simulate.lm_workload``: --items
+vocabulary rows of --dim, each rank's non-zero rows those its B sequences of 35 stdlib-corpus
+tokens touch).
 A full point also charges each rank's local work as measured (the CPU seconds of one core of this
 machine between its calls) times --compute-scale (0: the network alone; a faster device: a smaller
 factor); a counted point runs no kernels and prices the network alone. Prints a Markdown table
@@ -50,7 +53,7 @@ __all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
 SIMULATE_FLAGS = (
     "--schemes", "--ranks", "--items", "--dim", "--density", "--skew", "--overlap", "--seed",
     "--ranks-per-node", "--intra", "--inter", "--intra-latency-us", "--inter-latency-us", "--mode",
-    "--memory-gb", "--compute-scale", "--stats", "--model", "--compressor", "--output", "--png",
+    "--memory-gb", "--compute-scale", "--stats", "--lm-batch", "--model", "--compressor", "--output", "--png",
 )  # fmt: skip
 """The pinned flag set of ``zensync simulate``."""
 
@@ -84,6 +87,9 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--stats", metavar="FILE", help="gradient statistics JSON (several tensors; replaces --items ... --seed)"
     )
+    parser.add_argument(
+        "--lm-batch", type=int, default=0, help="> 0: the LM workload, this many sequences per rank (--items rows)"
+    )
     parser.add_argument("--model", help="a built-in model's dense step with a planned compression (replaces --stats)")
     parser.add_argument("--compressor", default="dgc:0.01", help="with --model: the plan's compressor")
     parser.add_argument("-o", "--output", metavar="PREFIX", default="simulate", help="writes PREFIX.json and .md")
@@ -95,6 +101,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
     """Schemes, world sizes, workload and topology from the flags (a bad value: exit 2)."""
     from zensync.planner.cluster import parse_bandwidth
     from zensync.simulate import Link, Topology
+    from zensync.simulate.lm_workload import LMWorkload
     from zensync.simulate.sweep import ZipfWorkload
     from zensync.sync import SCHEMES
 
@@ -107,12 +114,16 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
         if not ranks or ranks[0] < 1 or ranks[-1] > 4096:
             raise ValueError("--ranks: world sizes in 1..4096")
         try:
-            workload = ZipfWorkload(
+            workload: Any = ZipfWorkload(
                 num_items=args.items, dim=args.dim, density=args.density, skew=args.skew, overlap=args.overlap,
                 seed=args.seed,
             )  # fmt: skip
+            if args.lm_batch:
+                if args.lm_batch < 0 or args.stats is not None or args.model is not None:
+                    raise ValueError("--lm-batch must be >= 1, without --stats or --model")
+                workload = LMWorkload(num_items=args.items, dim=args.dim, batch_size=args.lm_batch, seed=args.seed)
         except ValueError as err:
-            raise ValueError(f"--items, --dim, --density, --skew, --overlap: {err}") from None
+            raise ValueError(f"--items, --dim, --density, --skew, --overlap, --lm-batch: {err}") from None
         if not args.memory_gb > 0:
             raise ValueError("--memory-gb must be > 0")
         if not args.compute_scale >= 0:
@@ -180,7 +191,7 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             )  # fmt: skip
     rows = per_tensor["gradient"] if args.stats is None else combine(per_tensor)
     workload_doc = {
-        "family": "zipf",
+        "family": "lm" if args.lm_batch else "zipf",
         "stats": args.stats,
         "tensors": {n: dataclasses.asdict(w) for n, w in tensors.items()},
     }
@@ -276,6 +287,9 @@ def _title(document: dict[str, Any]) -> str:
             f"{workload['model']} ({workload['parameters']:,} parameters in {tensors} tensors), "
             f"DDP fp32 / fp16 buckets vs the plan with {workload['compressor']}"
         )
+    elif workload["family"] == "lm":
+        (w,) = tensors.values()
+        what = f"LM embedding {w['num_items']:,} x {w['dim']} rows, {w['batch_size']} x {w['seq_len']} tokens per rank"
     elif len(tensors) == 1:
         (w,) = tensors.values()
         what = f"Zipf {w['num_items']:,} x {w['dim']} rows, density {w['density']}, skew {w['skew']}"

@@ -2,7 +2,8 @@
 
 ``ZipfWorkload`` describes the gradient (``zensync.workloads.zipf``: items, row width, density,
 skew, overlap, seed; rank r's non-zero ids are ``zipf_items(r, ...)`` in both modes, so a full and a
-counted run of the same point see the same index sets). ``simulate_step`` runs one point:
+counted run of the same point see the same index sets), or ``LMWorkload`` (``lm_workload``: the rows
+the embedded LM's batches touch). ``simulate_step`` runs one point:
 
 - ``full``: every rank builds its dense tensor and the scheme's real code runs on the simulated
   world (``run_agreed``, one steady-state step: the agreement is made once, at registration, as the
@@ -31,6 +32,7 @@ import torch
 from zensync.cost.topology import Topology
 from zensync.simulate import record
 from zensync.simulate.counted import COUNTED_SCHEMES, Counter, counted_calls
+from zensync.simulate.lm_workload import LMWorkload, dense_rows
 from zensync.simulate.record import Call
 from zensync.simulate.timeline import price
 from zensync.sync import SCHEMES
@@ -40,7 +42,9 @@ from zensync.transport import Transport
 from zensync.types import SyncStats
 from zensync.workloads.zipf import zipf_items
 
-__all__ = ["MODES", "ZipfWorkload", "combine", "load_stats", "payload_sent", "simulate_step", "simulate_sweep"]
+__all__ = [
+    "MODES", "Workload", "ZipfWorkload", "combine", "load_stats", "payload_sent", "simulate_step", "simulate_sweep",
+]  # fmt: skip
 
 MODES = ("auto", "full", "counted")
 _ITEM_DTYPE = torch.float32
@@ -74,15 +78,15 @@ class ZipfWorkload:
 
     def tensor(self, rank: int) -> torch.Tensor:
         """Rank ``rank``'s dense (num_items, dim) gradient: values in [1, 2) at its ids."""
-        ids = self.items(rank)
-        gen = torch.Generator().manual_seed(self.seed * 7919 + rank)
-        x = torch.zeros(self.num_items, self.dim, dtype=_ITEM_DTYPE)
-        x[ids] = torch.rand(ids.numel(), self.dim, generator=gen, dtype=_ITEM_DTYPE).add_(1.0)
-        return x
+        return dense_rows(self.items(rank), self.num_items, self.dim, self.seed, rank)
 
     def full_bytes(self, ranks: int) -> int:
         """Memory of every rank's dense tensor together (what a full run holds at least)."""
         return ranks * self.num_items * self.item_bytes
+
+
+Workload = ZipfWorkload | LMWorkload
+"""What a point synchronizes: one sparse gradient, each rank's rows from ``items(rank)``."""
 
 
 def payload_sent(calls: Sequence[Call], rank: int) -> int:
@@ -111,7 +115,7 @@ def _check_scheme(scheme: str) -> None:
         raise ValueError(f"scheme={scheme!r}: expected one of {', '.join(s for s in SCHEMES if s != 'auto')}")
 
 
-def _mode(scheme: str, ranks: int, workload: ZipfWorkload, mode: str, memory_bytes: float) -> str:
+def _mode(scheme: str, ranks: int, workload: Workload, mode: str, memory_bytes: float) -> str:
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
     if mode == "counted" and scheme not in COUNTED_SCHEMES:
@@ -127,7 +131,7 @@ def _mode(scheme: str, ranks: int, workload: ZipfWorkload, mode: str, memory_byt
 def simulate_step(
     scheme: str,
     ranks: int,
-    workload: ZipfWorkload,
+    workload: Workload,
     topology: Topology,
     *,
     mode: str = "auto",
@@ -148,7 +152,7 @@ def simulate_step(
 def _point(
     scheme: str,
     ranks: int,
-    workload: ZipfWorkload,
+    workload: Workload,
     topology: Topology,
     chosen: str,
     h0_seed: int,
@@ -189,7 +193,7 @@ def _row(
 def simulate_sweep(
     schemes: Sequence[str],
     ranks: Sequence[int],
-    workload: ZipfWorkload,
+    workload: Workload,
     topology: Topology,
     *,
     mode: str = "auto",
@@ -241,7 +245,7 @@ def simulate_sweep(
     return [done[(n, scheme)] for n in ranks for scheme in schemes]
 
 
-def _full_calls(scheme: str, ranks: int, workload: ZipfWorkload, h0_seed: int) -> list[list[Call]]:
+def _full_calls(scheme: str, ranks: int, workload: Workload, h0_seed: int) -> list[list[Call]]:
     def body(t: Transport) -> None:
         view = item_view(workload.tensor(t.rank), "row")
         options = SyncOptions(h0_seed=h0_seed)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from zensync.cli import main
 from zensync.planner.cluster import parse_bandwidth
@@ -83,6 +84,8 @@ def test_full_points_add_their_measured_local_work(tmp_path: Path, capsys: pytes
         (["--model", "resnet50", "--stats", "x.json"], "give one"),
         (["--model", "resnet50", "--ranks", "8", "--compressor", "powersgd:2"], "matrix shapes"),
         (["--model", "resnet50", "--ranks", "8", "--compressor", "bogus"], "--compressor"),
+        (["--lm-batch", "-2"], "--lm-batch must be >= 1"),
+        (["--lm-batch", "4", "--model", "resnet50"], "without --stats or --model"),
     ],
 )
 def test_bad_flags_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -172,3 +175,28 @@ def test_a_models_planned_step_is_reported_per_strategy(tmp_path: Path, capsys: 
     assert [r["scheme"] for r in document["rows"]] == ["fp32", "fp16", "plan"]
     for row, want in zip(document["rows"], expected, strict=True):
         assert row["seconds"] == pytest.approx(want["seconds"], rel=1e-12) and row["mode"] == "mirror"
+
+
+def test_the_lm_workload_is_the_rows_its_batches_touch(tmp_path: Path) -> None:
+    """--lm-batch: each rank's rows are its batch's distinct token ids; a counted point prices the
+    records a full run makes (both network only)."""
+    from zensync.simulate.lm_workload import LMWorkload
+    from zensync.workloads import lm
+
+    prefix = str(tmp_path / "sim")
+    argv = ["simulate", "--lm-batch", "8", "--items", "5000", "--dim", "4", "--ranks", "2,3", "--schemes",
+            "zen,dense", "--ranks-per-node", "2", "--compute-scale", "0", "--memory-gb", "1", "-o", prefix]  # fmt: skip
+    assert main(argv) == 0
+    document = json.loads(Path(prefix + ".json").read_text())
+    assert document["workload"]["family"] == "lm"
+    workload = LMWorkload(num_items=5000, dim=4, batch_size=8)
+    config = lm.Config(vocab_size=5000, embed_dim=4, batch_size=8)
+    inputs, _ = lm.batch_for_rank(lm.load_corpus(config), config, 1, step=0)
+    assert torch.equal(workload.items(1), inputs.unique())
+    assert torch.equal(workload.tensor(1).abs().sum(1).nonzero().squeeze(1), inputs.unique())
+    topology = Topology(2, Link(5e-6, parse_bandwidth("nvlink")), Link(10e-6, parse_bandwidth("25Gbit")))
+    for row in document["rows"]:
+        assert row["mode"] == "full"
+        counted = simulate_step(row["scheme"], row["ranks"], workload, topology, mode="counted")
+        assert row["seconds"] == pytest.approx(counted["seconds"], rel=1e-12)
+        assert row["max_sent_bytes"] == counted["max_sent_bytes"]
