@@ -3,7 +3,8 @@
 One greedy left-to-right pass: a tensor joins the group before it when that does not slow the
 simulated iteration and either speeds it up or lowers the total work. Groups are runs of one
 compressed option; on the GPU a float32 tensor may join a compressed group (taking its option).
-Cupcake's optimal fusion is not claimed.
+The greedy passes claim no optimality; ``fuse_optimal`` is the exact counterpart of ``fuse_gpu``
+(the dynamic programme of ``zensync.planner.cupcake``, ours: Cupcake's own algorithm is not transcribed).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import numpy as np
 
 from zensync.cost import FloatArray
 from zensync.planner._pricing import PricedOptions
+from zensync.planner.cupcake import SpanCosts, groups_from_cuts, optimal_partition
 from zensync.planner.options import TensorOption
 from zensync.planner.simulator import Unit, iteration_time
 
-__all__ = ["fuse_gpu", "fuse_simulated"]
+__all__ = ["fuse_gpu", "fuse_optimal", "fuse_simulated"]
 
 _EPS = 1e-12
 """Seconds: a merge must gain more than this (float noise) to count as faster."""
@@ -161,3 +163,63 @@ def fuse_simulated(priced: PricedOptions, choice: np.ndarray) -> tuple[np.ndarra
         g += 1
     groups = [g for g, (a, b) in enumerate(spans) for _ in range(a, b)]
     return choice, groups
+
+
+def _span_options(options: tuple[TensorOption, ...], choice: np.ndarray) -> np.ndarray:
+    """``[n, n + 1]``: the option index a span ``start..end-1`` takes as one group, or -1 if it may not be one.
+
+    A span of several tensors is a group when its non-fp32 options are one option X, and X is ``comp``
+    where the span also holds fp32 tensors (every group ``fuse_gpu`` can build, and more).
+    """
+    n = len(choice)
+    merged = np.full((n, n + 1), -1, np.int64)
+    for start in range(n):
+        merged[start, start + 1] = choice[start]
+        first = options[int(choice[start])]
+        single: int | None = None if first.kind == "fp32" else int(choice[start])
+        has_fp32 = first.kind == "fp32"
+        for end in range(start + 2, n + 1):
+            k = int(choice[end - 1])
+            if options[k].kind == "fp32":
+                has_fp32 = True
+            elif single is None:
+                single = k
+            elif single != k:
+                break
+            if single is not None and has_fp32 and options[single].kind != "comp":
+                break
+            if single is not None:
+                merged[start, end] = single
+    return merged
+
+
+def fuse_optimal(priced: PricedOptions, choice: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """The fastest contiguous fusion of a GPU-only choice under the planner's timeline (exact; see ``cupcake``).
+
+    Steps:
+
+    1. the option each span would take as one group (``_span_options``);
+    2. every valid span priced under its option, one vectorised call per option;
+    3. ``cupcake.optimal_partition`` over the spans; each tensor takes its group's option.
+    """
+    options, n = priced.options, len(choice)
+    if any(options[int(k)].device != "gpu" for k in choice):
+        raise ValueError("fuse_optimal prices GPU options only; use fuse_simulated when some tensors run on the CPU")
+    # Step 1: the option of each span.
+    merged = _span_options(options, choice)
+    # Step 2: prices.
+    cum_numel = np.concatenate(([0.0], np.cumsum(priced.numel)))
+    matrices = [np.zeros((n, n + 1)) for _ in range(3)]
+    for option_index in np.unique(merged[merged >= 0]):
+        start, end = np.nonzero(merged == option_index)
+        costs = priced.price(options[int(option_index)], cum_numel[end] - cum_numel[start])
+        for matrix, values in zip(matrices, (costs.compute_s, costs.stages[0][1], costs.stages[1][1]), strict=True):
+            matrix[start, end] = values
+    spans = SpanCosts(compute_s=matrices[0], wait_s=matrices[1], comm_s=matrices[2], valid=merged >= 0)
+    # Step 3: the partition.
+    profile = priced.profile
+    cuts, _, _ = optimal_partition(priced.ready, spans, forward_s=profile.forward_s, backward_s=profile.backward_s)
+    groups = list(groups_from_cuts(n, cuts))
+    starts, ends = (0, *cuts), (*cuts, n)
+    fused = np.array([merged[starts[g], ends[g]] for g in groups])
+    return fused, groups
