@@ -17,11 +17,14 @@ alpha per sequential message (a ring allreduce pays ``2 (n-1)`` of them), becaus
   a step lasts as long as the largest block: ``(n-1) max_r b_r`` over the slowest hop (this is why a
   skewed sparse all-gather pays its largest rank's size n-1 times);
 - all_to_all_v: direct; each rank's bytes to its node's peers over ``intra``, each node's bytes to and
-  from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies; the
-  byte term is divided by ``all_to_all_efficiency`` (default 1), the fraction of the links' rate a
-  direct all-to-all achieves where ring collectives achieve all of it (1: the ideal above; gloo on
-  shaped namespaces reaches less, as n-1 concurrent flows per host share each tbf-shaped link:
-  calibrated by experiments/simulate_validation.py, which fits it from timed all-to-alls);
+  from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies. An
+  endpoint that sends ``out`` and receives ``in`` bytes takes ``(max(out, in) - both + both / e) / B``
+  with ``both = min(out, in)``: the bytes that flow one way only run at the link's rate, those that
+  flow both ways at once at ``e = all_to_all_efficiency`` of it (default 1: full duplex, the time is
+  ``max(out, in) / B``). Emulated hosts (gloo over tbf-shaped namespaces) move data one way at the
+  full rate but reach only part of it each way when both directions are busy: an equal-block
+  all-to-all (``out = in``) takes ``out / (e B)``, which is how experiments/simulate_validation.py
+  calibrates e;
 - broadcast: pipelined chain, ``M`` over the slowest hop after ``ceil(log2 n)`` latencies;
 - barrier: ``ceil(log2 n)`` latencies (dissemination).
 
@@ -69,7 +72,8 @@ class Topology:
     intra: Link
     inter: Link
     all_to_all_efficiency: float = 1.0
-    """Fraction of the links' bandwidth a direct all-to-all achieves, in (0, 1] (module docstring)."""
+    """In a direct all-to-all, the fraction of the links' rate that bytes flowing both ways at once
+    achieve each way, in (0, 1] (module docstring; 1: full duplex)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1:
@@ -77,7 +81,7 @@ class Topology:
         if not 0 < self.all_to_all_efficiency <= 1:  # also rejects NaN
             raise ValueError(
                 f"Topology: all_to_all_efficiency={self.all_to_all_efficiency!r} must be in (0, 1]: the fraction "
-                "of the links' bandwidth a direct all-to-all achieves"
+                "of the links' rate an all-to-all's bytes reach each way when both directions are busy"
             )
 
     @classmethod
@@ -156,15 +160,23 @@ class Topology:
         node = (np.arange(ranks) if members is None else np.asarray(members, dtype=np.int64)) // self.ranks_per_node
         same = node[:, None] == node[None, :]
         intra = np.where(same, matrix, 0.0)
-        byte_s = max(intra.sum(1).max(), intra.sum(0).max()) / self.intra.bandwidth_bytes_per_s
+        byte_s = self._duplex_s(intra.sum(1), intra.sum(0), self.intra)
         latency = self.intra.latency_s
         if self._spans(ranks, members):
             inter = np.where(same, 0.0, matrix)
             out_node = np.bincount(node, weights=inter.sum(1))
             in_node = np.bincount(node, weights=inter.sum(0))
-            byte_s = max(byte_s, max(out_node.max(), in_node.max()) / self.inter.bandwidth_bytes_per_s)
+            byte_s = max(byte_s, self._duplex_s(out_node, in_node, self.inter))
             latency = max(latency, self.inter.latency_s)
-        return float((ranks - 1) * latency + byte_s / self.all_to_all_efficiency)
+        return float((ranks - 1) * latency + byte_s)
+
+    def _duplex_s(self, out: npt.ArrayLike, into: npt.ArrayLike, link: Link) -> float:
+        """The slowest endpoint's seconds to send ``out`` and receive ``into`` bytes at once over ``link``:
+        one-way bytes at its rate, bytes both ways at ``all_to_all_efficiency`` of it (module docstring)."""
+        sent, received = np.asarray(out, dtype=np.float64), np.asarray(into, dtype=np.float64)
+        both = np.minimum(sent, received)
+        seconds = (np.maximum(sent, received) - both + both / self.all_to_all_efficiency) / link.bandwidth_bytes_per_s
+        return float(seconds.max())
 
     def send_recv_s(self, src: int, dst: int, nbytes: float) -> float:
         link = self.link(src, dst)

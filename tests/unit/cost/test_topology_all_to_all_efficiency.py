@@ -1,5 +1,6 @@
-"""``Topology.all_to_all_efficiency``: a direct all-to-all's byte term over the fraction of the links' rate
-it achieves; its latency term and every other collective unchanged."""
+"""``Topology.all_to_all_efficiency``: in a direct all-to-all, the bytes an endpoint moves both ways at once
+run at that fraction of the link's rate, one-way bytes at the full rate; its latency term and every other
+collective unchanged."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ EVEN_4 = [[0.0 if s == d else 1e6 for d in range(4)] for s in range(4)]
 """4 ranks, 1 MB from every rank to every other: 3 MB out of and into each rank."""
 
 
-def test_flat_all_to_all_divides_the_byte_term_alone() -> None:
+def test_equal_blocks_divide_the_byte_term_alone() -> None:
     # 3 latencies + 3e6 B / 125e6 B/s = 150 us + 24 ms; at efficiency 0.6 the 24 ms become 40 ms.
     assert Topology.flat(GBIT).all_to_all_s(EVEN_4) == pytest.approx(150e-6 + 0.024, rel=1e-12)
     assert Topology.flat(GBIT, all_to_all_efficiency=0.6).all_to_all_s(EVEN_4) == pytest.approx(
@@ -31,6 +32,18 @@ def test_two_level_all_to_all_divides_the_slowest_links_byte_term() -> None:
     assert Topology(4, NVLINK, GBIT, all_to_all_efficiency=0.5).all_to_all_s(EVEN_4) == pytest.approx(
         3 * 5e-6 + 40e-6, rel=1e-12
     )
+
+
+def test_one_way_bytes_run_at_the_full_rate() -> None:
+    # Incast: ranks 1-3 send 1 MB each to rank 0, which sends nothing: 3 MB in, one way, 24 ms.
+    incast = [[0.0] * 4] + [[1e6, 0.0, 0.0, 0.0] for _ in range(3)]
+    assert Topology.flat(GBIT, all_to_all_efficiency=0.5).all_to_all_s(incast) == pytest.approx(
+        150e-6 + 0.024, rel=1e-12
+    )
+    # Rank 0 sends 1 MB and receives 3 MB: 2 MB one way (16 ms), 1 MB both ways at half rate (16 ms).
+    mixed = [[0.0, 1e6], [3e6, 0.0]]
+    assert Topology.flat(GBIT, all_to_all_efficiency=0.5).all_to_all_s(mixed) == pytest.approx(50e-6 + 0.032, rel=1e-12)
+    assert Topology.flat(GBIT).all_to_all_s(mixed) == pytest.approx(50e-6 + 0.024, rel=1e-12)
 
 
 def test_other_collectives_ignore_it_and_one_is_the_default() -> None:
