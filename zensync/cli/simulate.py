@@ -18,12 +18,13 @@ density, skew, overlap), synced one after another, their times and bytes added; 
 --lm-batch B, the embedded LM's embedding gradient (``zensync.simulate.lm_workload``: --items
 vocabulary rows of --dim, each rank's non-zero rows those its B sequences of 35 stdlib-corpus
 tokens touch).
-A full point also charges each rank's local work as measured (the CPU seconds of one core of this
-machine between its calls) times --compute-scale (0: the network alone; a faster device: a smaller
-factor); a counted point runs no kernels and prices the network alone. Prints a Markdown table
-(step time per scheme and world size, the mode that ran, the largest rank's payload, a full
-point's local work) and writes PREFIX.json, PREFIX.md and, with --png and matplotlib, PREFIX.png
-(time against ranks).
+Each rank's local work is charged too, times --compute-scale (0: the network alone; a faster
+device: a smaller factor): at a full point as measured (the CPU seconds of one core of this machine
+between its calls); at a counted point, which runs no kernels, as fitted to full runs of the same
+workload cut to at most 64 MiB per rank (``zensync.simulate.local_work``; the fits are in the
+JSON). Prints a Markdown table (step time per scheme and world size, the mode that ran, the largest
+rank's payload and local work) and writes PREFIX.json, PREFIX.md and, with --png and matplotlib,
+PREFIX.png (time against ranks).
 
 With --model (a built-in model: ``zensync plan --help`` lists them) the gradient step is a dense
 model's instead: at each world size (a multiple of --ranks-per-node) the planner chooses a
@@ -237,6 +238,7 @@ def _report(
         },
         "priced": _priced(args.compute_scale),
         "compute_scale": args.compute_scale,
+        "local_work_fits": {r["scheme"]: r["local_work"] for r in rows if r.get("local_work")},
         "wall_s": time.perf_counter() - started,
         "rows": rows,
     }
@@ -259,8 +261,9 @@ def _priced(compute_scale: float) -> str:
     if compute_scale == 0:
         return "the network alone: collectives on the two-level model, local work not charged"
     return (
-        f"collectives on the two-level model plus, at full and mirrored points, {compute_scale:g} x the measured "
-        "local work (one core of this machine); counted points: the network alone"
+        f"collectives on the two-level model plus {compute_scale:g} x each rank's local work on one core of this "
+        "machine: measured at full and mirrored points, fitted to full runs of the workload cut to fewer rows at "
+        "counted points"
     )
 
 
@@ -309,7 +312,7 @@ def format_report(document: dict[str, Any]) -> str:
         f"Step time in ms ({document['priced']}); mode: F full run, C counted from the index sets, "
         "M one rank mirrored, "
         "- skipped (too big for a full run, not countable); in brackets the largest rank's payload sent, MB, "
-        "and a full point's local work (largest rank), ms.",
+        "and the local work of the rank with the most, ms.",
         "",
         "| ranks | " + " | ".join(schemes) + " |",
         "|---|" + "---|" * len(schemes),
@@ -326,5 +329,11 @@ def format_report(document: dict[str, Any]) -> str:
                 cells.append(f"{row['seconds'] * 1e3:.3g} {mode} ({row['max_sent_bytes'] / 1e6:.3g}{local})")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append("")
+    for scheme, fit in document.get("local_work_fits", {}).items():
+        lines.append(
+            f"Counted {scheme}'s local work per rank: {fit['fixed_s'] * 1e3:.3g} ms + "
+            f"{fit['per_dense_byte_s'] * 1e9:.3g} ns per dense byte + {fit['per_moved_byte_s'] * 1e9:.3g} ns per byte "
+            f"moved (fit of {fit['samples']} full-run ranks, at most {fit['max_relative_error']:.0%} off any of them)."
+        )
     lines.append(f"Simulator wall time: {document['wall_s']:.1f} s.")
     return "\n".join(lines)

@@ -10,13 +10,14 @@ the embedded LM's batches touch). ``simulate_step`` runs one point:
   DDP hook makes it), with every collective and the local work between them recorded
   (``zensync.simulate``), after one unrecorded warm-up step (kernel compilation is not local work);
 - ``counted``: the records come from the index sets alone (``zensync.simulate.counted``; zen,
-  sparse_ps, agsparse, dense), equal to a full run's;
+  sparse_ps, agsparse, dense), equal to a full run's, and the local work is fitted to full runs of
+  the same workload cut to fewer rows (``zensync.simulate.local_work``);
 - ``auto``: full while the ranks' dense tensors fit in ``memory_bytes``, else counted.
 
-The step is priced on the topology. A full point also charges each rank's measured local work
-(``zensync.simulate``: one core of this machine, times ``compute_scale``; its row's
-``compute_seconds``); a counted point runs no kernels, so its time is the network's alone and its
-``compute_seconds`` is None.
+The step is priced on the topology with each rank's local work times ``compute_scale`` (its row's
+``compute_seconds``): measured at a full point (``zensync.simulate``: one core of this machine),
+fitted at a counted one (the row's ``local_work`` holds the fit; the fit is made once per scheme
+and workload). With ``compute_scale`` 0 the time is the network's alone and no fit is made.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from zensync.cost.topology import Topology
 from zensync.simulate import record
 from zensync.simulate.counted import COUNTED_SCHEMES, Counter, counted_calls
 from zensync.simulate.lm_workload import LMWorkload, dense_rows
+from zensync.simulate.local_work import LocalWorkFit, calibrate, charge
 from zensync.simulate.record import Call
 from zensync.simulate.timeline import price
 from zensync.sync import SCHEMES
@@ -146,7 +148,7 @@ def simulate_step(
     """
     _check_scheme(scheme)
     chosen = _mode(scheme, ranks, workload, mode, memory_bytes)
-    return _point(scheme, ranks, workload, topology, chosen, h0_seed, compute_scale)
+    return _point(scheme, ranks, workload, topology, chosen, h0_seed, compute_scale, {})
 
 
 def _point(
@@ -157,8 +159,9 @@ def _point(
     chosen: str,
     h0_seed: int,
     compute_scale: float,
+    fits: dict[str, LocalWorkFit],
 ) -> dict[str, Any]:
-    """The row of one point whose mode is decided (``_mode``)."""
+    """The row of one point whose mode is decided (``_mode``); ``fits`` caches local-work fits."""
     row: dict[str, Any] = {"scheme": scheme, "ranks": ranks, "mode": chosen}
     if chosen == "skip":
         return {**row, "seconds": None, "phase_seconds": {}, "compute_seconds": None, "max_sent_bytes": None,
@@ -169,9 +172,33 @@ def _point(
             scheme, workload.items, world_size=ranks, num_items=workload.num_items,
             item_bytes=workload.item_bytes, seed=h0_seed,
         )  # fmt: skip
-    else:
-        calls = _full_calls(scheme, ranks, workload, h0_seed)
+        return _counted_row(row, calls, workload, topology, start, compute_scale, fits, h0_seed)
+    calls = _full_calls(scheme, ranks, workload, h0_seed)
     return _row(row, calls, topology, start, compute_scale)
+
+
+def _counted_row(
+    row: dict[str, Any],
+    calls: list[list[Call]],
+    workload: Workload,
+    topology: Topology,
+    start: float,
+    compute_scale: float,
+    fits: dict[str, LocalWorkFit],
+    h0_seed: int,
+) -> dict[str, Any]:
+    """A counted point's row: its records with the scheme's fitted local work (none at scale 0)."""
+    if compute_scale == 0:
+        return {**_row(row, calls, topology, start, 0.0), "compute_seconds": None, "local_work": None}
+    scheme = row["scheme"]
+    if scheme not in fits:
+        fits[scheme] = calibrate(
+            scheme, lambda n, rows: _full_calls(scheme, n, dataclasses.replace(workload, num_items=rows), h0_seed),
+            num_items=workload.num_items, item_bytes=workload.item_bytes,
+        )  # fmt: skip
+    dense = workload.num_items * workload.item_bytes
+    charged = charge(calls, fits[scheme], lambda rank: dense)
+    return {**_row(row, charged, topology, start, compute_scale), "local_work": dataclasses.asdict(fits[scheme])}
 
 
 def _row(
@@ -183,7 +210,7 @@ def _row(
         **row,
         "seconds": priced.seconds,
         "phase_seconds": priced.phase_seconds,
-        "compute_seconds": priced.compute_seconds if row["mode"] == "full" else None,
+        "compute_seconds": priced.compute_seconds,
         "max_sent_bytes": max(sent),
         "mean_sent_bytes": sum(sent) / len(calls),
         "wall_s": time.perf_counter() - start,
@@ -215,6 +242,7 @@ def simulate_sweep(
     counters: dict[tuple[int, str], Counter] = {}
     spent: dict[tuple[int, str], float] = {}
     """Per counted point, the seconds its own counting took so far."""
+    fits: dict[str, LocalWorkFit] = {}
     for n in ranks:
         for scheme in schemes:
             chosen = _mode(scheme, n, workload, mode, memory_bytes)
@@ -223,7 +251,7 @@ def simulate_sweep(
                                                 item_bytes=workload.item_bytes, seed=h0_seed)  # fmt: skip
                 spent[(n, scheme)] = 0.0
             else:
-                done[(n, scheme)] = _point(scheme, n, workload, topology, chosen, h0_seed, compute_scale)
+                done[(n, scheme)] = _point(scheme, n, workload, topology, chosen, h0_seed, compute_scale, fits)
                 if on_point is not None:
                     on_point(done[(n, scheme)])
     for rank in range(max((n for n, _ in counters), default=0)):
@@ -236,7 +264,7 @@ def simulate_sweep(
             if rank == key[0] - 1:
                 start = time.perf_counter()
                 head = {"scheme": key[1], "ranks": key[0], "mode": "counted"}
-                row = _row(head, counter.calls(), topology, start, 0.0)
+                row = _counted_row(head, counter.calls(), workload, topology, start, compute_scale, fits, h0_seed)
                 row["wall_s"] += spent[key]
                 done[key] = row
                 del counters[key]
@@ -322,7 +350,9 @@ def combine(per_tensor: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
             "mode": modes.pop() if len(modes) == 1 else "mixed",
             "seconds": sum(p["seconds"] for p in parts),
             "phase_seconds": phases,
-            "compute_seconds": None if "counted" in modes else sum(p["compute_seconds"] for p in parts),
+            "compute_seconds": (
+                None if any(p["compute_seconds"] is None for p in parts) else sum(p["compute_seconds"] for p in parts)
+            ),
             "max_sent_bytes": sum(p["max_sent_bytes"] for p in parts),
             "wall_s": wall_s,
             "tensors": summary,

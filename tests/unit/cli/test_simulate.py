@@ -49,23 +49,27 @@ def test_the_report_holds_each_points_priced_step(tmp_path: Path, capsys: pytest
     assert "| 4 | " in printed and " - |" in printed
 
 
-def test_full_points_add_their_measured_local_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """At the default --compute-scale a full point costs its network time plus local work (which a
-    counted point has none of), and the report shows it. The rank with the most local work ends no
-    earlier than that work plus every collective's time, which is the network-only step."""
+def test_every_point_adds_its_local_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """At the default --compute-scale a full point costs its network time plus its measured local
+    work, a counted point its network time plus the fitted work, and the report shows both. The rank
+    with the most local work ends no earlier than that work plus every collective's time, which is
+    the network-only step."""
     prefix = str(tmp_path / "sim")
     argv = ["simulate", *ARGS, "--ranks", "2,4", "--schemes", "zen", "--memory-gb", "1e-4", "-o", prefix]
     assert main(argv) == 0
     document = json.loads(Path(prefix + ".json").read_text())
-    assert document["compute_scale"] == 1.0 and "measured local work" in document["priced"]
+    assert document["compute_scale"] == 1.0 and "measured at full" in document["priced"]
     full, counted = document["rows"]
-    assert (full["mode"], counted["mode"]) == ("full", "counted") and counted["compute_seconds"] is None
+    assert (full["mode"], counted["mode"]) == ("full", "counted")
     workload = ZipfWorkload(num_items=3000, dim=4, density=0.05, skew=1.1, overlap=0.2, seed=3)
     topology = Topology(2, Link(2e-6, 50e9), Link(40e-6, 1e9 / 8))
-    network = simulate_step("zen", 2, workload, topology, mode="full", compute_scale=0.0)["seconds"]
-    assert full["compute_seconds"] > 0 and full["seconds"] >= network + full["compute_seconds"] - 1e-12
-    assert counted["seconds"] == pytest.approx(simulate_step("zen", 4, workload, topology, mode="counted")["seconds"])
-    assert "; local " in capsys.readouterr().out
+    for row in (full, counted):
+        network = simulate_step("zen", row["ranks"], workload, topology, mode=row["mode"], compute_scale=0.0)
+        assert row["compute_seconds"] > 0 and row["seconds"] >= network["seconds"] + row["compute_seconds"] - 1e-12
+    # The fit: both calibration sizes (3000 rows and 375) at 2, 4 and 8 ranks, one sample per rank.
+    fit = document["local_work_fits"]["zen"]
+    assert fit == counted["local_work"] and fit["samples"] == 2 * (2 + 4 + 8)
+    assert "Counted zen's local work per rank" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -197,6 +201,6 @@ def test_the_lm_workload_is_the_rows_its_batches_touch(tmp_path: Path) -> None:
     topology = Topology(2, Link(5e-6, parse_bandwidth("nvlink")), Link(10e-6, parse_bandwidth("25Gbit")))
     for row in document["rows"]:
         assert row["mode"] == "full"
-        counted = simulate_step(row["scheme"], row["ranks"], workload, topology, mode="counted")
+        counted = simulate_step(row["scheme"], row["ranks"], workload, topology, mode="counted", compute_scale=0)
         assert row["seconds"] == pytest.approx(counted["seconds"], rel=1e-12)
         assert row["max_sent_bytes"] == counted["max_sent_bytes"]
