@@ -45,7 +45,8 @@ from zensync.types import SyncStats
 from zensync.workloads.zipf import zipf_items
 
 __all__ = [
-    "MODES", "Workload", "ZipfWorkload", "combine", "load_stats", "payload_sent", "simulate_step", "simulate_sweep",
+    "MODES", "Workload", "ZipfWorkload", "combine", "full_calls", "load_stats", "payload_sent", "simulate_step",
+    "simulate_sweep",
 ]  # fmt: skip
 
 MODES = ("auto", "full", "counted")
@@ -173,7 +174,7 @@ def _point(
             item_bytes=workload.item_bytes, seed=h0_seed,
         )  # fmt: skip
         return _counted_row(row, calls, workload, topology, start, compute_scale, fits, h0_seed)
-    calls = _full_calls(scheme, ranks, workload, h0_seed)
+    calls = full_calls(scheme, ranks, workload, h0_seed)
     return _row(row, calls, topology, start, compute_scale)
 
 
@@ -193,7 +194,7 @@ def _counted_row(
     scheme = row["scheme"]
     if scheme not in fits:
         fits[scheme] = calibrate(
-            scheme, lambda n, rows: _full_calls(scheme, n, dataclasses.replace(workload, num_items=rows), h0_seed),
+            scheme, lambda n, rows: full_calls(scheme, n, dataclasses.replace(workload, num_items=rows), h0_seed),
             num_items=workload.num_items, item_bytes=workload.item_bytes,
         )  # fmt: skip
     dense = workload.num_items * workload.item_bytes
@@ -273,7 +274,9 @@ def simulate_sweep(
     return [done[(n, scheme)] for n in ranks for scheme in schemes]
 
 
-def _full_calls(scheme: str, ranks: int, workload: Workload, h0_seed: int) -> list[list[Call]]:
+def full_calls(scheme: str, ranks: int, workload: Workload, h0_seed: int) -> list[list[Call]]:
+    """Every rank's records of one full step of ``scheme`` on ``workload`` (module docstring)."""
+
     def body(t: Transport) -> None:
         view = item_view(workload.tensor(t.rank), "row")
         options = SyncOptions(h0_seed=h0_seed)
