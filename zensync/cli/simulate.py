@@ -40,8 +40,10 @@ import dataclasses
 import datetime
 import importlib.util
 import json
+import os
 import pathlib
 import platform
+import subprocess
 import sys
 import time
 from typing import Any
@@ -228,7 +230,8 @@ def _report(
         "version": 1,
         "command": "zensync " + " ".join(sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cores": os.cpu_count()},
+        "seed": args.seed,
         "versions": _versions(),
         "workload": workload,
         "topology": {
@@ -272,7 +275,17 @@ def _versions() -> dict[str, str]:
 
     import zensync
 
-    return {"zensync": getattr(zensync, "__version__", "unknown"), "torch": torch.__version__}
+    versions = {"zensync": getattr(zensync, "__version__", "unknown"), "torch": torch.__version__}
+    try:  # a source checkout names its commit
+        here = pathlib.Path(zensync.__file__).parent
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        if done.returncode == 0:
+            versions["git"] = done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return versions
 
 
 def _write(path: str, text: str) -> None:
@@ -307,8 +320,13 @@ def format_report(document: dict[str, Any]) -> str:
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     ranks = sorted({r["ranks"] for r in rows})
     by = {(r["scheme"], r["ranks"]): r for r in rows}
+    versions = ", ".join(f"{k} {v}" for k, v in document["versions"].items())
+    machine = document["machine"]
     lines = [
         f"zensync simulate: {_title(document)}.",
+        f"Command: `{document['command']}` ({document['date']}; {versions}; Python {machine['python']} on "
+        f"{machine['platform']}, {machine.get('cores', '?')} cores; seeds: workload {document.get('seed', 0)}, "
+        f"h0 12345).",
         f"Step time in ms ({document['priced']}); mode: F full run, C counted from the index sets, "
         "M one rank mirrored, "
         "- skipped (too big for a full run, not countable); in brackets the largest rank's payload sent, MB, "
