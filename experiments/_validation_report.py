@@ -1,0 +1,183 @@
+"""The report of experiments/simulate_validation.py: markdown, JSON and a predicted-vs-measured PNG.
+
+Sibling module of the driver (experiments/ is not a package); it reads the driver's cache only.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+TOLERANCE = 0.15
+"""Issue 16 item 3's target: |predicted / measured - 1| <= 15 % for every scheme at n <= 16."""
+_MB = 1e6
+
+
+def _points(cache: dict[str, Any], rates: list[str], hosts: list[int], schemes: list[str]) -> list[dict[str, Any]]:
+    keys = [f"{r}/{n}/{s}" for r in rates for n in hosts for s in schemes]
+    return [cache["points"][k] for k in keys if k in cache["points"]]
+
+
+def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]) -> list[str]:
+    lines = [
+        "| rate | n | alpha (us) | beta (MB/s) | beta / rate | all-to-all efficiency e (raw fit) "
+        "| all-to-all intercept (ms) | exchange efficiency (one-way MB/s) | contention c | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rate in rates:
+        for n in hosts:
+            c = cache["calibration"].get(f"{rate}/{n}")
+            if c is None:
+                continue
+            lines.append(
+                f"| {rate} | {n} | {c['alpha_s'] * 1e6:.0f} | {c['beta_bytes_per_s'] / _MB:.2f} | "
+                f"{c['beta_over_rate']:.3f} | {c['all_to_all_efficiency']:.3f} "
+                f"({c['all_to_all_efficiency_raw']:.3f}) | "
+                f"{c['all_to_all_intercept_s'] * 1e3:.1f} | {c['exchange_efficiency']:.3f} "
+                f"({c['one_way_bytes_per_s'] / _MB:.2f}) | {c['contention']:.2f} "
+                f"({c['job_concurrent_wall_s']:.3f} / {c['job_solo_thread_cpu_s']:.3f} s) | {c['load_avg_1m']:.2f} |"
+            )
+    return lines
+
+
+def _phases(p: dict[str, Any]) -> str:
+    measured = p["measured_phase_comm_s"]
+    return ", ".join(f"{k} {v:.3f} / {measured.get(k, 0.0):.3f}" for k, v in p["predicted_phase_s"].items())
+
+
+def _point_table(points: list[dict[str, Any]], rate: str) -> list[str]:
+    lines = [
+        "| n | scheme | predicted (s) | measured (s) | error | within 15 % | network alone (s) | predicted local "
+        "work (s) | process CPU/step, max rank (s) | phases predicted / measured in collectives (s) "
+        "| collectives | wire tx/host, max (MB) | engine bytes/host, max "
+        "(MB) | wire / engine | calls match | sum ok | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in (p for p in points if p["rate"] == rate):
+        ratios = [x for x in p["wire_over_engine"] if x is not None]
+        ratio = f"{min(ratios):.3f}-{max(ratios):.3f}" if ratios else "n/a"
+        lines.append(
+            f"| {p['n']} | {p['scheme']} | {p['predicted_s']:.3f} | {p['measured_s']:.3f} | {p['error']:+.1%} | "
+            f"{'yes' if abs(p['error']) <= TOLERANCE else '**no**'} | {p['network_only_s']:.3f} | "
+            f"{p['predicted_compute_s']:.3f} | {p['step_process_cpu_s_max']:.3f} | {_phases(p)} | "
+            f"{p['collectives_per_rank']} | "
+            f"{max(p['wire_tx_per_host']) / _MB:.2f} | {max(p['engine_bytes_per_host']) / _MB:.2f} | {ratio} | "
+            f"{p['calls_match']} | {p['sum_ok']} | {p['load_avg_1m'][0]:.2f}-{p['load_avg_1m'][1]:.2f} |"
+        )
+    return lines
+
+
+def markdown(
+    meta: dict[str, Any], cache: dict[str, Any], rates: list[str], hosts: list[int], schemes: list[str]
+) -> str:
+    points = _points(cache, rates, hosts, schemes)
+    within = sum(abs(p["error"]) <= TOLERANCE for p in points)
+    lines = [
+        f"# zensync.simulate vs the emulated cluster: predicted vs measured step time ({meta['date']})",
+        "",
+        'Validates the priced step of `zensync.simulate` (`simulate_step(..., mode="full")`: the schemes\' real '
+        "collectives on `Topology.flat`, plus measured local work times `compute_scale`), the model behind "
+        "`zensync simulate` and experiments/results/simulate_zipf10M_25gbit_2026-12-04 (issue 16 item 3).",
+        "",
+        f"Command: `{meta['command']}`; git {meta['git_sha']} (tracked changes in the checkout: "
+        f"{meta['git_tracked_changes']}); torch {meta['torch']}, Python {meta['python']}; machine: "
+        f"{meta['cpus']} CPU cores shared by all n hosts, kernel {meta['kernel']}; wall {meta['wall_s']:.0f} s.",
+        f"Workload: `ZipfWorkload` with {meta['workload']['rows_per_mbit']} rows per Mbit/s of rate, "
+        f"dim {meta['workload']['dim']} float32, density {meta['workload']['density']}, skew "
+        f"{meta['workload']['skew']}; seeds {meta['seeds']}. Measured: median over {meta['steps']} steps (after "
+        f"one warm-up) of the max over ranks, each step after a barrier. Calibration: median of {meta['reps']} reps.",
+        "",
+        f"**Target: |predicted / measured - 1| <= {TOLERANCE:.0%}: {within} of {len(points)} points.**",
+        "",
+        "## Calibration (separate processes, separate data)",
+        "",
+        "alpha, beta: ring all-reduce fit; e: equal-block `all_to_all_single` fit, T = a + S / (e beta) "
+        "(S bytes sent per rank; e capped at 1); c: wall of a fixed job on all n ranks at once / its thread-CPU "
+        "seconds alone. The prediction uses `Topology.flat(Link(alpha, beta), all_to_all_efficiency=e)` and "
+        "`compute_scale=c`.",
+        "",
+        *_calibration_table(cache, rates, hosts),
+    ]
+    for rate in rates:
+        lines += ["", f"## {rate}", "", *_point_table(points, rate)]
+    lines += [
+        "",
+        "Columns: network alone = the measured run's own recorded collectives priced on the calibrated "
+        "topology with no local work (a diagnostic: which part of the error is the network); predicted local "
+        "work = the largest rank's simulated local work times c; process CPU/step = CPU seconds of the "
+        "emulated host's process in one step (all threads: local work, gloo, the transport; not the "
+        "kernel's network work); phases = per phase, the simulated seconds (calls, waits and local work) / "
+        "the measured seconds inside that phase's collectives (max over ranks, median over steps); "
+        "wire tx = eth0 tx bytes per step (barriers subtracted), engine = the transport's count "
+        "(payload + control); calls match = the simulated ranks sent the same payload bytes (max and mean "
+        "over ranks) as the emulated ones.",
+    ]
+    what_if = [p for p in points if p.get("exchange_what_if_network_s") is not None]
+    if what_if:
+        lines += [
+            "",
+            "What-if (not the model): schemes whose every call is a send_recv exchange with one partner, "
+            "priced with beta times the calibrated exchange efficiency, plus the predicted local work:",
+            "",
+            "| rate | n | scheme | measured (s) | predicted (s) | what-if (s) | what-if error |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for p in what_if:
+            total = p["exchange_what_if_network_s"] + p["predicted_compute_s"]
+            lines.append(
+                f"| {p['rate']} | {p['n']} | {p['scheme']} | {p['measured_s']:.3f} | {p['predicted_s']:.3f} | "
+                f"{total:.3f} | {total / p['measured_s'] - 1:+.1%} |"
+            )
+    if meta.get("notes"):
+        lines += ["", "## Findings", "", meta["notes"].rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def _png(path: pathlib.Path, points: list[dict[str, Any]], rates: list[str], schemes: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 5.5), squeeze=False)
+    markers = {4: "o", 8: "s", 16: "^"}
+    colors = {s: f"C{i}" for i, s in enumerate(schemes)}
+    for ax, rate in zip(axes[0], rates, strict=True):
+        mine = [p for p in points if p["rate"] == rate]
+        if not mine:
+            continue
+        lo = 0.5 * min(min(p["measured_s"], p["predicted_s"]) for p in mine)
+        hi = 2.0 * max(max(p["measured_s"], p["predicted_s"]) for p in mine)
+        ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="predicted = measured")
+        for f in (1 - TOLERANCE, 1 + TOLERANCE):
+            ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=1)
+        for p in mine:
+            ax.scatter(p["measured_s"], p["predicted_s"], color=colors[p["scheme"]], marker=markers.get(p["n"], "x"))
+        for s in schemes:
+            ax.scatter([], [], color=colors[s], label=s)
+        for n, m in markers.items():
+            ax.scatter([], [], color="gray", marker=m, label=f"n = {n}")
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), title=f"{rate} per link, 2 CPU cores",
+               xlabel="measured step time (s)", ylabel="predicted step time (s)")  # fmt: skip
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"zensync.simulate vs emulated cluster (dotted: +-{TOLERANCE:.0%})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(
+    stem: pathlib.Path, meta: dict[str, Any], cache: dict[str, Any], rates: list[str], hosts: list[int],
+    schemes: list[str],
+) -> None:  # fmt: skip
+    """``<stem>.md``, ``<stem>.json`` and, with matplotlib, ``<stem>.png``."""
+    points = _points(cache, rates, hosts, schemes)
+    calibration = {k: v for k, v in cache["calibration"].items() if k.split("/")[0] in rates}
+    payload = {"meta": meta, "calibration": calibration, "points": points, "tolerance": TOLERANCE}
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1))
+    stem.with_suffix(".md").write_text(markdown(meta, cache, rates, hosts, schemes))
+    try:
+        _png(stem.with_suffix(".png"), points, rates, schemes)
+    except ImportError:
+        print("matplotlib not installed: no PNG")
