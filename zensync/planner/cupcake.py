@@ -20,8 +20,11 @@ The timeline of GPU options (``options.option_costs``): group g, made of tensors
 the one FIFO comm stream at ``c = forward + ready[j-1] + E + w`` where E is the encode of the groups
 before it, so the stream serves groups in order and ``C' = max(C, c) + d``. The iteration takes
 ``max(forward + backward + E_total, C_last)``. After a cut the future depends only on ``(E, C)`` and
-both enter monotonically, so a prefix whose ``(E, C)`` is dominated (both no smaller) by another
-prefix ending at the same cut can be dropped: keeping the Pareto front at every cut is exact.
+both enter monotonically (max and +), so a prefix ending at a cut can be dropped when another prefix
+ending at the same cut has E and C both no larger: keeping the Pareto front at every cut is exact.
+Cost: O(n^2) spans priced and stored (``[n, n + 1]`` arrays: ResNet-101's 314 tensors, 50k spans),
+then O(n x labels kept) work (0.05 s for ResNet-101 on one CPU core). Whether the paper's cost model
+matches ours (e.g. encode charged to the compute stream, one FIFO comm stream) is not known to us.
 
 Example::
 

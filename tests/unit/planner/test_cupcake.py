@@ -135,6 +135,10 @@ def small_cases(draw: st.DrawFn, max_tensors: int) -> tuple[ModelProfile, Cluste
     return profile, cluster, model
 
 
+def _cuts(groups: list[int]) -> tuple[int, ...]:
+    return tuple(i for i in range(1, len(groups)) if groups[i] != groups[i - 1])
+
+
 def _gpu_comp_options(priced: PricedOptions) -> list[int]:
     return [int(k) for k in priced.gpu if priced.options[k].kind == "comp"]
 
@@ -153,7 +157,11 @@ def test_cupcake_equals_brute_force_and_beats_greedy(
     brute = brute_force_fusion(profile, cluster, model, option)
     assert _close(fusion.iteration_s, brute.iteration_s), (fusion, brute)
     assert fusion.groups == groups_from_cuts(len(profile.tensors), fusion.cuts)
-    # The greedy pass on the same all-compressed choice is never faster.
+    # The planner-facing entry point finds the same time on the same all-compressed choice.
+    fused, groups = fuse_optimal(priced, np.full(len(profile.tensors), k))
+    assert set(fused.tolist()) == {k}
+    assert _close(fusion_iteration_s(profile, cluster, model, option, _cuts(groups)), fusion.iteration_s)
+    # The greedy pass on the same choice is never faster.
     fused, groups = fuse_gpu(priced, np.full(len(profile.tensors), k))
     greedy_s = simulate(
         profile, cluster, model, Strategy(options=tuple(priced.options[j] for j in fused), groups=tuple(groups))
