@@ -11,7 +11,7 @@ import numpy as np
 from zensync.cost import CompressorModel, Device, FloatArray
 from zensync.planner import _compiled_timeline as timeline
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.options import OptionCosts, TensorOption, candidate_options, option_costs
+from zensync.planner.options import SCHEMES, OptionCosts, Scheme, TensorOption, candidate_options, option_costs
 from zensync.planner.profile import ModelProfile
 from zensync.planner.simulator import Unit
 
@@ -29,11 +29,15 @@ class PricedOptions:
         *,
         devices: tuple[Device, ...] = ("gpu",),
         two_level: bool = False,
+        schemes: tuple[Scheme, ...] = SCHEMES,
+        hierarchical: bool = True,
     ) -> None:
         self.profile, self.cluster, self.model = profile, cluster, model
         self.numel = np.array([float(t.numel) for t in profile.tensors])
         self.ready = np.array([t.ready_s for t in profile.tensors])
-        self.options = candidate_options(cluster, model, devices=devices, two_level=two_level)
+        self.options = candidate_options(
+            cluster, model, devices=devices, two_level=two_level, schemes=schemes, hierarchical=hierarchical
+        )
         self.index = {option: k for k, option in enumerate(self.options)}
         self.cache: dict[int, int] = {}
         self.costs = [self.price(option, self.numel) for option in self.options]

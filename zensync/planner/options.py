@@ -59,8 +59,10 @@ from zensync.planner.cluster import ClusterSpec
 __all__ = [
     "FP16_OPTION",
     "FP32_OPTION",
+    "SCHEMES",
     "OptionCosts",
     "Resource",
+    "Scheme",
     "TensorOption",
     "candidate_options",
     "option_costs",
@@ -70,6 +72,8 @@ Kind = Literal["fp32", "fp16", "comp"]
 Scheme = Literal["ar", "ag", "a2a", "gb"]
 Level = Literal["flat", "hier", "hier2"]
 Resource = Literal["wait", "comm", "cpu"]
+SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
+"""Every scheme: ``ar`` allreduce, ``ag`` allgather, ``a2a`` alltoall + allgather, ``gb`` gather + broadcast."""
 
 _ESPRESSO_CODE = {("ag", "flat"): 10, ("a2a", "flat"): 11, ("ag", "hier"): 4, ("a2a", "hier"): 3, ("gb", "hier"): 2}
 _ESPRESSO_CODE.update({("ag", "hier2"): 9, ("a2a", "hier2"): 7, ("gb", "hier2"): 6})
@@ -133,31 +137,50 @@ FP16_OPTION = TensorOption(kind="fp16")
 
 
 def candidate_options(
-    cluster: ClusterSpec, model: CompressorModel, *, devices: tuple[Device, ...] = ("gpu",), two_level: bool = False
+    cluster: ClusterSpec,
+    model: CompressorModel,
+    *,
+    devices: tuple[Device, ...] = ("gpu",),
+    two_level: bool = False,
+    schemes: tuple[Scheme, ...] = SCHEMES,
+    hierarchical: bool = True,
 ) -> tuple[TensorOption, ...]:
     """Every valid option for ``model`` on ``cluster``: fp32 and fp16 allreduce, then compressed ones.
+
+    ``devices``, ``schemes`` and ``hierarchical`` restrict the space (user constraints, reference/espresso.md
+    1.3; the restricted planners of Espresso's ablation, 1.7): e.g. ``schemes=("ar",)`` keeps only
+    allreduce-compatible compression, ``devices=()`` only the fp32 and fp16 baselines.
 
     Args:
         cluster: The cluster; two-level options exist only with several nodes of several GPUs.
         model: The compressor; ``ar`` needs ``allreduce_compatible``, ``a2a`` and ``hier2`` need ``divisible``.
         devices: Devices for compressed options.
         two_level: Also offer ``hier2`` (compressed intra-node phase).
+        schemes: Schemes allowed for compressed options (those the compressor cannot run are left out).
+        hierarchical: Offer two-level communication (``hier``, ``hier2``) at all, for every kind.
 
     Returns:
         The options, baselines first.
+
+    Raises:
+        ValueError: If ``schemes`` names an unknown scheme.
 
     Example::
 
         candidate_options(cluster, model, devices=("gpu", "cpu"), two_level=True)
     """
-    levels: tuple[Level, ...] = ("flat", "hier") if cluster.hierarchical else ("flat",)
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown:
+        raise ValueError(f"candidate_options schemes={schemes!r}: {unknown} unknown; valid: {SCHEMES}")
+    levels: tuple[Level, ...] = ("flat", "hier") if cluster.hierarchical and hierarchical else ("flat",)
     options = [TensorOption(kind=kind, level=level) for kind in ("fp32", "fp16") for level in levels]
-    schemes: list[Scheme] = ["ar"] if model.allreduce_compatible else []
-    schemes += ["ag", "a2a", "gb"] if model.divisible else ["ag", "gb"]
+    supported: list[Scheme] = ["ar"] if model.allreduce_compatible else []
+    supported += ["ag", "a2a", "gb"] if model.divisible else ["ag", "gb"]
+    schemes = tuple(s for s in supported if s in schemes)
     for device in devices:
         for scheme in schemes:
             comp_levels = levels
-            if two_level and cluster.hierarchical and model.divisible and scheme != "ar":
+            if two_level and len(levels) > 1 and model.divisible and scheme != "ar":
                 comp_levels = (*levels, "hier2")
             options += [TensorOption(kind="comp", scheme=scheme, device=device, level=lv) for lv in comp_levels]
     return tuple(options)

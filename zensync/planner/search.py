@@ -56,6 +56,7 @@ from zensync.planner import _compiled_timeline as timeline
 from zensync.planner._fusion import fuse_gpu, fuse_simulated
 from zensync.planner._pricing import MaxPlus, PricedOptions
 from zensync.planner.cluster import ClusterSpec
+from zensync.planner.options import SCHEMES, Scheme
 from zensync.planner.plan import Plan, PlanTensor, Predictions
 from zensync.planner.profile import ModelProfile
 from zensync.planner.simulator import Strategy, simulate
@@ -253,6 +254,9 @@ def plan(
     cpu_offload: bool = False,
     two_level: bool = False,
     fusion: bool = True,
+    gpu_compression: bool = True,
+    schemes: tuple[Scheme, ...] = SCHEMES,
+    hierarchical: bool = True,
 ) -> Plan:
     """Choose an option (and fusion group) for every tensor of ``profile``.
 
@@ -276,6 +280,13 @@ def plan(
         cpu_offload: Allow compression on the CPU workers.
         two_level: Allow compressing the intra-node phase too (``hier2`` options).
         fusion: Fuse consecutive tensors.
+        gpu_compression: Allow compression on the GPU (with ``cpu_offload`` and without this, compression
+            runs on the CPU only; without either, the plan mixes fp32 and fp16 allreduce).
+        schemes: Schemes allowed for compressed options (``("ar",)``: allreduce-compatible only).
+        hierarchical: Allow two-level communication; False keeps every option flat, baselines included.
+
+    The last three restrict the option space (Espresso's ablation, reference/espresso.md 1.7); the
+    plan file records the options chosen, not the restrictions (``Plan.flags`` names the first three).
 
     Returns:
         The ``Plan`` (``selection_s`` is this call's wall time).
@@ -287,8 +298,17 @@ def plan(
     """
     started = time.perf_counter()
     # Step 1: prices and baselines.
-    devices: tuple[Device, ...] = ("gpu", "cpu") if cpu_offload else ("gpu",)
-    priced = PricedOptions(profile, cluster, compressor_model, devices=devices, two_level=two_level)
+    devices: list[Device] = ["gpu"] if gpu_compression else []
+    devices += ["cpu"] if cpu_offload else []
+    priced = PricedOptions(
+        profile,
+        cluster,
+        compressor_model,
+        devices=tuple(devices),
+        two_level=two_level,
+        schemes=schemes,
+        hierarchical=hierarchical,
+    )
     fp32, fp16 = priced.best_level("fp32"), priced.best_level("fp16")
     # Step 2: Algorithm 1.
     candidates = [_gpu_pass(priced, fp32)]
