@@ -12,12 +12,21 @@ push and the pull):
 - pull: one all_gather_v, each owner's 40-byte header plus the smallest of its COO, bitmap and dense
   encodings (``zen.pull_payload_bytes``) of its partition of the union.
 
-``counted_calls`` adds AGsparse (one all_gather_v of each rank's COO records) and dense (one
-all-reduce of the whole tensor).
+``counted_calls`` adds AGsparse (one all_gather_v of each rank's COO records), dense (one
+all-reduce of the whole tensor) and the two peers of Zen's evaluation, whose bytes also follow from
+the index sets alone (every element of a listed item taken as non-zero, as in a row gradient):
+
+- sparcml (``zensync.sync.sparcml``): the fold, recursive-doubling and hand-back send_recvs, each
+  carrying its 16-byte header and the sender's partial sum, COO over the union of its group's items,
+  or dense once a merged union's COO is larger than ``sparcml_dense_ratio`` of the dense tensor;
+- omnireduce (``zensync.sync.omnireduce``): one all_to_all_v of each owner's block bitmap and the
+  rank's non-zero blocks of ``omnireduce_block`` elements, then one all_gather_v of each owner's
+  16-byte header, bitmap and the union's blocks in its range.
 
 ``tests/unit/simulate/test_counted.py`` checks the records equal a full run's on the same index sets.
 The index sets come one rank at a time from a callable, so memory holds one rank's ids, the
-union's bitmap (one byte per item) and the n x n count matrix.
+union's bitmap (one byte per item) and the n x n count matrix; sparcml keeps every rank's ids (its
+merges need each group's union) and omnireduce a byte per block.
 """
 
 from __future__ import annotations
@@ -27,14 +36,16 @@ from collections.abc import Callable
 import torch
 
 from zensync import kernels
+from zensync.simulate._counted_peers import OmniReduceCount, SparCMLCount
 from zensync.simulate.record import Call
+from zensync.sync.base import SyncOptions
 from zensync.sync.partition import make_partition
 from zensync.sync.zen import PULL_ENCODINGS, pull_payload_bytes
 from zensync.types import index_dtype
 
 __all__ = ["COUNTED_SCHEMES", "HEADER_BYTES", "Counter", "counted_calls", "zen_calls"]
 
-COUNTED_SCHEMES = ("zen", "sparse_ps", "agsparse", "dense")
+COUNTED_SCHEMES = ("zen", "sparse_ps", "agsparse", "dense", "sparcml", "omnireduce")
 """The schemes whose records counted mode writes (the others need a full run)."""
 
 HEADER_BYTES = 40
@@ -48,9 +59,22 @@ class Counter:
     rank (rank r's ids do not depend on the world size): ``zensync.simulate.sweep``.
     """
 
-    def __init__(self, scheme: str, *, world_size: int, num_items: int, item_bytes: int, seed: int) -> None:
+    def __init__(
+        self,
+        scheme: str,
+        *,
+        world_size: int,
+        num_items: int,
+        item_bytes: int,
+        seed: int,
+        value_bytes: int = 4,
+        options: SyncOptions | None = None,
+    ) -> None:
         if scheme not in COUNTED_SCHEMES:
             raise ValueError(f"counted mode covers {', '.join(COUNTED_SCHEMES)}; {scheme!r} needs a full run")
+        if value_bytes < 1 or item_bytes % value_bytes:
+            raise ValueError(f"item_bytes={item_bytes} must be a whole number of value_bytes={value_bytes} elements")
+        options = SyncOptions() if options is None else options
         self.scheme = scheme
         self.world_size = world_size
         self.num_items = num_items
@@ -61,7 +85,16 @@ class Counter:
         self._union: torch.Tensor | None = None
         self._part = None
         self._record = 0
-        if scheme in ("zen", "sparse_ps"):
+        self._peer: SparCMLCount | OmniReduceCount | None = None
+        if scheme == "sparcml":
+            self._peer = SparCMLCount(world_size=world_size, num_items=num_items, item_bytes=item_bytes,
+                                      dense_ratio=options.sparcml_dense_ratio)  # fmt: skip
+        elif scheme == "omnireduce":
+            self._peer = OmniReduceCount(
+                world_size=world_size, num_items=num_items, value_bytes=value_bytes,
+                item_numel=item_bytes // value_bytes, block=options.omnireduce_block,
+            )  # fmt: skip
+        elif scheme in ("zen", "sparse_ps"):
             self._part = make_partition(num_items, world_size, seed=seed, hashed=scheme == "zen")
             self._idx_bytes = index_dtype(self._part.range_len).itemsize
             self._record = self._idx_bytes + item_bytes
@@ -87,6 +120,9 @@ class Counter:
             raise ValueError(f"counted mode: rank {rank}'s items must be a 1-D int64 tensor")
         if items.numel() and (int(items[0]) < 0 or int(items[-1]) >= self.num_items):
             raise ValueError(f"counted mode: rank {rank}'s items must be ascending ids in [0, {self.num_items})")
+        if self._peer is not None:
+            self._peer.add(items)
+            return
         if self.scheme == "agsparse":
             nbytes = items.numel() * self._record
             self._per_rank.append(Call(op="all_gather_v", group=self.group, phase="allgather", nbytes=nbytes,
@@ -103,6 +139,8 @@ class Counter:
         """Every rank's records, once every rank was fed."""
         if self._fed != self.world_size:
             raise ValueError(f"Counter: {self._fed} of {self.world_size} ranks fed")
+        if self._peer is not None:
+            return self._peer.calls()
         if self._part is None or self._union is None:
             return [[call] for call in self._per_rank]
         part = self._part
@@ -149,9 +187,16 @@ def counted_calls(
     num_items: int,
     item_bytes: int,
     seed: int,
+    value_bytes: int = 4,
+    options: SyncOptions | None = None,
 ) -> list[list[Call]]:
-    """Every rank's records of one step of ``scheme`` (one of ``COUNTED_SCHEMES``) from its item ids."""
-    counter = Counter(scheme, world_size=world_size, num_items=num_items, item_bytes=item_bytes, seed=seed)
+    """Every rank's records of one step of ``scheme`` (one of ``COUNTED_SCHEMES``) from its item ids.
+
+    ``value_bytes`` is the values' dtype size (omnireduce's blocks count elements); ``options`` the
+    scheme's tunables (sparcml's dense ratio, omnireduce's block; default ``SyncOptions()``).
+    """
+    counter = Counter(scheme, world_size=world_size, num_items=num_items, item_bytes=item_bytes, seed=seed,
+                      value_bytes=value_bytes, options=options)  # fmt: skip
     for rank in range(world_size):
         counter.add(rank, items_of(rank) if counter.needs_items else None)
     return counter.calls()
