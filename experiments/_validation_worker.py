@@ -20,9 +20,11 @@ over ``reps``. Writes ``calibrate_rank<r>.json``.
 ``measure``: for each scheme, the workload's rank-r tensor through ``run_agreed`` (the path
 ``zensync.simulate.sweep.simulate_step`` runs, same options and seed, so the collectives are the
 same): one warm-up step, then ``steps`` timed steps, each after a barrier, between two reads of
-eth0's tx counter (``_counters.fenced_tx``), with the process's CPU seconds (all threads) and each
-phase's time inside its collectives (``SyncStats.phases``); then one more step through a ``RecordingTransport``
-whose calls (sizes, and this process's thread-CPU local work) go into ``<scheme>_rank<r>.json``.
+eth0's tx counter (``_counters.fenced_tx``), with the process's CPU seconds (all threads), each
+phase's time inside its collectives (``SyncStats.phases``) and how busy the machine's cores were
+over the timed steps (``/proc/stat``: whether the step is CPU-bound); then one more step through a
+``RecordingTransport`` whose calls (sizes, and this process's thread-CPU local work) go into
+``<scheme>_rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -142,6 +144,15 @@ def calibrate(config: dict[str, Any], out: pathlib.Path) -> None:
     (out / f"calibrate_rank{rank}.json").write_text(json.dumps(result))
 
 
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, all cores (/proc/stat; every namespace
+    sees the same): busy is all but idle and iowait, kernel network work (softirq) included."""
+    ticks = [int(v) for v in pathlib.Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    total = sum(ticks[:8])  # user nice system idle iowait irq softirq steal
+    return (total - ticks[3] - ticks[4]) / hz, total / hz
+
+
 def _step(view: Any, transport: Transport, scheme: str, h0_seed: int) -> tuple[torch.Tensor, SyncStats]:
     """One steady-state step, as ``zensync.simulate.sweep`` runs it."""
     stats = SyncStats()
@@ -155,7 +166,7 @@ def _measure_scheme(
 ) -> dict[str, Any]:
     steps, h0_seed, iface = config["steps"], config["h0_seed"], config["iface"] or None
     _step(view, transport, scheme, h0_seed)  # warm-up: kernel compilation, first allocations, connections
-    before = fenced_tx(iface)
+    before, machine = fenced_tx(iface), _machine_cpu()
     seconds, cpu_s, phase_s, stats = [], [], [], SyncStats()
     for _ in range(steps):
         dist.barrier()
@@ -164,6 +175,7 @@ def _measure_scheme(
         seconds.append(time.perf_counter() - start)
         cpu_s.append(cpu_seconds() - cpu)
         phase_s.append({k: p.comm_time_s for k, p in stats.phases.items()})
+    busy_s, total_s = (a - b for a, b in zip(_machine_cpu(), machine, strict=True))
     wire = fenced_tx(iface) - before - (steps + 1) * barrier_tx  # steps barriers + the closing fence's
     calls: list[Any] = []
     recording = RecordingTransport(transport, calls)
@@ -177,6 +189,7 @@ def _measure_scheme(
         "seconds": seconds,
         "max_seconds": _max_over_ranks(seconds),
         "process_cpu_s": cpu_s,
+        "machine_busy_fraction": busy_s / total_s,
         "phase_comm_s": phase_s,
         "wire_tx_per_step": wire / steps,
         "engine_bytes": sum(p.bytes_sent + p.control_bytes_sent for p in stats.phases.values()),

@@ -11,15 +11,19 @@ link tbf-shaped to the rate each way):
 
 1. Calibration, in its own processes on its own data (experiments/_validation_worker.py
    ``calibrate``): alpha and beta from ring all-reduces at four sizes (T = 2(n-1) alpha + 2(n-1)/n B /
-   beta, least squares, as ``zensync.cost.calibrate``); the all-to-all efficiency e from equal-block
-   all-to-alls (T = a + S / (e beta), S the bytes a rank sends: e = 1 / (beta * slope), at most 1);
+   beta: beta from the least-squares slope over the three bandwidth-bound sizes, alpha from the 4 KiB
+   one); the all-to-all efficiency e from equal-block all-to-alls at those three sizes (T = a + S /
+   (e beta), S the bytes a rank sends: e = 1 / (beta * slope), at most 1); the exchange efficiency
+   (one connection busy both ways vs one way; reported, the timeline has no term for it);
    the local-work contention factor c = wall seconds of a fixed job run by the n ranks at once / its
    thread-CPU seconds run alone (n processes share this machine's cores).
 2. Measurement (``measure``): each scheme's ``run_agreed`` on the workload (rank r's tensor of
    ``ZipfWorkload``, the data and path ``simulate_step`` uses), median over ``--steps`` steps after a
    warm-up of the max over ranks; wire bytes per host from eth0's tx counter vs the engine's count.
 3. Prediction (in this process, after the cluster is gone): ``simulate_step(scheme, n, workload,
-   Topology.flat(Link(alpha, beta), all_to_all_efficiency=e), mode="full", compute_scale=c)``.
+   Topology.flat(Link(alpha, beta), all_to_all_efficiency=e), mode="full", compute_scale=c)``, and the
+   same step on inputs built beforehand (``zensync.simulate.simulate``; ``predict``), the quantity the
+   hosts time: simulate_step charges building each rank's input tensor as local work.
 
 The workload is sized to the rate (``ROWS_PER_MBIT`` rows of ``DIM`` float32 per Mbit/s: 6.4 MB dense at
 100 Mbit/s, 64 MB at 1 Gbit/s; each rank holds ``DENSITY`` of the rows, Zipf skew 1.1), so each step
@@ -50,10 +54,14 @@ import torch
 
 from zensync.cost.network import fit_affine
 from zensync.cost.topology import Link, Topology
+from zensync.simulate import simulate
 from zensync.simulate.record import Call, network_calls
 from zensync.simulate.sweep import ZipfWorkload, payload_sent, simulate_step
 from zensync.simulate.timeline import price
+from zensync.sync.base import SyncOptions, item_view
+from zensync.sync.run import run_agreed
 from zensync.testbed import EmulatedCluster, WorkerError, parse_rate
+from zensync.types import SyncStats
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _validation_report import write_report
@@ -66,8 +74,10 @@ DENSITY = 0.1
 ROWS_PER_MBIT = 250
 """Rows per Mbit/s of link rate: 25,000 rows (6.4 MB) at 100 Mbit/s, 250,000 (64 MB) at 1 Gbit/s."""
 SKEW, SEED, H0_SEED = 1.1, 0, 12345
-CALIBRATION_LINK_S = (0.0, 0.01, 0.05, 0.15)
-"""Calibration sizes as seconds of link time at the rate (0: 4 KiB, latency-bound)."""
+CALIBRATION_LINK_S = (0.0, 0.05, 0.25, 1.0)
+"""Calibration sizes as seconds of link time at the rate (0: 4 KiB, latency-bound), up to the workload's
+largest messages: the least-squares fit then weighs the bandwidth-bound sizes the steps run at (with n
+processes on 2 cores, small collectives pay scheduling delays that are not affine in the size)."""
 JOB_BYTES = 4e8
 """The contention job processes about this many bytes of the workload's shape (0.3-0.5 s of one core here)."""
 _PORTS = {"calibrate": 29561, "measure": 29562}
@@ -95,11 +105,14 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
     """alpha, beta, all-to-all efficiency and contention factor from the ranks' calibration files."""
     r0 = ranks[0]  # every rank holds the max over ranks of each rep
     ar = {int(b): statistics.median(s) for b, s in r0["allreduce_s"].items()}
-    intercept, slope = fit_affine(list(ar), list(ar.values()))
-    alpha = max(1e-7, intercept / (2 * (n - 1)))
+    small, *large = sorted(ar)
+    # beta: the slope over the bandwidth-bound sizes; alpha: what the latency-bound size leaves.
+    slope = fit_affine(large, [ar[b] for b in large])[1]
     beta = 2 * (n - 1) / n / slope
+    alpha = max(1e-7, (ar[small] - 2 * (n - 1) / n * small / beta) / (2 * (n - 1)))
     a2a = {int(b): statistics.median(s) for b, s in r0["all_to_all_s"].items()}
-    a2a_intercept, a2a_slope = fit_affine(list(a2a), list(a2a.values()))
+    a2a_large = sorted(a2a)[1:]
+    a2a_intercept, a2a_slope = fit_affine(a2a_large, [a2a[b] for b in a2a_large])
     raw_efficiency = 1.0 / (beta * a2a_slope)
     one_way = {int(b): statistics.median(s) for b, s in r0["one_way_s"].items()}
     exchange = {int(b): statistics.median(s) for b, s in r0["exchange_s"].items()}
@@ -162,6 +175,8 @@ def summarize_measured(ranks: list[dict[str, Any]], topology: Topology, cal: dic
         "measured_s": statistics.median(ranks[0]["max_seconds"]),
         "measured_steps_s": ranks[0]["max_seconds"],
         "step_process_cpu_s_max": max(statistics.median(r["process_cpu_s"]) for r in ranks),
+        "step_process_cpu_s_sum": sum(statistics.median(r["process_cpu_s"]) for r in ranks),
+        "machine_busy_fraction": ranks[0]["machine_busy_fraction"],
         "measured_phase_comm_s": {
             phase: statistics.median(max(r["phase_comm_s"][i].get(phase, 0.0) for r in ranks) for i in range(steps))
             for phase in ranks[0]["phase_comm_s"][0]
@@ -249,19 +264,55 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
     for scheme in todo:
         row = summarize_measured(measured[scheme], topology, cal)
         _log(f"{cal_key}: predicting {scheme}")
-        predicted = simulate_step(scheme, n, workload, topology, mode="full", compute_scale=cal["contention"])
-        row.update(
-            rate=rate, n=n, scheme=scheme, load_avg_1m=loads, predicted_s=predicted["seconds"],
-            predicted_compute_s=predicted["compute_seconds"], predicted_phase_s=predicted["phase_seconds"],
-            predicted_max_sent_bytes=predicted["max_sent_bytes"], simulation_wall_s=predicted["wall_s"],
-            calls_match=predicted["max_sent_bytes"] == max(row["recorded_payload_per_host"])
-            and predicted["mean_sent_bytes"] == sum(row["recorded_payload_per_host"]) / n,
-        )  # fmt: skip
+        row.update(rate=rate, n=n, scheme=scheme, load_avg_1m=loads, **predict(scheme, n, workload, topology, cal))
+        row["calls_match"] = (
+            row["predicted_max_sent_bytes"] == max(row["recorded_payload_per_host"])
+            and row["predicted_mean_sent_bytes"] == sum(row["recorded_payload_per_host"]) / n
+        )
         row["error"] = row["predicted_s"] / row["measured_s"] - 1
+        row["step_error"] = row["step_predicted_s"] / row["measured_s"] - 1
         cache["points"][f"{rate}/{n}/{scheme}"] = row
         _save(args.cache, cache)
-        _log(f"{cal_key}/{scheme}: predicted {row['predicted_s']:.3f} s, measured {row['measured_s']:.3f} s, "
-             f"error {row['error']:+.1%}")  # fmt: skip
+        _log(
+            f"{cal_key}/{scheme}: measured {row['measured_s']:.3f} s; simulate_step {row['predicted_s']:.3f} s "
+            f"({row['error']:+.1%}); step alone {row['step_predicted_s']:.3f} s ({row['step_error']:+.1%})"
+        )
+
+
+# -- prediction ------------------------------------------------------------------------------------
+
+
+def predict(scheme: str, n: int, workload: ZipfWorkload, topology: Topology, cal: dict[str, Any]) -> dict[str, Any]:
+    """The step priced two ways, at ``compute_scale`` = the calibrated contention factor.
+
+    1. ``simulate_step(..., mode="full")``, as ``zensync simulate`` runs it. Its recorded function builds
+       rank r's input tensor (``workload.tensor(r)``) inside the recorded step, so that construction is
+       charged as local work before the first collective.
+    2. The step alone: the same ``run_agreed`` call on tensors built beforehand (``zensync.simulate.simulate``,
+       one unrecorded warm-up as simulate_step), which is what the emulated hosts time.
+    """
+    c = cal["contention"]
+    row = simulate_step(scheme, n, workload, topology, mode="full", compute_scale=c)
+    tensors = [workload.tensor(r) for r in range(n)]
+
+    def body(t: Any) -> None:
+        options = SyncOptions(h0_seed=H0_SEED)
+        view = item_view(tensors[t.rank], "row")
+        run_agreed(view, t, scheme=scheme, options=options, h0_seed=H0_SEED, stats=SyncStats())
+
+    step = simulate(body, n, topology, compute_scale=c, warmup=True)
+    return {
+        "predicted_s": row["seconds"],
+        "predicted_compute_s": row["compute_seconds"],
+        "predicted_phase_s": row["phase_seconds"],
+        "predicted_max_sent_bytes": row["max_sent_bytes"],
+        "predicted_mean_sent_bytes": row["mean_sent_bytes"],
+        "simulation_wall_s": row["wall_s"],
+        "step_predicted_s": step.priced.seconds,
+        "step_compute_s": step.priced.compute_seconds,
+        "step_phase_s": step.priced.phase_seconds,
+        "step_network_s": price(network_calls(step.calls), topology, compute_scale=0.0).seconds,
+    }
 
 
 # -- cache, metadata, main -------------------------------------------------------------------------
