@@ -74,7 +74,7 @@ DENSITY = 0.1
 ROWS_PER_MBIT = 250
 """Rows per Mbit/s of link rate: 25,000 rows (6.4 MB) at 100 Mbit/s, 250,000 (64 MB) at 1 Gbit/s."""
 SKEW, SEED, H0_SEED = 1.1, 0, 12345
-CALIBRATION_LINK_S = (0.0, 0.05, 0.25, 1.0)
+CALIBRATION_LINK_S = (0.0, 0.05, 0.2, 0.6)
 """Calibration sizes as seconds of link time at the rate (0: 4 KiB, latency-bound), up to the workload's
 largest messages: the least-squares fit then weighs the bandwidth-bound sizes the steps run at (with n
 processes on 2 cores, small collectives pay scheduling delays that are not affine in the size)."""
@@ -374,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cache", default="", help="JSON of finished points (default: <results-dir>/simulate_validation_cache.json)"
     )
     p.add_argument("--report-only", action="store_true", help="write the report from the cache, measure nothing")
+    p.add_argument("--label", default="", help="results file stem: simulate_validation_[<label>_]<date>")
     p.add_argument("--notes", default="", help="a markdown file whose text the report carries as its findings")
     args = p.parse_args(argv)
     args.schemes = args.schemes.split(",")
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = _meta(args, argv)
     meta["wall_s"] = time.perf_counter() - started
     meta["notes"] = pathlib.Path(args.notes).read_text() if args.notes else ""
-    stem = results / f"simulate_validation_{meta['date']}"
+    stem = results / f"simulate_validation_{args.label + '_' if args.label else ''}{meta['date']}"
     write_report(stem, meta, cache, rates, hosts, args.schemes)
     _log(f"wrote {stem}.md")
     return 0
