@@ -1,0 +1,318 @@
+"""Markdown and figure of experiments/espresso_repro.py (sibling module; experiments/ is not a package)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from espresso_repro import (
+    ABLATIONS,
+    CLUSTERS,
+    PAPER_64,
+    PAPER_SELECTION_MS,
+    PAPER_SETUP,
+    PAPER_SPEEDUP_64,
+    PAPER_UB_GAP,
+    TABLE_1,
+)
+
+SHAPE_FACTOR = 2.0
+"""A ratio of ours to the paper's (speedup, or gain = speedup - 1) beyond this is flagged and explained."""
+
+
+def _iteration_table(points: dict, models: list[str], gpus: list[int], cluster: str) -> list[str]:
+    lines = [
+        f"### {cluster}",
+        "",
+        "| model + compressor | GPUs | FP32 ms | FP16 ms | compress-all ms (option) | plan ms | UB ms | compute ms "
+        "| FP32 scaling | plan scaling | x plan / FP32 | x comp-all / FP32 | gap to UB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in models:
+        for g in gpus:
+            r = points[f"iter|{m}|{cluster}|{g}"]
+            lines.append(
+                f"| {m} + {PAPER_SETUP[m][0]} | {g} | {r['fp32_ms']:.1f} | {r['fp16_ms']:.1f} "
+                f"| {r['compress_all_ms']:.1f} ({r['compress_all_option']}) | {r['plan_ms']:.1f} "
+                f"| {r['upper_bound_ms']:.1f} | {r['compute_ms']:.1f} | {r['scaling_fp32']:.2f} "
+                f"| {r['scaling_plan']:.2f} | {r['speedup_plan_vs_fp32']:.2f} "
+                f"| {r['speedup_compress_all_vs_fp32']:.2f} | {r['gap_to_upper_bound']:.1%} |"
+            )
+    return [*lines, ""]
+
+
+def _shape_flag(ours: float, paper: float) -> bool:
+    speedup = max(ours, paper) / min(ours, paper) > SHAPE_FACTOR
+    gains = (ours - 1.0, paper - 1.0)
+    gain = max(abs(x) for x in gains) > 0.05 and (
+        min(gains) <= 0 < max(gains) or max(gains) / max(min(gains), 1e-9) > SHAPE_FACTOR
+    )
+    return speedup or gain
+
+
+def _table1(points: dict, models: list[str]) -> list[str]:
+    lines = [
+        "| model (cluster) | GC used | FP32: ours / paper | GC on GPU: ours / paper | GC on CPU: ours / paper "
+        "| our GPU / CPU option |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, (c, spec, (fp32, gpu, cpu)) in TABLE_1.items():
+        r = points.get(f"table1|{m}")
+        if m not in models or r is None:
+            continue
+        lines.append(
+            f"| {m} ({c}) | {spec} | {r['scaling_fp32']:.2f} / {fp32:.2f} | {r['scaling_gpu']:.2f} / {gpu:.2f} "
+            f"| {r['scaling_cpu']:.2f} / {cpu:.2f} | {r['gpu_option']} / {r['cpu_option']} |"
+        )
+    return [*lines, ""]
+
+
+def _side_by_side(points: dict, models: list[str]) -> list[str]:
+    lines = [
+        "| model (cluster), 64 GPUs | Espresso (paper) | ours: FP32 scaling | ours: x comp-all / FP32 "
+        "| ours: x plan / FP32 | paper x plan / FP32 | > 2x in shape? |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    flagged = []
+    for (m, c), text in PAPER_64.items():
+        key = f"iter|{m}|{c}|64"
+        if m not in models or key not in points:
+            continue
+        r, paper = points[key], PAPER_SPEEDUP_64.get((m, c))
+        flag = paper is not None and _shape_flag(r["speedup_plan_vs_fp32"], paper)
+        if flag:
+            flagged.append((m, c))
+        lines.append(
+            f"| {m} ({c}) | {text} | {r['scaling_fp32']:.2f} | {r['speedup_compress_all_vs_fp32']:.2f} "
+            f"| {r['speedup_plan_vs_fp32']:.2f} | {'-' if paper is None else f'{paper:.2f}'} "
+            f"| {'YES' if flag else 'no'} |"
+        )
+    lines.append("")
+    for m, c in flagged:
+        lines.append(f"- **{m} ({c})**: explained in section 6.")
+    return [*lines, ""]
+
+
+def _selection_table(points: dict, models: list[str], gpus: list[int], repeats: int) -> list[str]:
+    lines = [
+        "| model | tensors (ours / paper) | GPUs | ours: GPU-only plan() ms | ours: full-space plan() ms "
+        "| paper Table 5 (Alg. 1) ms | paper Table 6 (Alg. 2) ms, tensors offloaded |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in models:
+        tensors, alg1, offload, alg2 = PAPER_SELECTION_MS[m]
+        for g in gpus:
+            r = points[f"select|{m}|{g}|{repeats}"]
+            paper = f"{alg1} | {alg2}, {offload}" if g == 64 else "- | -"
+            lines.append(
+                f"| {m} | {r['tensors']} / {tensors} | {g} | {r['gpu_only_ms']:.1f} | {r['full_ms']:.1f} | {paper} |"
+            )
+    return [*lines, ""]
+
+
+def _gap_table(points: dict, models: list[str], gpus: list[int]) -> list[str]:
+    lines = ["| model | cluster | " + " | ".join(f"{g} GPUs" for g in gpus) + " | paper (64, NVLink) |"]
+    lines.append("|---|---|" + "---|" * (len(gpus) + 1))
+    for m in models:
+        for c in CLUSTERS:
+            gaps = " | ".join(f"{points[f'iter|{m}|{c}|{g}']['gap_to_upper_bound']:.1%}" for g in gpus)
+            paper = f"{PAPER_UB_GAP[m]:.0%}" if m in PAPER_UB_GAP and c.startswith("nvlink") else "-"
+            lines.append(f"| {m} | {c} | {gaps} | {paper} |")
+    return [*lines, ""]
+
+
+def _ablation_table(points: dict, models: list[str]) -> tuple[list[str], list[str]]:
+    variants = [*ABLATIONS, "all-compression"]
+    lines = [
+        "Iteration time of each restricted planner / the full planner's (1.00 = as fast; > 1 slower).",
+        "",
+        "| model | cluster | full ms | " + " | ".join(variants[1:]) + " |",
+        "|---|---|---|" + "---|" * (len(variants) - 1),
+    ]
+    faster = []
+    for m in models:
+        for c in CLUSTERS:
+            full = points[f"ablate|{m}|{c}|full"]["plan_ms"]
+            cells = []
+            for v in variants[1:]:
+                ms = points[f"ablate|{m}|{c}|{v}"]["plan_ms"]
+                cells.append(f"{ms / full:.3f}" + (" (!)" if ms < full - 1e-9 else ""))
+                if ms < full - 1e-9:
+                    faster.append(f"{m} / {c} / {v}: {ms:.2f} ms < full {full:.2f} ms")
+            lines.append(f"| {m} | {c} | {full:.1f} | " + " | ".join(cells) + " |")
+    return [*lines, ""], faster
+
+
+def _mix(tensors: dict) -> str:
+    return ", ".join(f"{count} {kind.replace('_', ' on ')}" for kind, count in tensors.items() if count)
+
+
+def _differences(points: dict, models: list[str]) -> list[str]:
+    """Section 6: every difference of more than 2x in shape, and why (numbers from this run)."""
+    lines = ["## 6. Differences of more than 2x in shape, and why", ""]
+
+    def at(m: str, c: str, field: str) -> float:
+        return points[f"iter|{m}|{c}|64"][field]
+
+    if "resnet101" in models:
+        scaling, plan_scaling = (
+            at("resnet101", "pcie-25gbit", "scaling_fp32"),
+            at("resnet101", "pcie-25gbit", "scaling_plan"),
+        )
+        lines.append(
+            f"- **ResNet-101 + DGC, PCIe, 64 GPUs: x{at('resnet101', 'pcie-25gbit', 'speedup_plan_vs_fp32'):.2f} "
+            f"vs the paper's x1.20 (gain twice the paper's).** Both start from FP32 scaling 0.70 (ours calibrated to "
+            f"{scaling:.2f}), so no strategy can beat x{1 / scaling:.2f}. Our simulator predicts the plan hides almost "
+            f"all exposed communication (plan scaling {plan_scaling:.2f}); the paper measured Espresso at 0.84 "
+            "(0.70 x 1.20, derived). The simulator overlaps communication with backward perfectly and charges "
+            "compute no slowdown for concurrent NCCL or CPU-side traffic (only GPU compression kernels are "
+            "charged to the compute stream), and prices CPU compression with Espresso's 20 Gbit/s constant; "
+            "our notes do not give Espresso's ResNet-101 strategy, so we cannot tell how much of the gap is "
+            "that optimism and how much a different strategy."
+        )
+    if "vgg16" in models:
+        scaling = at("vgg16", "pcie-25gbit", "scaling_fp32")
+        lines.append(
+            f"- **VGG-16 + Randomk, PCIe, 64 GPUs: x{at('vgg16', 'pcie-25gbit', 'speedup_plan_vs_fp32'):.2f} vs the "
+            f"paper's x3.69.** VGG-16 is not calibrated (our notes give no FP32 scaling for it) and keeps Table 4's "
+            f"32 images per GPU; our fp32 V100 roofline profile then computes for "
+            f"{at('vgg16', 'pcie-25gbit', 'compute_ms'):.0f} ms per iteration, so FP32 scaling is {scaling:.2f} "
+            f"and no strategy can beat x{1 / scaling:.2f} (the plan is at x"
+            f"{at('vgg16', 'pcie-25gbit', 'speedup_plan_vs_fp32'):.2f}, FP16 alone reaches it). The paper's x3.69 "
+            "implies an FP32 scaling of at most 1 / 3.69 = 0.27 (derived), i.e. a real iteration far shorter "
+            "than our roofline's relative to its 528 MB of gradients. In this session our VGG-16 profile gave "
+            "FP32 scaling 0.18 at 8 images and 0.34 at 16 (espresso_like._scaling, PCIe 8 x 8): the difference "
+            "is the workload's compute-to-communication ratio, not the planner."
+        )
+    if {"gpt2", "bert-base"} & set(models):
+        lines.append(
+            "- **Table 1, GC on GPU, GPT-2 + DGC and BERT-base + EFSignSGD (NVLink): our compress-everything "
+            "loses to FP32 where the paper's gained (+15 %, +8 %).** Every tensor pays Espresso's fixed GPU "
+            "cost per tensor (up to 2^20 elements per shard: 390 us DGC, 270 us EFSignSGD, reference/espresso.md "
+            "1.6) with the encode on the compute stream: 148 x 390 us = 58 ms (GPT-2) and 199 x 270 us = 54 ms "
+            "(BERT-base) of kernels against 89 and 60 ms of compute (derived). The paper's measured runs gained, "
+            "so its per-tensor cost on small tensors was lower than these constants imply, or its runtime "
+            "batched them; our notes do not say which. The LSTM row (10 large tensors) agrees with the paper."
+        )
+    if "gpt2" in models:
+        lines.append(
+            f"- **Upper-bound gap, GPT-2 + EFSignSGD, NVLink, 64 GPUs: "
+            f"{at('gpt2', 'nvlink-100gbit', 'gap_to_upper_bound'):.1%} vs the paper's 3 %** (BERT-base "
+            f"{at('bert-base', 'nvlink-100gbit', 'gap_to_upper_bound') if 'bert-base' in models else float('nan'):.1%}"
+            f" vs 7 % agrees). The plan (tensors: {_mix(at('gpt2', 'nvlink-100gbit', 'tensors'))}) is a local "
+            "optimum of a greedy search plus a local search (search.py), and every compressed tensor pays its "
+            "compression time (the fixed GPU cost above, or a turn on the one CPU worker), which the zero-cost "
+            "upper bound does not; we read the gap as that cost "
+            "(not verified against the paper's GPT-2 inputs, which our notes do not give). Within the 10 % target. "
+            f"On PCIe GPT-2's gap is {at('gpt2', 'pcie-25gbit', 'gap_to_upper_bound'):.1%} (no paper number; "
+            f"tensors: {_mix(at('gpt2', 'pcie-25gbit', 'tensors'))}), above the 10 % target: nearly every tensor "
+            "is compressed there, and their encode time, which the bound omits, is the gap."
+        )
+    ratios = []
+    for m in models:
+        key = next((k for k in points if k.startswith(f"select|{m}|64|")), None)
+        if key is not None:
+            _, alg1, _, alg2 = PAPER_SELECTION_MS[m]
+            r = points[key]
+            ratios.append(f"{m} {alg1 / r['gpu_only_ms']:.1f}x / {(alg1 + alg2) / r['full_ms']:.1f}x")
+    lines.append(
+        "- **Selection time at 64 GPUs, paper / ours (GPU-only vs Table 5; full space vs Table 5 + 6): "
+        + "; ".join(ratios)
+        + ".** Different machines (the paper's Xeon 8260; ours 2 cores shared with other jobs, min of the "
+        "repeats, so noisy), and a different search: Algorithm 1 as the paper states it evaluates F(S) for "
+        "every single-tensor variant (reference/espresso.md 1.5), while ours prices a one-tensor change of a "
+        "GPU-only timeline in O(1) from max-plus prefix/suffix maxima (search.py); our full-space time also "
+        "includes the joint local search (full simulations) and fusion, hence the larger times there."
+    )
+    lines.append(
+        "- **Ablation**: Fig. 15's values are not in our notes, only its direction (every restricted planner "
+        "worse). Ours agrees except where listed in section 5: the full space is searched greedily (Algorithm 1 "
+        "commits to GPU compression tensor by tensor, then offloads), and a restricted start (fp32/fp16 only "
+        "before the CPU pass, for cpu-only) can end in a better local optimum. GPU-only and no-fusion are steps "
+        "of the full search and are never faster (tested). Many cells are 1.000 because the plan is within a "
+        "few percent of compute (nothing left to gain)."
+    )
+    return [*lines, ""]
+
+
+def markdown(doc: dict) -> str:
+    points, models, gpus = doc["points"], doc["models"], doc["gpus"]
+    lines = [
+        f"# Espresso (EuroSys'23) reproduced on zensync's planner simulator ({doc['date']})",
+        "",
+        f"Command: `{doc['command']}`",
+        "",
+        "All times are predictions of zensync's planner simulator (`zensync.planner`), not measurements; "
+        "selection times are wall times of `plan()` measured on a contended machine.",
+        "",
+        "```",
+        json.dumps({k: doc[k] for k in ("versions", "machine", "seed", "batches", "repeats")}, indent=1),
+        "```",
+        "",
+        "Reproduced (reference/espresso.md): Table 1 and the section 5 speedups at 64 GPUs (1.2, 1.7); "
+        "Tables 5 and 6, selection time (1.5); the Upper Bound gap of section 5 (1.7); the ablation of "
+        "Fig. 15 (1.7). Setup: 8 GPUs per node, fp32 V100 roofline profiles with the per-GPU batch "
+        "calibrated to the paper's FP32 scaling at 64 GPUs (`batches` above), the paper's compressor per "
+        "model (section 5): " + ", ".join(f"{m} {PAPER_SETUP[m][0]}" for m in models) + ".",
+        "",
+        "## 1. Iteration time (ms per iteration)",
+        "",
+        "compress-all = the model's compressor on every tensor on the GPU, one option for all (the fastest "
+        "uniform one, named); plan = `plan(cpu_offload=True, two_level=True, fusion=True)`; UB = the paper's "
+        "Upper Bound (zero-cost compression, no compute interference, same option space); scaling = "
+        "compute / iteration time.",
+        "",
+    ]
+    for c in CLUSTERS:
+        lines += _iteration_table(points, models, gpus, c)
+    if 64 in gpus:
+        lines += ["## 2. Side by side with the paper at 64 GPUs", "", *_side_by_side(points, models)]
+        lines += [
+            "### Table 1: scaling factors, every tensor compressed in the inter-node phase (best uniform hier option)",
+            "",
+            *_table1(points, models),
+        ]
+    lines += ["## 3. Selection time (NVLink cluster)", "", *_selection_table(points, models, gpus, doc["repeats"])]
+    lines += [
+        "## 4. Gap of the plan to the Upper Bound (the paper's definition)",
+        "",
+        *_gap_table(points, models, gpus),
+    ]
+    if 64 in gpus:
+        table, faster = _ablation_table(points, models)
+        lines += ["## 5. Ablation at 64 GPUs (Fig. 15)", "", *table]
+        lines += ["Restricted planners faster than the full one (greedy search; see notes):", ""]
+        lines += [f"- {f}" for f in faster] or ["- none"]
+        lines += ["", *_differences(points, models)]
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict, path: pathlib.Path) -> None:
+    """Iteration time vs GPUs per model (columns) and cluster (rows)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no figure")
+        return
+    points, models, gpus = doc["points"], doc["models"], doc["gpus"]
+    fig, axes = plt.subplots(len(CLUSTERS), len(models), figsize=(3.2 * len(models), 6), squeeze=False)
+    series = {"FP32": "fp32_ms", "FP16": "fp16_ms", "compress-all": "compress_all_ms", "plan": "plan_ms"}
+    series["upper bound"] = "upper_bound_ms"
+    for row, c in enumerate(CLUSTERS):
+        for col, m in enumerate(models):
+            ax = axes[row][col]
+            for label, field in series.items():
+                ax.plot(gpus, [points[f"iter|{m}|{c}|{g}"][field] for g in gpus], marker="o", label=label)
+            ax.set_title(f"{m} + {PAPER_SETUP[m][0]}\n{c}", fontsize=9)
+            ax.set_xlabel("GPUs (8 per node)")
+            ax.set_ylabel("iteration time (ms)")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(gpus, [str(g) for g in gpus])
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Predicted iteration time (zensync planner simulator, fp32 V100 profiles)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

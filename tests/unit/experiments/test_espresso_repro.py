@@ -1,0 +1,81 @@
+"""experiments/espresso_repro.py on a tiny config: LSTM at 16 and 64 GPUs, one selection repeat.
+
+Checks real values under the planner's own model: the plan is never slower than FP32 or FP16 and
+never faster than the upper bound; the restricted planners that are subsets of the full search
+(GPU-only, no fusion) are never faster than it; a rerun reuses every finished point.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+import sys
+
+import pytest
+
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[3] / "experiments"
+ARGS = ["--models", "lstm", "--gpus", "16", "64", "--repeats", "1", "--date", "test", "--no-plot"]
+EPS_S = 1e-9
+"""Float noise of the simulator's sums, in milliseconds here (far below any real difference)."""
+
+
+@pytest.fixture(scope="module")
+def driver():
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        yield importlib.import_module("espresso_repro")
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+
+
+@pytest.fixture(scope="module")
+def result(driver, tmp_path_factory):
+    out = tmp_path_factory.mktemp("espresso_repro")
+    assert driver.main([*ARGS, "--out", str(out)]) == 0
+    return out, json.loads((out / "espresso_repro_test.json").read_text())
+
+
+def test_iteration_points_are_bounded(result) -> None:
+    _, doc = result
+    for cluster in ("pcie-25gbit", "nvlink-100gbit"):
+        for gpus in (16, 64):
+            r = doc["points"][f"iter|lstm|{cluster}|{gpus}"]
+            assert r["upper_bound_ms"] <= r["plan_ms"] + EPS_S
+            assert r["plan_ms"] <= min(r["fp32_ms"], r["fp16_ms"]) + EPS_S
+            assert r["compute_ms"] <= r["upper_bound_ms"] + EPS_S
+            assert r["scaling_fp32"] == pytest.approx(r["compute_ms"] / r["fp32_ms"])
+
+
+def test_lstm_calibrated_to_table_1(result) -> None:
+    """Table 1: LSTM's FP32 scaling factor on 64 GPUs, PCIe + 25 Gbit/s, is 0.46."""
+    _, doc = result
+    assert doc["points"]["iter|lstm|pcie-25gbit|64"]["scaling_fp32"] == pytest.approx(0.46, abs=0.01)
+
+
+def test_subset_ablations_never_beat_the_full_plan(result) -> None:
+    _, doc = result
+    for cluster in ("pcie-25gbit", "nvlink-100gbit"):
+        full = doc["points"][f"ablate|lstm|{cluster}|full"]["plan_ms"]
+        for variant in ("gpu-only", "no-fusion"):
+            assert doc["points"][f"ablate|lstm|{cluster}|{variant}"]["plan_ms"] >= full - EPS_S
+
+
+def test_report_names_the_paper_and_versions(result) -> None:
+    out, doc = result
+    text = (out / "espresso_repro_test.md").read_text()
+    assert "Table 1 (DGC): FP32 0.46" in text
+    assert "| lstm | 10 / 10 | 64 |" in text
+    assert doc["versions"]["torch"] and doc["command"].startswith("python experiments/espresso_repro.py")
+
+
+def test_rerun_reuses_finished_points(driver, result, monkeypatch) -> None:
+    out, before = result
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished point was recomputed")
+
+    for name in ("iteration_point", "selection_point", "ablation_point", "_calibrated"):
+        monkeypatch.setattr(driver, name, fail)
+    assert driver.main([*ARGS, "--out", str(out)]) == 0
+    assert json.loads((out / "espresso_repro_test.json").read_text())["points"] == before["points"]
