@@ -20,7 +20,8 @@ measurements), the parts of Espresso's evaluation listed in reference/espresso.m
    zero-cost compression and no compute interference (``Plan.predicted.upper_bound_s``);
 4. the ablation of Fig. 15 at 64 GPUs: the planner with one decision dimension restricted
    (``plan(..., gpu_compression=, cpu_offload=, two_level=, hierarchical=, fusion=, schemes=)``)
-   plus Espresso's "all-compression" (the compress-everything strategy).
+   plus Espresso's "all-compression" (the compress-everything strategy) and "myopic" (each tensor's
+   option chosen alone by its own communication + compression time, then simulated).
 
 Profiles are the built-in fp32 V100 roofline profiles; as in experiments/espresso_like.py (whose
 calibration this reuses) the per-GPU batch of GPT-2, BERT-base, LSTM and ResNet-101 is chosen so
@@ -32,9 +33,10 @@ Each finished point is written to the JSON at once, so an interrupted run resume
 (``--fresh`` recomputes). Expected (2026-12-04 run, about a minute): the plan is never slower than
 FP32 or FP16 and within 10 % of the upper bound except GPT-2 on PCIe (17 %); at 64 GPUs x1.85
 (LSTM, PCIe; paper about x1.8), x1.81 (BERT-base, NVLink; paper about x1.6), x1.40 (ResNet-101, PCIe;
-paper x1.20), x1.63 (VGG-16, PCIe; paper x3.69, explained in the report); selection 1.1-22 ms
-GPU-only and 1.6-95 ms full space on a contended 2-core machine; the restricted planners are never faster than the
-full one except in 3 of 100 cells (greedy search; the report lists them). Results:
+paper x1.20), x1.63 (VGG-16, PCIe; paper x3.69, explained in the report); selection about 1-20 ms
+GPU-only and 1-100 ms full space on a contended 2-core machine (varies 2x between runs); the
+restricted planners are never faster than the full one except in 3 of 110 cells (greedy search; the
+report lists them). Results:
 experiments/results/espresso_repro_<date>.{md,json,png}.
 """
 
@@ -64,6 +66,7 @@ from zensync.planner import (
     ModelProfile,
     Strategy,
     candidate_options,
+    option_costs,
     plan,
     simulate,
 )
@@ -88,7 +91,7 @@ ABLATIONS: dict[str, dict] = {
     "inter-allgather only": {"schemes": ("ag",)},
     "inter-alltoall only": {"schemes": ("a2a",)},
 }
-"""Fig. 15's restricted planners: each overrides one switch of ``FULL`` (``all-compression`` is added)."""
+"""Fig. 15's restricted planners: each overrides one switch of ``FULL`` (``EXTRA_ABLATIONS`` are added)."""
 
 # Espresso's compressor per model (section 5), and the FP32 scaling target + cluster of espresso_like.py.
 PAPER_SETUP = {model: (spec, cluster, target) for model, cluster, spec, target in reversed(WORKLOADS)}
@@ -149,6 +152,21 @@ def compress_everything(
     ]
     result, option = min(timed, key=lambda pair: pair[0].iteration_s)
     return result.iteration_s, option.code
+
+
+def myopic(profile: ModelProfile, cluster: ClusterSpec, model: CompressorModel) -> tuple[float, str]:
+    """Fig. 15's "myopic" strategy: each tensor alone takes the option with the least own time (compute
+    charge + comm + kernels: tau_comm + tau_comp, blind to overlap and to other tensors), simulated."""
+    options = candidate_options(cluster, model, devices=("gpu", "cpu"), two_level=True)
+    numel = numpy.array([float(t.numel) for t in profile.tensors])
+    own_s = []
+    for option in options:
+        costs = option_costs(option, numel, cluster, model, dtype_bytes=profile.dtype_bytes)
+        own_s.append(costs.compute_s + sum(seconds for _, seconds in costs.stages))
+    chosen = numpy.argmin(numpy.stack(own_s), axis=0)
+    strategy = Strategy(options=tuple(options[k] for k in chosen))
+    kinds = sorted({options[k].code for k in chosen})
+    return simulate(profile, cluster, model, strategy, record_events=False).iteration_s, ", ".join(kinds)
 
 
 def _timed_plan(profile: ModelProfile, cluster: ClusterSpec, model: CompressorModel, repeats: int, **flags):
@@ -235,11 +253,15 @@ def table1_point(profile: ModelProfile, model_name: str) -> dict:
 def ablation_point(profile: ModelProfile, model_name: str, cluster_name: str, variant: str) -> dict:
     """Predicted iteration time (ms) of one restricted planner at 64 GPUs."""
     cluster, model = cluster_spec(cluster_name, 64), compressor_model(PAPER_SETUP[model_name][0])
-    if variant == "all-compression":
-        seconds, option = compress_everything(profile, cluster, model)
+    if variant in EXTRA_ABLATIONS:
+        seconds, option = EXTRA_ABLATIONS[variant](profile, cluster, model)
         return {"plan_ms": seconds * 1e3, "chosen": option}
     result = plan(profile, cluster, model, **{**FULL, **ABLATIONS[variant]})
     return {"plan_ms": result.predicted.plan_s * 1e3, "chosen": result.chosen}
+
+
+EXTRA_ABLATIONS = {"all-compression": compress_everything, "myopic": myopic}
+"""Fig. 15's strategies that are not a restricted planner: compress everything; choose per tensor alone."""
 
 
 class Points:
@@ -292,11 +314,12 @@ def _profile(points: Points, model_name: str) -> ModelProfile:
 def _versions() -> dict:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
+        status = subprocess.run(["git", "status", "--porcelain", "zensync"], capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        sha, dirty = "unknown", False
+        sha, status = "unknown", ""
+    dirty = [line[3:] for line in status.splitlines()]
     return {
-        "git": sha + (" (working tree has uncommitted changes)" if dirty else ""),
+        "git": sha + (f" (uncommitted changes in {', '.join(dirty)})" if dirty else " (zensync/ as committed)"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
@@ -329,7 +352,7 @@ def run(args: argparse.Namespace) -> dict:
     if 64 in args.gpus:
         for m in _progress([m for m in args.models if m in TABLE_1], "table 1"):
             points.get(f"table1|{m}", lambda m=m: table1_point(profiles[m], m))
-        variants = [*ABLATIONS, "all-compression"]
+        variants = [*ABLATIONS, *EXTRA_ABLATIONS]
         cells = [(m, c, v) for m in args.models for c in CLUSTERS for v in variants]
         for m, c, v in _progress(cells, "ablation"):
             points.get(f"ablate|{m}|{c}|{v}", lambda m=m, c=c, v=v: ablation_point(profiles[m], m, c, v))
