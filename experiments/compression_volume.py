@@ -38,7 +38,6 @@ import math
 import os
 import pathlib
 import platform
-import subprocess
 import sys
 
 import torch
@@ -46,6 +45,9 @@ import torch
 from zensync import compress
 from zensync.cost import compressor_model
 from zensync.planner import builtin_profile
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from espresso_repro import _versions  # sibling driver (experiments/ is not a package): git, python, torch, ...
 
 MODELS = ("bert-base", "resnet50")
 COMPRESSORS = (
@@ -165,14 +167,6 @@ def compressor_rows(shapes: list[tuple[int, ...]], specs: list[str]) -> list[dic
             }
         )
     return rows
-
-
-def _versions() -> dict:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        sha = "unknown"
-    return {"git": sha, "python": platform.python_version(), "torch": torch.__version__}
 
 
 def markdown(doc: dict) -> str:
