@@ -1,0 +1,62 @@
+"""experiments/zen_scaling.py end to end on its --tiny workloads (n <= 8): dense's time by hand, the
+report's parts, and a rerun served from the cache."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+import sys
+
+import pytest
+
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[3] / "experiments"
+
+
+@pytest.fixture(scope="module")
+def driver():
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        yield importlib.import_module("zen_scaling")
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+
+
+def _shrink(driver, monkeypatch) -> None:
+    """n <= 4, 2 nodes for part 3, 8 ranks for the statistics: a few dozen draws in all."""
+    monkeypatch.setattr(driver, "RANKS", (2, 4))
+    monkeypatch.setattr(driver, "CHECK_RANKS", (4,))
+    monkeypatch.setattr(driver, "NODES", 2)
+    monkeypatch.setattr(driver, "STATS_RANKS", 8)
+
+
+def test_tiny_run_reports_every_part_and_resumes(driver, tmp_path: pathlib.Path, monkeypatch) -> None:
+    _shrink(driver, monkeypatch)
+    report_module = importlib.import_module("_zen_scaling_report")
+    monkeypatch.setattr(report_module, "_figure", lambda data, path: False)  # matplotlib: the slow test below
+    prefix = tmp_path / "zs"
+    assert driver.main(["--tiny", "-o", str(prefix)]) == 0
+    data = json.loads((tmp_path / "zs.json").read_text())
+    lstm = data["models"]["lstm"]
+    # LSTM rows / (8 * 256) = 793471 // 2048 = 387 rows of 512 float32: M = 792,576 bytes. Dense ring
+    # all-reduce at n = 2, one GPU per node, 25 Gbit/s: 2 * 10 us + 2 * (1/2) * M / 3.125e9 B/s.
+    assert lstm["workload"]["num_items"] == 387
+    dense2 = next(r for r in lstm["rows"] if (r["ranks"], r["scheme"]) == (2, "dense"))
+    assert dense2["seconds"]["flat25"] == pytest.approx(2e-5 + 792_576 / 3.125e9, rel=1e-12)
+    assert {r["mode"] for m in data["models"].values() for r in m["rows"]} == {"counted"}
+    assert set(lstm["hier_seconds"]["25"]) == {"dense", "agsparse", "sparcml", "omnireduce", "sparse_ps", "zen"}
+    report = (tmp_path / "zs.md").read_text()
+    for part in ("## 1.", "## 2.", "## 3.", "## 4.", "## Scale check", "| nmt-element"):
+        assert part in report
+    # A rerun counts nothing: every point comes from the cache.
+    monkeypatch.setattr(driver, "counted_points", lambda *a, **k: pytest.fail("recounted a cached point"))
+    assert driver.main(["--tiny", "-o", str(prefix)]) == 0
+    assert json.loads((tmp_path / "zs.json").read_text())["models"]["lstm"]["rows"] == lstm["rows"]
+
+
+@pytest.mark.slow
+def test_tiny_run_draws_its_figure(driver, tmp_path: pathlib.Path, monkeypatch) -> None:
+    _shrink(driver, monkeypatch)
+    assert driver.main(["--tiny", "-o", str(tmp_path / "zs")]) == 0
+    assert (tmp_path / "zs.png").stat().st_size > 10_000
+    assert "Figure: zs.png." in (tmp_path / "zs.md").read_text()
