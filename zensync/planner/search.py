@@ -35,10 +35,16 @@ What is exact and what is heuristic (all "exact" is relative to the simulator's 
   elements, each trial a full simulation by the compiled event loop (``zensync.planner._compiled_timeline``,
   identical to the Python one). It ends in a local optimum (no single-tensor change is faster),
   which the two-stage decomposition of Algorithms 1 and 2 does not guarantee.
-- Fusion is one greedy left-to-right pass: a tensor joins the group before it when that does not slow
-  the simulated iteration (and strictly lowers it, or lowers the total work). Groups are runs of one
-  compressed option; a float32 tensor may join a compressed group (taking its option). Cupcake's
-  optimal fusion is not claimed; fusion is never worse than no fusion under the simulator.
+- Fusion of a GPU-only choice is exact: the fastest partition into contiguous groups under the
+  planner's timeline (``_fusion.fuse_optimal``, ``cupcake.py``: a dynamic programme over cut points,
+  checked against brute force), for models of at most ``EXACT_FUSION_MAX_TENSORS`` tensors; above
+  that, and when some tensors compress on the CPU, one greedy left-to-right pass. Groups are runs of
+  one compressed option; a float32 tensor may join a compressed group (taking its option). Fusion
+  is never worse than no fusion under the simulator.
+- With CPU offload and GPU compression both allowed, the plan of the CPU-only space (GPU
+  compression off) is a candidate too, so allowing GPU compression never yields a slower plan than
+  forbidding it (the two-stage search could otherwise miss it: Espresso's ablation, reference/
+  espresso.md 1.7).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ import numpy as np
 
 from zensync.cost import CompressorModel, Device
 from zensync.planner import _compiled_timeline as timeline
-from zensync.planner._fusion import fuse_gpu, fuse_simulated
+from zensync.planner._fusion import fuse_gpu, fuse_optimal, fuse_simulated
 from zensync.planner._pricing import MaxPlus, PricedOptions
 from zensync.planner.cluster import ClusterSpec
 from zensync.planner.options import SCHEMES, Scheme
@@ -62,6 +68,7 @@ from zensync.planner.profile import ModelProfile
 from zensync.planner.simulator import Strategy, simulate
 
 __all__ = [
+    "EXACT_FUSION_MAX_TENSORS",
     "EXACT_OFFLOAD_LIMIT",
     "MAX_JOINT_SWEEPS",
     "MAX_OFFLOAD_SWEEPS",
@@ -71,6 +78,9 @@ __all__ = [
     "plan",
 ]
 
+EXACT_FUSION_MAX_TENSORS = 256
+"""GPU-only choices of at most this many tensors are fused exactly, larger ones greedily: the exact
+fusion prices O(n^2) spans (35-210 ms at 148-199 tensors on this 2-core machine, 1.2 s at 314)."""
 EXACT_OFFLOAD_LIMIT = 256
 """Algorithm 2 enumerates every offload count combination up to this many simulations."""
 MAX_OFFLOAD_SWEEPS = 4
@@ -269,7 +279,8 @@ def plan(
        candidate, and a joint local search over GPU and CPU options (``_joint_pass``) from the
        faster of the two a third;
     4. with ``fusion``, Cupcake-style fusion of each candidate, kept only if the simulator says it
-       is not slower; the faster candidate wins;
+       is not slower; the faster candidate wins; with ``cpu_offload`` and ``gpu_compression``, the
+       plan of the CPU-only space (this function with ``gpu_compression=False``) competes too;
     5. simulate the plan, both baselines and the zero-cost upper bound; fall back to the faster
        baseline when the plan is predicted slower than it.
 
@@ -324,6 +335,17 @@ def plan(
                 candidates.append(joint)
     # Step 4: fusion of each candidate, kept only if the simulator agrees it is not slower.
     strategy, plan_s = min((_fused(priced, choice, fusion) for choice in candidates), key=lambda pair: pair[1])
+    # Step 4b: the CPU-only space's plan competes too (module docstring).
+    if cpu_offload and gpu_compression:
+        cpu_only = plan(
+            profile, cluster, compressor_model, cpu_offload=True, two_level=two_level, fusion=fusion,
+            gpu_compression=False, schemes=schemes, hierarchical=hierarchical,
+        )  # fmt: skip
+        if cpu_only.predicted.plan_s < plan_s - _EPS:
+            strategy = Strategy(
+                options=tuple(t.option for t in cpu_only.tensors), groups=tuple(t.group for t in cpu_only.tensors)
+            )
+            plan_s = cpu_only.predicted.plan_s
     # Step 5: baselines, upper bound, fallback.
     return _finish(priced, strategy, plan_s, (fp32, fp16), started, cpu_offload, two_level, fusion)
 
@@ -334,7 +356,12 @@ def _fused(priced: PricedOptions, choice: np.ndarray, fusion: bool) -> tuple[Str
     plan_s = priced.iteration_s(choice)
     if fusion:
         on_cpu = any(priced.options[k].device == "cpu" for k in choice)
-        fused, groups = fuse_simulated(priced, choice) if on_cpu else fuse_gpu(priced, choice)
+        if on_cpu:
+            fused, groups = fuse_simulated(priced, choice)
+        elif len(choice) <= EXACT_FUSION_MAX_TENSORS:
+            fused, groups = fuse_optimal(priced, choice)
+        else:
+            fused, groups = fuse_gpu(priced, choice)
         fused_strategy = _strategy(priced, fused, groups)
         fused_s = _simulate(priced, fused_strategy)
         if fused_s <= plan_s:

@@ -90,10 +90,13 @@ def test_restricted_plans_use_only_allowed_options() -> None:
 
 @pytest.mark.parametrize("model", [SPARSE, SUMMABLE, CPU_CHEAP], ids=["dgc", "randomk", "efsignsgd"])
 def test_subset_restrictions_never_beat_the_full_plan(model: CompressorModel) -> None:
-    """GPU-only and no-fusion searches are steps of the full one, so the full plan is at least as fast."""
+    """GPU-only and no-fusion searches are steps of the full one, and the CPU-only plan is one of its
+    candidates, so the full plan is at least as fast as each."""
     profile = _profile()
     full = plan(profile, CLUSTER, model, cpu_offload=True, two_level=True).predicted.plan_s
     gpu_only = plan(profile, CLUSTER, model, two_level=True).predicted.plan_s
     no_fusion = plan(profile, CLUSTER, model, cpu_offload=True, two_level=True, fusion=False).predicted.plan_s
+    cpu_only = plan(profile, CLUSTER, model, cpu_offload=True, two_level=True, gpu_compression=False).predicted.plan_s
     assert full <= gpu_only
     assert full <= no_fusion
+    assert full <= cpu_only
