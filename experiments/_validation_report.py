@@ -22,8 +22,9 @@ def _points(cache: dict[str, Any], rates: list[str], hosts: list[int], schemes: 
 def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]) -> list[str]:
     lines = [
         "| rate | n | alpha (us) | beta (MB/s) | beta / rate | all-to-all efficiency e (raw fit) "
-        "| all-to-all intercept (ms) | exchange efficiency (one-way MB/s) | contention c | load (1 min) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| all-to-all intercept (ms) | exchange efficiency (one-way MB/s) | contention c | load (1 min) "
+        "| cores busy before |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rate in rates:
         for n in hosts:
@@ -36,7 +37,8 @@ def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]
                 f"({c['all_to_all_efficiency_raw']:.3f}) | "
                 f"{c['all_to_all_intercept_s'] * 1e3:.1f} | {c['exchange_efficiency']:.3f} "
                 f"({c['one_way_bytes_per_s'] / _MB:.2f}) | {c['contention']:.2f} "
-                f"({c['job_concurrent_wall_s']:.3f} / {c['job_solo_thread_cpu_s']:.3f} s) | {c['load_avg_1m']:.2f} |"
+                f"({c['job_concurrent_wall_s']:.3f} / {c['job_solo_thread_cpu_s']:.3f} s) | {c['load_avg_1m']:.2f} | "
+                f"{c.get('machine_busy_before', float('nan')):.0%} |"
             )
     return lines
 
@@ -149,6 +151,7 @@ def _png(path: pathlib.Path, points: list[dict[str, Any]], rates: list[str], sch
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 5.5), squeeze=False)
     markers = {4: "o", 8: "s", 16: "^"}
@@ -175,6 +178,9 @@ def _png(path: pathlib.Path, points: list[dict[str, Any]], rates: list[str], sch
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), title=f"{rate} per link, 2 CPU cores",
                xlabel="measured step time (s)", ylabel="predicted step time (s)")  # fmt: skip
         ax.legend(fontsize=7, loc="upper left")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(ScalarFormatter())
+            axis.set_minor_formatter(NullFormatter())
     fig.suptitle(
         f"zensync.simulate vs emulated cluster: filled = step alone, hollow = simulate_step (dotted: +-{TOLERANCE:.0%})"
     )

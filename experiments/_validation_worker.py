@@ -144,7 +144,7 @@ def calibrate(config: dict[str, Any], out: pathlib.Path) -> None:
     (out / f"calibrate_rank{rank}.json").write_text(json.dumps(result))
 
 
-def _machine_cpu() -> tuple[float, float]:
+def machine_cpu() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far, all cores (/proc/stat; every namespace
     sees the same): busy is all but idle and iowait, kernel network work (softirq) included."""
     ticks = [int(v) for v in pathlib.Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -166,7 +166,7 @@ def _measure_scheme(
 ) -> dict[str, Any]:
     steps, h0_seed, iface = config["steps"], config["h0_seed"], config["iface"] or None
     _step(view, transport, scheme, h0_seed)  # warm-up: kernel compilation, first allocations, connections
-    before, machine = fenced_tx(iface), _machine_cpu()
+    before, machine = fenced_tx(iface), machine_cpu()
     seconds, cpu_s, phase_s, stats = [], [], [], SyncStats()
     for _ in range(steps):
         dist.barrier()
@@ -175,7 +175,7 @@ def _measure_scheme(
         seconds.append(time.perf_counter() - start)
         cpu_s.append(cpu_seconds() - cpu)
         phase_s.append({k: p.comm_time_s for k, p in stats.phases.items()})
-    busy_s, total_s = (a - b for a, b in zip(_machine_cpu(), machine, strict=True))
+    busy_s, total_s = (a - b for a, b in zip(machine_cpu(), machine, strict=True))
     wire = fenced_tx(iface) - before - (steps + 1) * barrier_tx  # steps barriers + the closing fence's
     calls: list[Any] = []
     recording = RecordingTransport(transport, calls)

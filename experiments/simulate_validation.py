@@ -65,6 +65,7 @@ from zensync.types import SyncStats
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _validation_report import write_report
+from _validation_worker import machine_cpu
 
 SCHEMES = ("dense", "zen", "agsparse", "sparcml", "omnireduce", "sparse_ps")
 DIM = 64
@@ -80,6 +81,8 @@ largest messages: the least-squares fit then weighs the bandwidth-bound sizes th
 processes on 2 cores, small collectives pay scheduling delays that are not affine in the size)."""
 JOB_BYTES = 4e8
 """The contention job processes about this many bytes of the workload's shape (0.3-0.5 s of one core here)."""
+IDLE_SAMPLE_S = 5.0
+"""Before each cluster: how long to sample how busy the cores are with other users' work."""
 _PORTS = {"calibrate": 29561, "measure": 29562}
 _WORKER = pathlib.Path(__file__).resolve().parent / "_validation_worker.py"
 _ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -87,6 +90,14 @@ _ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"
 
 def workload_for(rate_bits: int) -> ZipfWorkload:
     return ZipfWorkload(num_items=ROWS_PER_MBIT * rate_bits // 10**6, dim=DIM, density=DENSITY, skew=SKEW, seed=SEED)
+
+
+def _machine_busy(seconds: float) -> float:
+    """Share of both cores busy over the next ``seconds`` (``/proc/stat``)."""
+    busy, total = machine_cpu()
+    time.sleep(seconds)
+    busy_after, total_after = machine_cpu()
+    return (busy_after - busy) / max(total_after - total, 1e-9)
 
 
 def _log(message: str) -> None:
@@ -232,6 +243,8 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
     workload = workload_for(rate_bits)
     cal_key = f"{rate}/{n}"
     loads = [os.getloadavg()[0]]
+    busy_before = _machine_busy(IDLE_SAMPLE_S)
+    _log(f"{cal_key}: both cores {busy_before:.0%} busy before the cluster starts (other users' work)")
     with EmulatedCluster(n, rate=rate) as cluster, cluster.temp_dir("zensync-validation-") as tmp:
         if cal_key not in cache["calibration"]:
             _log(f"{cal_key}: calibrating")
@@ -247,6 +260,7 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
             folder = _run_role(cluster, "calibrate", config, tmp)
             cal = fit_calibration(_read(folder, "calibrate", n), n, rate_bits)
             cal["load_avg_1m"] = os.getloadavg()[0]
+            cal["machine_busy_before"] = busy_before
             cache["calibration"][cal_key] = cal
             _save(args.cache, cache)
         cal = cache["calibration"][cal_key]
@@ -264,7 +278,8 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
     for scheme in todo:
         row = summarize_measured(measured[scheme], topology, cal)
         _log(f"{cal_key}: predicting {scheme}")
-        row.update(rate=rate, n=n, scheme=scheme, load_avg_1m=loads, **predict(scheme, n, workload, topology, cal))
+        row.update(rate=rate, n=n, scheme=scheme, load_avg_1m=loads, machine_busy_before=busy_before)
+        row.update(predict(scheme, n, workload, topology, cal))
         row["calls_match"] = (
             row["predicted_max_sent_bytes"] == max(row["recorded_payload_per_host"])
             and row["predicted_mean_sent_bytes"] == sum(row["recorded_payload_per_host"]) / n
