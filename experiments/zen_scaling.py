@@ -7,8 +7,10 @@ Launch (from the repository root; about 10-20 min on a 2-core CPU, resumable)::
 
 Every point is counted from the ranks' index sets (``zensync.simulate.counted``: records equal to a
 full run's, Hypothesis-checked), priced on alpha-beta links (network only), for the gradient
-statistics in experiments/configs/zen_{lstm,deepfm,nmt}.json (Table 1 sizes and densities; rows
-divided by ``SCALE``). Parts:
+statistics in experiments/configs/zen_{lstm,deepfm,nmt}.json (Table 1 sizes and densities). The rows
+are divided by ``SCALE`` to fit 2 cores, and the links made ``SCALE`` times slower, so each byte term
+is the full tensor's and each latency term unchanged (``topology``); what scaling still changes (fewer
+ids per rank: hashing balance, the Zipf draws' unions) the scale check measures. Parts:
 
 1. Communication time of dense, agsparse, sparcml, omnireduce, sparse_ps and zen for n = 2..1024, one
    GPU per node at 25 Gbit/s (the Eq. 1 / Fig. 8 setting). Expected: dense flat in n; agsparse
@@ -20,6 +22,9 @@ divided by ``SCALE``). Parts:
    "flat" (all 128 ranks in one sparse sync) and "hier" (the paper's setup: a dense reduce-scatter
    and all-gather over NVLink, the 16 nodes' aggregates synced sparsely between nodes).
 4. Push/pull imbalance (Theorem 2): zen about 1, sparse_ps (even ranges over skewed ids) far above.
+
+Scale check: the time / dense ratios again with the rows divided by ``CHECK_SCALES`` (4x fewer, and
+the full Table 1 size for LSTM and NMT) at n = 16, 128, 1024.
 
 Each finished point is cached in ``<prefix>.cache.json``; a rerun skips it.
 """
@@ -53,8 +58,8 @@ SCHEMES = ("dense", "agsparse", "sparcml", "omnireduce", "sparse_ps", "zen")
 RANKS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SCALE = {"lstm": 8, "deepfm": 16, "nmt": 2}
 """Rows divided by this per model (dim and density kept): ~100k-840k rows, so a sweep fits 2 cores."""
-CHECK_FACTOR = 4
-"""The scale check divides the rows by this much more, at CHECK_RANKS."""
+CHECK_SCALES = {"lstm": (32, 1), "deepfm": (64,), "nmt": (8, 1)}
+"""The scale check: rows divided by these too, at CHECK_RANKS (4x fewer rows; full size where it is cheap)."""
 CHECK_RANKS = (16, 128, 1024)
 NMT_ELEMENT_SCALE = 64
 """nmt-element: NMT's 112M parameters as 112M/64 one-element items (the paper's COO: an index per value)."""
@@ -71,6 +76,7 @@ def _gbit(rate: float) -> Link:
 
 TOPOLOGIES = {
     "flat25": Topology.flat(_gbit(25)),
+    "flat100": Topology.flat(_gbit(100)),
     "nodes25": Topology(GPUS_PER_NODE, Link(INTRA_LATENCY_S, NVLINK_BYTES_PER_S), _gbit(25)),
     "nodes100": Topology(GPUS_PER_NODE, Link(INTRA_LATENCY_S, NVLINK_BYTES_PER_S), _gbit(100)),
 }
@@ -116,23 +122,44 @@ def _progress(total: int, desc: str) -> Callable[[], None]:
     return lambda: bar.update(1)
 
 
-def _row(n: int, scheme: str, calls: list[list[Any]], topologies: Iterable[str], wall_s: float) -> dict[str, Any]:
+def topology(name: str, divide: int) -> Topology:
+    """``TOPOLOGIES[name]`` with every link ``divide`` times slower: a tensor with 1/divide of the rows
+    then takes the full tensor's byte time (its latency terms are unchanged)."""
+    base = TOPOLOGIES[name]
+
+    def slower(link: Link) -> Link:
+        return Link(link.latency_s, link.bandwidth_bytes_per_s / divide)
+
+    return dataclasses.replace(base, intra=slower(base.intra), inter=slower(base.inter))
+
+
+def _row(
+    n: int, scheme: str, calls: list[list[Any]], topologies: Iterable[str], divide: int, wall_s: float
+) -> dict[str, Any]:
     push, pull = imbalance(calls)
-    seconds = {name: price(calls, TOPOLOGIES[name], compute_scale=0.0).seconds for name in topologies}
+    seconds = {name: price(calls, topology(name, divide), compute_scale=0.0).seconds for name in topologies}
     sent = max(payload_sent(c, r) for r, c in enumerate(calls))
     return {"ranks": n, "scheme": scheme, "mode": "counted", "seconds": seconds, "max_sent_bytes": sent,
             "push_imbalance": push, "pull_imbalance": pull, "wall_s": wall_s}  # fmt: skip
 
 
+def _tag(label: str, divide: int) -> str:
+    """Cache key prefix: rows divided by ``divide``, priced on links ``divide`` times slower."""
+    return f"{label}/{divide}" if divide == 1 else f"{label}/{divide}/bw"
+
+
 def sweep(
     cache: Cache,
-    tag: str,
+    label: str,
+    divide: int,
     workload: ZipfWorkload,
     schemes: Iterable[str],
     ranks: Iterable[int],
     topologies: Callable[[int], list[str]],
 ) -> list[dict[str, Any]]:
-    """Every (n, scheme) point of ``workload``, counted (each rank's ids drawn once) or from the cache."""
+    """Every (n, scheme) point of ``workload`` (rows divided by ``divide``; priced full-size equivalent),
+    counted (each rank's ids drawn once) or from the cache."""
+    tag = _tag(label, divide)
     schemes, ranks = list(schemes), list(ranks)
     key = {(n, s): f"{tag}|{s}|{n}" for n in ranks for s in schemes}
     todo = [(n, s) for (n, s), k in key.items() if k not in cache.rows]
@@ -145,13 +172,13 @@ def sweep(
         for n, scheme, calls in points:
             now = time.perf_counter()
             if key[(n, scheme)] not in cache.rows:
-                cache.put(key[(n, scheme)], _row(n, scheme, calls, topologies(n), now - last))
+                cache.put(key[(n, scheme)], _row(n, scheme, calls, topologies(n), divide, now - last))
                 tick()
             last = now
     return [cache.rows[key[(n, s)]] for n in ranks for s in schemes]
 
 
-def hierarchical(cache: Cache, tag: str, workload: ZipfWorkload) -> dict[str, dict[str, float]]:
+def hierarchical(cache: Cache, label: str, divide: int, workload: ZipfWorkload) -> dict[str, dict[str, float]]:
     """Part 3 "hier": per rate ("25", "100" Gbit/s), seconds per scheme at NODES x GPUS_PER_NODE in
     Zen's own two-level setup.
 
@@ -161,13 +188,13 @@ def hierarchical(cache: Cache, tag: str, workload: ZipfWorkload) -> dict[str, di
     16-rank sync of the whole tensor (priced as that, on the inter link). Dense: one ring all-reduce
     over all 128 GPUs, NIC-bound.
     """
-    key = f"{tag}|hier"
+    key = f"{_tag(label, divide)}|hier"
     if key in cache.rows:
         return cache.rows[key]["seconds"]
     rates = (25, 100)
     dense_bytes = workload.num_items * workload.item_bytes
     intra = list(range(GPUS_PER_NODE))
-    nvlink = TOPOLOGIES["nodes25"]  # the intra-node link is the same at both rates
+    nvlink = topology("nodes25", divide)  # the intra-node link is the same at both rates
     intra_s = nvlink.reduce_scatter_s(GPUS_PER_NODE, dense_bytes, intra) + nvlink.all_gather_s(
         [dense_bytes / GPUS_PER_NODE] * GPUS_PER_NODE, intra
     )
@@ -177,7 +204,7 @@ def hierarchical(cache: Cache, tag: str, workload: ZipfWorkload) -> dict[str, di
         return torch.unique(torch.cat([workload.items(r) for r in range(first, first + GPUS_PER_NODE)]))
 
     seconds = {
-        str(rate): {"dense": TOPOLOGIES[f"nodes{rate}"].all_reduce_s(NODES * GPUS_PER_NODE, dense_bytes)}
+        str(rate): {"dense": topology(f"nodes{rate}", divide).all_reduce_s(NODES * GPUS_PER_NODE, dense_bytes)}
         for rate in rates
     }
     sparse = [s for s in SCHEMES if s != "dense"]
@@ -185,7 +212,9 @@ def hierarchical(cache: Cache, tag: str, workload: ZipfWorkload) -> dict[str, di
                             item_bytes=workload.item_bytes, seed=H0_SEED)  # fmt: skip
     for _, scheme, calls in points:
         for rate in rates:
-            seconds[str(rate)][scheme] = intra_s + price(calls, Topology.flat(_gbit(rate)), compute_scale=0.0).seconds
+            seconds[str(rate)][scheme] = (
+                intra_s + price(calls, topology(f"flat{rate}", divide), compute_scale=0.0).seconds
+            )
     cache.put(key, {"seconds": seconds, "intra_s": intra_s})
     return seconds
 
@@ -212,16 +241,18 @@ def run(prefix: pathlib.Path, *, tiny: bool) -> dict[str, Any]:
     data: dict[str, Any] = {"models": {}, "paper": PAPER}
     for model, scale in SCALE.items():
         workload = load(model, scale * extra)
-        rows = sweep(cache, f"{model}/{scale * extra}", workload, SCHEMES, ranks,
+        rows = sweep(cache, model, scale * extra, workload, SCHEMES, ranks,
                      lambda n: ["flat25", "nodes25", "nodes100"] if n == 128 else ["flat25"])  # fmt: skip
-        check = load(model, scale * extra * CHECK_FACTOR)
         check_ranks = [n for n in CHECK_RANKS if n in ranks]
-        check_rows = sweep(cache, f"{model}/{scale * extra * CHECK_FACTOR}", check, SCHEMES, check_ranks,
-                           lambda n: ["flat25"])  # fmt: skip
-        hier = hierarchical(cache, f"{model}/{scale * extra}", workload)
+        checks = {}
+        for check_scale in CHECK_SCALES[model]:
+            divide = check_scale * extra
+            checks[str(check_scale)] = sweep(cache, model, divide, load(model, divide), SCHEMES, check_ranks,
+                                             lambda n: ["flat25"])  # fmt: skip
+        hier = hierarchical(cache, model, scale * extra, workload)
         data["models"][model] = {
             "workload": dataclasses.asdict(workload), "scale": scale * extra, "rows": rows,
-            "check_workload": dataclasses.asdict(check), "check_rows": check_rows, "hier_seconds": hier,
+            "check_rows": checks, "hier_seconds": hier,
             "statistics": statistics(workload),
             "crossover_agsparse_dense": _crossover(rows, "agsparse", "dense"),
         }  # fmt: skip
@@ -229,7 +260,7 @@ def run(prefix: pathlib.Path, *, tiny: bool) -> dict[str, Any]:
     element = dataclasses.replace(element, num_items=element.num_items * element.dim // (NMT_ELEMENT_SCALE * extra),
                                   dim=1)  # fmt: skip
     el_ranks = [n for n in ranks if n <= 256]
-    el_rows = sweep(cache, f"nmt-element/{NMT_ELEMENT_SCALE * extra}", element, ("dense", "agsparse"), el_ranks,
+    el_rows = sweep(cache, "nmt-element", NMT_ELEMENT_SCALE * extra, element, ("dense", "agsparse"), el_ranks,
                     lambda n: ["flat25"])  # fmt: skip
     data["nmt_element"] = {"workload": dataclasses.asdict(element), "rows": el_rows,
                            "crossover_agsparse_dense": _crossover(el_rows, "agsparse", "dense")}  # fmt: skip
