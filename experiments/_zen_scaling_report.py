@@ -9,6 +9,10 @@ from typing import Any
 SCHEMES = ("dense", "agsparse", "sparcml", "omnireduce", "sparse_ps", "zen")
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "none" if value is None else format(value, spec)
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g}"
 
@@ -84,6 +88,17 @@ def _part3(data: dict[str, Any]) -> list[str]:
                 ups = " | ".join(f"{t[s] / zen:.2f}" for s in SCHEMES if s != "zen")
                 ref = paper.get(model, "-") if rate == 25 else "- (comm not given)"
                 out.append(f"| {model} | {rate} Gbit/s | {variant} | {_ms(zen)} | {ups} | {ref} |")
+    out += ["", "Whole model (if Fig. 15 counts every gradient; reference/zen.md does not say): the dense MLP of "
+            "Table 1 all-reduced over the 128 GPUs added to both sides of zen (hier) over dense.", "",
+            "| model | MLP params | rate | MLP all-reduce ms | zen speedup over dense, embedding only | "
+            "with the MLP | paper (Fig. 15) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for model, d in data["models"].items():
+        for rate in ("25", "100"):
+            t, mlp = d["hier_seconds"][rate], d["dense_params_s"][rate]
+            ref = paper.get(model, "-") if rate == "25" else "-"
+            whole = (t["dense"] + mlp) / (t["zen"] + mlp)
+            out.append(f"| {model} | {d['dense_params'] / 1e6:.0f}M | {rate} Gbit/s | {_ms(mlp)} | "
+                       f"{t['dense'] / t['zen']:.2f} | {whole:.2f} | {ref} |")  # fmt: skip
     return [*out, ""]
 
 
@@ -178,6 +193,55 @@ def _comparisons(data: dict[str, Any]) -> list[tuple[str, str, float | None, flo
     return out
 
 
+def _notes(data: dict[str, Any]) -> list[str]:
+    """Why each comparison that differs by about 2x or more does, with the numbers it rests on."""
+    models, nmt = data["models"], data["models"]["nmt"]
+    density, dim = nmt["workload"]["density"], nmt["workload"]["dim"]
+    hier25 = {m: d["hier_seconds"]["25"] for m, d in models.items()}
+    mlp = {m: d["dense_params_s"]["25"] for m, d in models.items()}
+    whole = {m: (hier25[m]["dense"] + mlp[m]) / (hier25[m]["zen"] + mlp[m]) for m in models}
+    rows = {m: {(r["ranks"], r["scheme"]): r for r in d["rows"]} for m, d in models.items()}
+    lstm_nnz = models["lstm"]["workload"]["num_items"] * models["lstm"]["workload"]["density"]
+    term = math.sqrt(128 * math.log(128) / lstm_nnz)
+    element_term = math.sqrt(128 * math.log(128) / (406e6 * 0.0113))
+    x_row, x_el = nmt["crossover_agsparse_dense"], data["nmt_element"]["crossover_agsparse_dense"]
+    sparcml = max(hier25[m]["sparcml"] / hier25[m]["zen"] for m in models)
+    nmt_flat = _times(nmt["rows"])
+    top = max(n for n, _ in nmt_flat)
+    nmt_sparcml = nmt_flat[(top, "sparcml")] / nmt_flat[(top, "dense")]
+    lstm_zen_128 = rows["lstm"].get((128, "zen"), {}).get("push_imbalance", float("nan"))
+    return ["## Where ours and the paper's differ, and why", "",
+            f"- **Fig. 8 crossover (NMT).** With one int32 index per {dim}-float row (zensync's row mode for an "
+            f"embedding), COO is {1 + 1 / dim:.3f}x the values and AGsparse passes dense at "
+            f"n = {_fmt(x_row, '.0f')}, about 2 / (d (1 + 1/{dim})) = {2 / (density * (1 + 1 / dim)):.0f}. "
+            "The paper's COO carries an index per element (twice the values: reference/zen.md 1.3, 1.6), "
+            "which puts the crossover at 2 / (2 d) = "
+            f"{1 / density:.1f}; our element-index run (nmt-element) gives {_fmt(x_el, '.1f')}. The 2x is the index "
+            "granularity, not the scheme.",
+            f"- **Fig. 15, DeepFM (ours {hier25['deepfm']['dense'] / hier25['deepfm']['zen']:.2f}x, paper 2.10x).** "
+            "Ours is the embedding alone on an ideal alpha-beta network. If Fig. 15 counts the whole model, the "
+            f"dense MLP (68M parameters, {mlp['deepfm'] * 1e3:.0f} ms all-reduced at 25 Gbit/s) added to both sides "
+            f"gives {whole['deepfm']:.2f}x (LSTM {whole['lstm']:.2f}x vs 6.77x, NMT {whole['nmt']:.2f}x). "
+            "The paper's times also include hashing (about 6 ms for DeepFM, reference/zen.md 1.5) and real "
+            "all-to-all efficiency (ours is 1).",
+            f"- **Zen over SparCML (ours at most {sparcml:.2f}x, paper up to 2.82x).** Our SparCML stages are "
+            "priced as ideal pairwise exchanges, and our Zipf statistics share a heavy head (pairwise overlap "
+            "0.3-0.9, gamma_128 10-26), the regime where Eq. 2's sum of gamma_{2^(i-1)} stays small; the paper's "
+            "real gradients evidently densify faster across stages. Fig. 8's shape holds: SparCML passes dense "
+            f"for NMT at large n (ours {nmt_sparcml:.2f}x dense at n = {top}).",
+            f"- **Theorem 2 (zen push imbalance {lstm_zen_128:.2f} for LSTM at "
+            "n = 128 vs < 1.1 in the paper).** zensync hashes embedding rows: LSTM holds "
+            f"{lstm_nnz:,.0f} non-zero rows per GPU, so sqrt(n ln n / nnz) = {term:.2f} at n = 128; the paper "
+            f"hashes elements (4.6M per GPU: {element_term:.3f}). The shape is Theorem 2's: imbalance - 1 grows with "
+            "that term, and sparse_ps's even ranges over skewed ids are 10-100x worse.",
+            "- **100 Gbit/s.** The paper gives training throughput there, not communication time; the rows in "
+            "the table above are listed for completeness, not as a like-for-like comparison.",
+            "- **Scale check.** Dense, AGsparse, SparCML and OmniReduce ratios move by 1 % or less with the rows; "
+            "zen's and sparse_ps's move more (fewer ids per rank: hashing balance, range granularity), and the "
+            "full-size run is the more favourable to zen. LSTM and NMT are simulated at full size; DeepFM at 1/16.",
+            ""]  # fmt: skip
+
+
 def _paper_table(data: dict[str, Any]) -> list[str]:
     out = ["## Ours beside the paper's numbers", "", "| claim | source | paper | ours | ours / paper |",
            "|---|---|---|---|---|"]  # fmt: skip
@@ -243,6 +307,7 @@ def write_report(data: dict[str, Any], prefix: str) -> None:
         *_workloads(data),
         "",
         *_paper_table(data),
+        *_notes(data),
         *_part1(data),
         *_part2(data),
         *_part3(data),

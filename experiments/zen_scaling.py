@@ -8,7 +8,7 @@ Launch (from the repository root; about 10-20 min on a 2-core CPU, resumable)::
 Every point is counted from the ranks' index sets (``zensync.simulate.counted``: records equal to a
 full run's, Hypothesis-checked), priced on alpha-beta links (network only), for the gradient
 statistics in experiments/configs/zen_{lstm,deepfm,nmt}.json (Table 1 sizes and densities). The rows
-are divided by ``SCALE`` to fit 2 cores, and the links made ``SCALE`` times slower, so each byte term
+of DeepFM are divided by ``SCALE`` (16) to fit 2 cores, and its links made ``SCALE`` times slower, so each byte term
 is the full tensor's and each latency term unchanged (``topology``); what scaling still changes (fewer
 ids per rank: hashing balance, the Zipf draws' unions) the scale check measures. Parts:
 
@@ -23,8 +23,8 @@ ids per rank: hashing balance, the Zipf draws' unions) the scale check measures.
    and all-gather over NVLink, the 16 nodes' aggregates synced sparsely between nodes).
 4. Push/pull imbalance (Theorem 2): zen about 1, sparse_ps (even ranges over skewed ids) far above.
 
-Scale check: the time / dense ratios again with the rows divided by ``CHECK_SCALES`` (4x fewer, and
-the full Table 1 size for LSTM and NMT) at n = 16, 128, 1024.
+Scale check: the time / dense ratios again with the rows divided by ``CHECK_SCALES`` at n = 16, 128,
+1024 (LSTM and NMT run at the Table 1 size, so their check shows what dividing the rows would change).
 
 Each finished point is cached in ``<prefix>.cache.json``; a rerun skips it.
 """
@@ -56,10 +56,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs"
 SCHEMES = ("dense", "agsparse", "sparcml", "omnireduce", "sparse_ps", "zen")
 RANKS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-SCALE = {"lstm": 8, "deepfm": 16, "nmt": 2}
-"""Rows divided by this per model (dim and density kept): ~100k-840k rows, so a sweep fits 2 cores."""
-CHECK_SCALES = {"lstm": (32, 1), "deepfm": (64,), "nmt": (8, 1)}
-"""The scale check: rows divided by these too, at CHECK_RANKS (4x fewer rows; full size where it is cheap)."""
+SCALE = {"lstm": 1, "deepfm": 16, "nmt": 1}
+"""Rows divided by this per model (dim and density kept): DeepFM's 13.4M rows / 16, so a sweep fits 2 cores."""
+CHECK_SCALES = {"lstm": (8, 32), "deepfm": (64,), "nmt": (2, 8)}
+"""The scale check: rows divided by these too, at CHECK_RANKS."""
 CHECK_RANKS = (16, 128, 1024)
 NMT_ELEMENT_SCALE = 64
 """nmt-element: NMT's 112M parameters as 112M/64 one-element items (the paper's COO: an index per value)."""
@@ -250,8 +250,11 @@ def run(prefix: pathlib.Path, *, tiny: bool) -> dict[str, Any]:
             checks[str(check_scale)] = sweep(cache, model, divide, load(model, divide), SCHEMES, check_ranks,
                                              lambda n: ["flat25"])  # fmt: skip
         hier = hierarchical(cache, model, scale * extra, workload)
+        dense_params = json.loads((CONFIGS / f"zen_{model}.json").read_text())["dense_params"]
         data["models"][model] = {
-            "workload": dataclasses.asdict(workload), "scale": scale * extra, "rows": rows,
+            "workload": dataclasses.asdict(workload), "dense_params": dense_params,
+            "dense_params_s": {str(r): TOPOLOGIES[f"nodes{r}"].all_reduce_s(NODES * GPUS_PER_NODE, 4 * dense_params)
+                               for r in (25, 100)}, "scale": scale * extra, "rows": rows,
             "check_rows": checks, "hier_seconds": hier,
             "statistics": statistics(workload),
             "crossover_agsparse_dense": _crossover(rows, "agsparse", "dense"),

@@ -39,12 +39,12 @@ def test_tiny_run_reports_every_part_and_resumes(driver, tmp_path: pathlib.Path,
     assert driver.main(["--tiny", "-o", str(prefix)]) == 0
     data = json.loads((tmp_path / "zs.json").read_text())
     lstm = data["models"]["lstm"]
-    # LSTM rows / (8 * 256) = 793471 // 2048 = 387 rows of 512 float32: M = 792,576 bytes, priced on
-    # links 2048 times slower (the full tensor's byte time). Dense ring all-reduce at n = 2, one GPU
-    # per node, 25 Gbit/s: 2 * 10 us + 2 * (1/2) * M / (3.125e9 / 2048 B/s).
-    assert lstm["workload"]["num_items"] == 387
+    # LSTM rows / (1 * 256) = 793471 // 256 = 3099 rows of 512 float32: M = 6,346,752 bytes, priced
+    # on links 256 times slower (the full tensor's byte time). Dense ring all-reduce at n = 2, one GPU
+    # per node, 25 Gbit/s: 2 * 10 us + 2 * (1/2) * M / (3.125e9 / 256 B/s).
+    assert lstm["workload"]["num_items"] == 3099
     dense2 = next(r for r in lstm["rows"] if (r["ranks"], r["scheme"]) == (2, "dense"))
-    assert dense2["seconds"]["flat25"] == pytest.approx(2e-5 + 792_576 * 2048 / 3.125e9, rel=1e-12)
+    assert dense2["seconds"]["flat25"] == pytest.approx(2e-5 + 6_346_752 * 256 / 3.125e9, rel=1e-12)
     assert {r["mode"] for m in data["models"].values() for r in m["rows"]} == {"counted"}
     assert set(lstm["hier_seconds"]["25"]) == {"dense", "agsparse", "sparcml", "omnireduce", "sparse_ps", "zen"}
     report = (tmp_path / "zs.md").read_text()
