@@ -60,23 +60,31 @@ class Simulation:
 
 
 def record(
-    fn: Callable[[Transport], Any], world_size: int, *, warmup: bool = False, timeout_s: float = 600.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    inputs: Callable[[int], Any] | None = None,
+    warmup: bool = False,
+    timeout_s: float = 600.0,
 ) -> tuple[list[Any], list[list[Call]], list[TrafficLog]]:
     """Run ``fn`` on ``world_size`` simulated ranks: each rank's result, recorded calls and traffic.
 
-    With ``warmup``, every rank first runs ``fn`` once unrecorded (its result dropped), so compiling
-    the kernels and first-call allocations are not measured as local work; ``fn`` must then be
-    repeatable (build its inputs inside, not modify them in place).
+    With ``inputs``, rank r runs ``fn(transport, inputs(r))`` and builds its input before the
+    recording starts, so building it is not local work of the step. With ``warmup``, every rank
+    first runs ``fn`` once unrecorded (on an input of its own), so compiling the kernels and
+    first-call allocations are not measured as local work either; ``fn`` must then be repeatable.
     """
     calls: list[list[Call]] = [[] for _ in range(world_size)]
     logs = [TrafficLog() for _ in range(world_size)]
 
     def body(transport: Transport) -> Any:
+        rank = transport.rank
         if warmup:
-            fn(transport)
-        recording = RecordingTransport(transport, calls[transport.rank])
-        with recording.recording(logs[transport.rank]):
-            result = fn(recording)
+            fn(transport) if inputs is None else fn(transport, inputs(rank))
+        given = () if inputs is None else (inputs(rank),)
+        recording = RecordingTransport(transport, calls[rank])  # its local-work clock starts here
+        with recording.recording(logs[rank]):
+            result = fn(recording, *given)
         recording.finish()
         return result
 
@@ -85,16 +93,17 @@ def record(
 
 
 def simulate(
-    fn: Callable[[Transport], Any],
+    fn: Callable[..., Any],
     world_size: int,
     topology: Topology,
     *,
     compute_scale: float = 1.0,
+    inputs: Callable[[int], Any] | None = None,
     warmup: bool = False,
     timeout_s: float = 600.0,
 ) -> Simulation:
     """Run ``fn`` on ``world_size`` simulated ranks and price its collectives and local work on
-    ``topology`` (``warmup``: as ``record``'s)."""
-    results, calls, logs = record(fn, world_size, warmup=warmup, timeout_s=timeout_s)
+    ``topology`` (``inputs``, ``warmup``: as ``record``'s)."""
+    results, calls, logs = record(fn, world_size, inputs=inputs, warmup=warmup, timeout_s=timeout_s)
     priced = price(calls, topology, compute_scale=compute_scale)
     return Simulation(results=results, priced=priced, calls=calls, traffic=logs, compute_scale=compute_scale)

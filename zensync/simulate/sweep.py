@@ -275,14 +275,15 @@ def simulate_sweep(
 
 
 def full_calls(scheme: str, ranks: int, workload: Workload, h0_seed: int) -> list[list[Call]]:
-    """Every rank's records of one full step of ``scheme`` on ``workload`` (module docstring)."""
+    """Every rank's records of one full step of ``scheme`` on ``workload`` (module docstring); building
+    a rank's tensor is not part of its local work."""
 
-    def body(t: Transport) -> None:
-        view = item_view(workload.tensor(t.rank), "row")
+    def body(t: Transport, x: torch.Tensor) -> None:
+        view = item_view(x, "row")
         options = SyncOptions(h0_seed=h0_seed)
         run_agreed(view, t, scheme=scheme, options=options, h0_seed=h0_seed, stats=SyncStats())
 
-    return record(body, ranks, warmup=True)[1]
+    return record(body, ranks, inputs=workload.tensor, warmup=True)[1]
 
 
 def load_stats(text: str) -> dict[str, ZipfWorkload]:

@@ -194,3 +194,19 @@ def test_priced_local_work_by_hand() -> None:
     assert priced.phase_seconds == pytest.approx({"a": 1.0 + net, "b": 2.0}, rel=1e-12)
     with pytest.raises(ValueError, match="compute_scale"):
         price(calls, topo, compute_scale=-1.0)
+
+
+def test_inputs_are_built_before_the_local_work_is_measured() -> None:
+    """An input that takes BUSY_S of CPU to build costs the step nothing; a warm-up run is unrecorded."""
+    built: list[int] = []
+
+    def make(rank: int) -> torch.Tensor:
+        built.append(rank)
+        _busy(BUSY_S)
+        return torch.full((100,), float(rank))
+
+    sim = simulate(lambda t, x: t.all_reduce(x), 2, Topology.flat(GBIT), inputs=make, warmup=True)
+    assert sorted(built) == [0, 0, 1, 1]  # one input for the warm-up and one for the step, per rank
+    assert all(torch.equal(r, torch.full((100,), 1.0)) for r in sim.results)
+    assert [len(calls) for calls in sim.calls] == [2, 2]  # the all-reduce and the tail, once
+    assert all(c.compute_s < SLACK_S for calls in sim.calls for c in calls)
