@@ -226,8 +226,9 @@ def _notes(data: dict[str, Any]) -> list[str]:
             "all-to-all efficiency (ours is 1).",
             f"- **Zen over SparCML (ours at most {sparcml:.2f}x, paper up to 2.82x).** Our SparCML stages are "
             "priced as ideal pairwise exchanges, and our Zipf statistics share a heavy head (pairwise overlap "
-            "0.3-0.9, gamma_128 10-26), the regime where Eq. 2's sum of gamma_{2^(i-1)} stays small; the paper's "
-            "real gradients evidently densify faster across stages. Fig. 8's shape holds: SparCML passes dense "
+            "0.3-0.9, gamma_128 10-26), the regime where Eq. 2's sum of gamma_{2^(i-1)} stays small. A likely "
+            "reason (not checked: reference/zen.md gives no per-stage gamma) is that the paper's real gradients "
+            "densify faster. Fig. 8's shape holds: SparCML passes dense "
             f"for NMT at large n (ours {nmt_sparcml:.2f}x dense at n = {top}).",
             f"- **Theorem 2 (zen push imbalance {lstm_zen_128:.2f} for LSTM at "
             "n = 128 vs < 1.1 in the paper).** zensync hashes embedding rows: LSTM holds "
@@ -286,6 +287,12 @@ def _figure(data: dict[str, Any], path: pathlib.Path) -> bool:
     return True
 
 
+def _point_wall_s(data: dict[str, Any]) -> float:
+    tables = [d["rows"] for d in data["models"].values()] + [data["nmt_element"]["rows"]]
+    tables += [rows for d in data["models"].values() for rows in d["check_rows"].values()]
+    return sum(r["wall_s"] for rows in tables for r in rows)
+
+
 def write_report(data: dict[str, Any], prefix: str) -> None:
     """Write ``prefix``.md and, with matplotlib, ``prefix``.png."""
     v = data["versions"]
@@ -300,7 +307,9 @@ def write_report(data: dict[str, Any], prefix: str) -> None:
         f"{versions}; {v['machine']}.  ",
         f"Seeds: {data['seeds']}.  ",
         "Mode: every point counted from the index sets (records equal to a full run's); network time only "
-        f"(no local work). Wall time {data['wall_s']:.0f} s.{figure}",
+        f"(no local work). Wall time {data['wall_s']:.0f} s in this invocation; {_point_wall_s(data):.0f} s summed "
+        f"over the points' own counting and pricing, cached ones included (draws shared between points not "
+        f"included).{figure}",
         "",
     ]
     body = [

@@ -162,7 +162,9 @@ def sweep(
     tag = _tag(label, divide)
     schemes, ranks = list(schemes), list(ranks)
     key = {(n, s): f"{tag}|{s}|{n}" for n in ranks for s in schemes}
-    todo = [(n, s) for (n, s), k in key.items() if k not in cache.rows]
+    todo = [
+        (n, s) for (n, s), k in key.items() if not set(topologies(n)) <= set(cache.rows.get(k, {}).get("seconds", {}))
+    ]
     if todo:
         tick, last = _progress(len(todo), tag), time.perf_counter()
         todo_ranks = sorted({n for n, _ in todo})
@@ -171,7 +173,7 @@ def sweep(
                                 item_bytes=workload.item_bytes, seed=H0_SEED)  # fmt: skip
         for n, scheme, calls in points:
             now = time.perf_counter()
-            if key[(n, scheme)] not in cache.rows:
+            if (n, scheme) in todo:
                 cache.put(key[(n, scheme)], _row(n, scheme, calls, topologies(n), divide, now - last))
                 tick()
             last = now
