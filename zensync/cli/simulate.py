@@ -7,8 +7,8 @@
                      [--stats FILE | --lm-batch B | --model NAME [--compressor dgc:0.01]] [-o PREFIX] [--png]
 
 For each scheme and each world size, zensync's real algorithms run on the in-process simulated world
-(full mode) or their exact records are counted from the ranks' index sets (counted mode: zen,
-sparse_ps, agsparse, dense; ``auto`` takes it once the dense tensors would not fit in --memory-gb),
+(full mode) or their exact records are counted from the ranks' index sets (counted mode, every
+scheme; ``auto`` takes it once the dense tensors would not fit in --memory-gb),
 and the step's collectives are priced on a cluster of --ranks-per-node ranks per node joined by
 --intra, with one --inter link per node (``zensync.simulate``). The workload is a Zipf-family
 sparse gradient (``zensync.workloads.zipf``): --items rows of --dim float32, --density of the rows

@@ -17,6 +17,7 @@ points streamed with each rank's ids drawn once.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -108,11 +109,13 @@ def counted_points(
     num_items: int,
     item_bytes: int,
     seed: int,
+    spent: dict[tuple[int, str], float] | None = None,
 ) -> Iterator[tuple[int, str, list[list[Call]]]]:
     """Each (world size, scheme)'s counted records, yielded as its last rank is counted.
 
     ``items_of(r)`` is called once per rank r < max(ranks) and fed to every point with more than r
     ranks (rank r's ids must not depend on the world size, as ``ZipfWorkload.items``'s do not).
+    ``spent``, if given, gets each point's own counting seconds (the shared draws not included).
     """
     counters = {(n, s): Counter(s, world_size=n, num_items=num_items, item_bytes=item_bytes, seed=seed)
                 for n in ranks for s in schemes}  # fmt: skip
@@ -120,7 +123,10 @@ def counted_points(
         live = [(key, counter) for key, counter in counters.items() if key[0] > rank]
         items = items_of(rank) if any(counter.needs_items for _, counter in live) else None
         for (n, scheme), counter in live:
+            start = time.perf_counter()
             counter.add(rank, items if counter.needs_items else None)
+            if spent is not None:
+                spent[(n, scheme)] = spent.get((n, scheme), 0.0) + time.perf_counter() - start
             if rank == n - 1:
                 del counters[(n, scheme)]
                 yield n, scheme, counter.calls()

@@ -9,8 +9,8 @@ the embedded LM's batches touch). ``simulate_step`` runs one point:
   world (``run_agreed``, one steady-state step: the agreement is made once, at registration, as the
   DDP hook makes it), with every collective and the local work between them recorded
   (``zensync.simulate``), after one unrecorded warm-up step (kernel compilation is not local work);
-- ``counted``: the records come from the index sets alone (``zensync.simulate.counted``; zen,
-  sparse_ps, agsparse, dense), equal to a full run's, and the local work is fitted to full runs of
+- ``counted``: the records come from the index sets alone (``zensync.simulate.counted``; every
+  scheme), equal to a full run's, and the local work is fitted to full runs of
   the same workload cut to fewer rows (``zensync.simulate.local_work``);
 - ``auto``: full while the ranks' dense tensors fit in ``memory_bytes``, else counted.
 
@@ -32,7 +32,8 @@ import torch
 
 from zensync.cost.topology import Topology
 from zensync.simulate import record
-from zensync.simulate.counted import COUNTED_SCHEMES, Counter, counted_calls
+from zensync.simulate.analysis import counted_points
+from zensync.simulate.counted import COUNTED_SCHEMES, counted_calls
 from zensync.simulate.lm_workload import LMWorkload, dense_rows
 from zensync.simulate.local_work import LocalWorkFit, calibrate, charge
 from zensync.simulate.record import Call
@@ -240,37 +241,30 @@ def simulate_sweep(
     for scheme in schemes:
         _check_scheme(scheme)
     done: dict[tuple[int, str], dict[str, Any]] = {}
-    counters: dict[tuple[int, str], Counter] = {}
-    spent: dict[tuple[int, str], float] = {}
-    """Per counted point, the seconds its own counting took so far."""
+    counted: list[int] = []
     fits: dict[str, LocalWorkFit] = {}
     for n in ranks:
+        chosen = {scheme: _mode(scheme, n, workload, mode, memory_bytes) for scheme in schemes}
+        if set(chosen.values()) == {"counted"}:  # every scheme counts where one must (all are countable)
+            counted.append(n)
+            continue
         for scheme in schemes:
-            chosen = _mode(scheme, n, workload, mode, memory_bytes)
-            if chosen == "counted":
-                counters[(n, scheme)] = Counter(scheme, world_size=n, num_items=workload.num_items,
-                                                item_bytes=workload.item_bytes, seed=h0_seed)  # fmt: skip
-                spent[(n, scheme)] = 0.0
-            else:
-                done[(n, scheme)] = _point(scheme, n, workload, topology, chosen, h0_seed, compute_scale, fits)
-                if on_point is not None:
-                    on_point(done[(n, scheme)])
-    for rank in range(max((n for n, _ in counters), default=0)):
-        live = [(key, counter) for key, counter in counters.items() if key[0] > rank]
-        items = workload.items(rank) if any(counter.needs_items for _, counter in live) else None
-        for key, counter in live:
-            start = time.perf_counter()
-            counter.add(rank, items if counter.needs_items else None)
-            spent[key] += time.perf_counter() - start
-            if rank == key[0] - 1:
-                start = time.perf_counter()
-                head = {"scheme": key[1], "ranks": key[0], "mode": "counted"}
-                row = _counted_row(head, counter.calls(), workload, topology, start, compute_scale, fits, h0_seed)
-                row["wall_s"] += spent[key]
-                done[key] = row
-                del counters[key]
-                if on_point is not None:
-                    on_point(row)
+            done[(n, scheme)] = _point(scheme, n, workload, topology, chosen[scheme], h0_seed, compute_scale, fits)
+            if on_point is not None:
+                on_point(done[(n, scheme)])
+    spent: dict[tuple[int, str], float] = {}
+    points = counted_points(
+        schemes, counted, workload.items, num_items=workload.num_items, item_bytes=workload.item_bytes,
+        seed=h0_seed, spent=spent,
+    )  # fmt: skip
+    for n, scheme, calls in points:
+        start = time.perf_counter()
+        head = {"scheme": scheme, "ranks": n, "mode": "counted"}
+        row = _counted_row(head, calls, workload, topology, start, compute_scale, fits, h0_seed)
+        row["wall_s"] += spent[(n, scheme)]
+        done[(n, scheme)] = row
+        if on_point is not None:
+            on_point(row)
     return [done[(n, scheme)] for n in ranks for scheme in schemes]
 
 
