@@ -88,8 +88,9 @@ def markdown(
         "collectives on `Topology.flat`, plus measured local work times `compute_scale`), the model behind "
         "`zensync simulate` and experiments/results/simulate_zipf10M_25gbit_2026-12-04 (issue 16 item 3).",
         "",
-        f"Command: `{meta['command']}`; git {meta['git_sha']} (tracked changes in the checkout: "
-        f"{meta['git_tracked_changes']}); torch {meta['torch']}, Python {meta['python']}; machine: "
+        f"Command: `{meta['command']}`; git {meta['git_sha']} (tracked files changed in the shared checkout "
+        f"when the report was written: {', '.join(meta['git_tracked_changes']) or 'none'}); torch "
+        f"{meta['torch']}, Python {meta['python']}; machine: "
         f"{meta['cpus']} CPU cores shared by all n hosts, kernel {meta['kernel']}; wall {meta['wall_s']:.0f} s.",
         f"Workload: `ZipfWorkload` with {meta['workload']['rows_per_mbit']} rows per Mbit/s of rate, "
         f"dim {meta['workload']['dim']} float32, density {meta['workload']['density']}, skew "

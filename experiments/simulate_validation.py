@@ -365,7 +365,7 @@ def _meta(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["python", "experiments/simulate_validation.py", *argv]),
         "git_sha": sha.stdout.strip(),
-        "git_tracked_changes": bool(dirty),
+        "git_tracked_changes": [line[3:] for line in dirty.splitlines()],
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
