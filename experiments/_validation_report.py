@@ -88,10 +88,12 @@ def markdown(
         "collectives on `Topology.flat`, plus measured local work times `compute_scale`), the model behind "
         "`zensync simulate` and experiments/results/simulate_zipf10M_25gbit_2026-12-04 (issue 16 item 3).",
         "",
-        f"Command: `{meta['command']}`; git {meta['git_sha']} (tracked files changed in the shared checkout "
+        f"{'Report written by' if meta.get('report_only') else 'Command'}: `{meta['command']}`; git "
+        f"{meta['git_sha']} (tracked files changed in the shared checkout "
         f"when the report was written: {', '.join(meta['git_tracked_changes']) or 'none'}); torch "
         f"{meta['torch']}, Python {meta['python']}; machine: "
-        f"{meta['cpus']} CPU cores shared by all n hosts, kernel {meta['kernel']}; wall {meta['wall_s']:.0f} s.",
+        f"{meta['cpus']} CPU cores shared by all n hosts, kernel {meta['kernel']}"
+        + ("." if meta.get("report_only") else f"; wall {meta['wall_s']:.0f} s."),
         f"Workload: `ZipfWorkload` with {meta['workload']['rows_per_mbit']} rows per Mbit/s of rate, "
         f"dim {meta['workload']['dim']} float32, density {meta['workload']['density']}, skew "
         f"{meta['workload']['skew']}; seeds {meta['seeds']}. Measured: median over {meta['steps']} steps (after "
@@ -113,9 +115,10 @@ def markdown(
         lines += ["", f"## {rate}", "", *_point_table(points, rate)]
     lines += [
         "",
-        'Columns: simulate_step = `simulate_step(..., mode="full")` as `zensync simulate` runs it (its '
-        "recorded step includes building each rank's input tensor, charged as local work); step alone = the "
-        "same `run_agreed` step on inputs built beforehand (`zensync.simulate.simulate`), what the hosts time; "
+        'Columns: simulate_step = `simulate_step(..., mode="full")` as `zensync simulate` runs it (before '
+        "b6a0b31 its recorded step included building each rank's input tensor, charged as local work); step "
+        "alone = the same `run_agreed` step on inputs built beforehand (`zensync.simulate.simulate`), what the "
+        "hosts time (since b6a0b31 an independent second simulation of the same step); "
         "network alone = the step's collectives priced with no local work, from the simulated ranks' records / "
         "from the emulated ranks' own records; local work = the largest rank's simulated local work times c; "
         "machine CPU busy = both cores' busy share over the timed steps (`/proc/stat`, kernel network work "

@@ -24,7 +24,8 @@ link tbf-shaped to the rate each way):
 3. Prediction (in this process, after the cluster is gone): ``simulate_step(scheme, n, workload,
    Topology.flat(Link(alpha, beta), all_to_all_efficiency=e), mode="full", compute_scale=c)``, and the
    same step on inputs built beforehand (``zensync.simulate.simulate``; ``predict``), the quantity the
-   hosts time: simulate_step charges building each rank's input tensor as local work.
+   hosts time. Before b6a0b31 simulate_step charged building each rank's input tensor as local work;
+   since, the two are independent simulations of the same step (their gap is the simulator's noise).
 
 The workload is sized to the rate (``ROWS_PER_MBIT`` rows of ``DIM`` float32 per Mbit/s: 6.4 MB dense at
 100 Mbit/s, 64 MB at 1 Gbit/s; each rank holds ``DENSITY`` of the rows, Zipf skew 1.1), so each step
@@ -33,7 +34,7 @@ the calibration per (rate, n)); a rerun skips them. Target (issue 16 item 3): pr
 measured for every scheme at n <= 16. Expected (2026-12-04, 2 cores): the step alone within 15 % for
 dense, zen and agsparse at 100 Mbit/s and for most points at 1 Gbit/s n = 4; SparCML 25-43 % under
 (its exchanges run at half rate on the emulator, which the timeline does not model), sparse_ps over at
-n >= 8, and 1 Gbit/s n = 16 CPU-bound; simulate_step itself over by the input construction it charges.
+n >= 8, and 1 Gbit/s n = 16 CPU-bound.
 Results: ``experiments/results/simulate_validation_<date>.{md,json,png}`` (about 17 min for all points).
 """
 
@@ -264,6 +265,7 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
             cal = fit_calibration(_read(folder, "calibrate", n), n, rate_bits)
             cal["load_avg_1m"] = os.getloadavg()[0]
             cal["machine_busy_before"] = busy_before
+            cal["measured"] = {"utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}", **_git()}
             cache["calibration"][cal_key] = cal
             _save(args.cache, cache)
         cal = cache["calibration"][cal_key]
@@ -303,9 +305,8 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
 def predict(scheme: str, n: int, workload: ZipfWorkload, topology: Topology, cal: dict[str, Any]) -> dict[str, Any]:
     """The step priced two ways, at ``compute_scale`` = the calibrated contention factor.
 
-    1. ``simulate_step(..., mode="full")``, as ``zensync simulate`` runs it. Its recorded function builds
-       rank r's input tensor (``workload.tensor(r)``) inside the recorded step, so that construction is
-       charged as local work before the first collective.
+    1. ``simulate_step(..., mode="full")``, as ``zensync simulate`` runs it (before b6a0b31 its recorded
+       step built rank r's input tensor, ``workload.tensor(r)``, charged as local work).
     2. The step alone: the same ``run_agreed`` call on tensors built beforehand (``zensync.simulate.simulate``,
        one unrecorded warm-up as simulate_step), which is what the emulated hosts time.
     """
@@ -357,10 +358,18 @@ def _save(path: pathlib.Path, cache: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _git() -> dict[str, str]:
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    return {
+        "git_sha": sha.stdout.strip(),
+        "command": " ".join(["python", "experiments/simulate_validation.py", *sys.argv[1:]]),
+    }
+
+
 def _meta(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           check=False).stdout.strip()  # fmt: skip
+                           check=False).stdout  # fmt: skip
     return {
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["python", "experiments/simulate_validation.py", *argv]),
@@ -421,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = _meta(args, argv)
     meta["wall_s"] = time.perf_counter() - started
     meta["notes"] = pathlib.Path(args.notes).read_text() if args.notes else ""
+    meta["report_only"] = args.report_only
     stem = results / f"simulate_validation_{args.label + '_' if args.label else ''}{meta['date']}"
     write_report(stem, meta, cache, rates, hosts, args.schemes)
     _log(f"wrote {stem}.md")
