@@ -16,13 +16,14 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 import torch
 
 from zensync.workloads import lm
 
-__all__ = ["LMWorkload", "dense_rows"]
+__all__ = ["LMWorkload", "RowWorkload", "dense_rows"]
 
 _ITEM_DTYPE = torch.float32
 
@@ -36,8 +37,34 @@ def dense_rows(ids: torch.Tensor, num_items: int, dim: int, seed: int, rank: int
     return x
 
 
+class RowWorkload(abc.ABC):
+    """A sparse gradient of ``num_items`` rows of ``dim`` float32: rank r's non-zero rows are
+    ``items(r)``, its values ``dense_rows``'. The workloads subclass it as frozen dataclasses."""
+
+    __slots__ = ()
+    num_items: int
+    dim: int
+    seed: int
+
+    @abc.abstractmethod
+    def items(self, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s non-zero rows, sorted int64."""
+
+    @property
+    def item_bytes(self) -> int:
+        return self.dim * _ITEM_DTYPE.itemsize
+
+    def tensor(self, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s dense (num_items, dim) gradient: values in [1, 2) at its rows."""
+        return dense_rows(self.items(rank), self.num_items, self.dim, self.seed, rank)
+
+    def full_bytes(self, ranks: int) -> int:
+        """Memory of every rank's dense tensor together (what a full run holds at least)."""
+        return ranks * self.num_items * self.item_bytes
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
-class LMWorkload:
+class LMWorkload(RowWorkload):
     """The LM's embedding gradient: ``num_items`` vocabulary rows of ``dim`` float32 (module docstring)."""
 
     num_items: int = 50_000
@@ -56,20 +83,8 @@ class LMWorkload:
             seed=self.seed,
         )  # fmt: skip
 
-    @property
-    def item_bytes(self) -> int:
-        return self.dim * _ITEM_DTYPE.itemsize
-
     def items(self, rank: int) -> torch.Tensor:
         """Rank ``rank``'s touched rows, sorted int64."""
         config = self.config
         inputs, _ = lm.batch_for_rank(lm.load_corpus(config), config, rank, step=0)
         return inputs.unique()
-
-    def tensor(self, rank: int) -> torch.Tensor:
-        """Rank ``rank``'s dense (num_items, dim) gradient: values in [1, 2) at its rows."""
-        return dense_rows(self.items(rank), self.num_items, self.dim, self.seed, rank)
-
-    def full_bytes(self, ranks: int) -> int:
-        """Memory of every rank's dense tensor together (what a full run holds at least)."""
-        return ranks * self.num_items * self.item_bytes

@@ -34,7 +34,7 @@ from zensync.cost.topology import Topology
 from zensync.simulate import record
 from zensync.simulate.analysis import counted_points
 from zensync.simulate.counted import COUNTED_SCHEMES, counted_calls
-from zensync.simulate.lm_workload import LMWorkload, dense_rows
+from zensync.simulate.lm_workload import LMWorkload, RowWorkload
 from zensync.simulate.local_work import LocalWorkFit, calibrate, charge
 from zensync.simulate.record import Call
 from zensync.simulate.timeline import price
@@ -51,11 +51,10 @@ __all__ = [
 ]  # fmt: skip
 
 MODES = ("auto", "full", "counted")
-_ITEM_DTYPE = torch.float32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ZipfWorkload:
+class ZipfWorkload(RowWorkload):
     """A Zipf-family sparse gradient: ``num_items`` rows of ``dim`` float32 (module docstring)."""
 
     num_items: int
@@ -71,22 +70,10 @@ class ZipfWorkload:
         if not 0 < self.density <= 1 or not 0 <= self.overlap <= 1 or not 0 <= self.skew <= 8:
             raise ValueError("density must be in (0, 1], overlap in [0, 1], skew in [0, 8]")
 
-    @property
-    def item_bytes(self) -> int:
-        return self.dim * _ITEM_DTYPE.itemsize
-
     def items(self, rank: int) -> torch.Tensor:
         return zipf_items(
             rank, self.num_items, density=self.density, zipf_s=self.skew, overlap=self.overlap, seed=self.seed
         )
-
-    def tensor(self, rank: int) -> torch.Tensor:
-        """Rank ``rank``'s dense (num_items, dim) gradient: values in [1, 2) at its ids."""
-        return dense_rows(self.items(rank), self.num_items, self.dim, self.seed, rank)
-
-    def full_bytes(self, ranks: int) -> int:
-        """Memory of every rank's dense tensor together (what a full run holds at least)."""
-        return ranks * self.num_items * self.item_bytes
 
 
 Workload = ZipfWorkload | LMWorkload
