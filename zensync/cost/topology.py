@@ -74,20 +74,25 @@ class Topology:
     all_to_all_efficiency: float = 1.0
     """In a direct all-to-all, the fraction of the links' rate that bytes flowing both ways at once
     achieve each way, in (0, 1] (module docstring; 1: full duplex)."""
+    exchange_efficiency: float = 1.0
+    """In a point-to-point exchange (two ranks each sending the other a message in one call), the
+    fraction of the link's rate each direction achieves, in (0, 1] (1: full duplex; the emulated
+    hosts' gloo reaches about 0.5)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1:
             raise ValueError(f"Topology: ranks_per_node={self.ranks_per_node!r} must be an int >= 1")
-        if not 0 < self.all_to_all_efficiency <= 1:  # also rejects NaN
-            raise ValueError(
-                f"Topology: all_to_all_efficiency={self.all_to_all_efficiency!r} must be in (0, 1]: the fraction "
-                "of the links' rate an all-to-all's bytes reach each way when both directions are busy"
-            )
+        for name in ("all_to_all_efficiency", "exchange_efficiency"):
+            if not 0 < getattr(self, name) <= 1:  # also rejects NaN
+                raise ValueError(
+                    f"Topology: {name}={getattr(self, name)!r} must be in (0, 1]: the fraction of the links' rate "
+                    "bytes reach each way when both directions are busy"
+                )
 
     @classmethod
-    def flat(cls, link: Link, *, all_to_all_efficiency: float = 1.0) -> Topology:
+    def flat(cls, link: Link, *, all_to_all_efficiency: float = 1.0, exchange_efficiency: float = 1.0) -> Topology:
         """One rank per node: every pair of ranks talks over ``link`` (the Eq. 1 setting)."""
-        return cls(1, link, link, all_to_all_efficiency)
+        return cls(1, link, link, all_to_all_efficiency, exchange_efficiency)
 
     def nodes(self, ranks: int) -> int:
         return -(-ranks // self.ranks_per_node)
@@ -178,6 +183,11 @@ class Topology:
         seconds = (np.maximum(sent, received) - both + both / self.all_to_all_efficiency) / link.bandwidth_bytes_per_s
         return float(seconds.max())
 
-    def send_recv_s(self, src: int, dst: int, nbytes: float) -> float:
-        link = self.link(src, dst)
-        return link.latency_s + nbytes / link.bandwidth_bytes_per_s
+    def send_recv_s(self, src: int, dst: int, nbytes: float, *, exchange: bool = False) -> float:
+        """One message; ``exchange``: its call also receives from ``dst`` (both ways at once)."""
+        return self.link(src, dst).latency_s + self.send_s(src, dst, nbytes, exchange=exchange)
+
+    def send_s(self, src: int, dst: int, nbytes: float, *, exchange: bool = False) -> float:
+        """The seconds ``nbytes`` take to leave ``src`` for ``dst`` (no latency)."""
+        rate = self.link(src, dst).bandwidth_bytes_per_s * (self.exchange_efficiency if exchange else 1.0)
+        return nbytes / rate

@@ -10,7 +10,8 @@
 - A collective whose backend exchanges sizes first (all_gather_v, all_to_all_v without known
   receive counts) pays that round too: 8 bytes per peer.
 - A point-to-point call (send_recv) posts its message when the sender reaches it; the message
-  arrives ``latency + bytes / bandwidth`` later over the intra or inter link between the two ranks,
+  arrives ``latency + bytes / bandwidth`` later over the intra or inter link between the two ranks
+  (at ``Topology.exchange_efficiency`` of the bandwidth when the call also receives from that rank),
   and the call ends when this rank's own send has left (``bytes / bandwidth``) and its receive, if any,
   has arrived. The k-th receive from a source matches that source's k-th send to this rank.
 
@@ -176,9 +177,10 @@ def _p2p(
     end = start
     if call.sent:
         (dst,) = call.sent
-        end = start + call.nbytes / topology.link(rank, dst).bandwidth_bytes_per_s
+        exchange = call.source == dst  # both ways at once over one pair (Topology.exchange_efficiency)
+        end = start + topology.send_s(rank, dst, call.nbytes, exchange=exchange)
         if not posted[rank]:
-            inbox[(rank, dst)].append(start + topology.send_recv_s(rank, dst, call.nbytes))
+            inbox[(rank, dst)].append(start + topology.send_recv_s(rank, dst, call.nbytes, exchange=exchange))
             posted[rank] = True
     if call.source is not None and not inbox[(call.source, rank)]:
         return False

@@ -210,3 +210,19 @@ def test_inputs_are_built_before_the_local_work_is_measured() -> None:
     assert all(torch.equal(r, torch.full((100,), 1.0)) for r in sim.results)
     assert [len(calls) for calls in sim.calls] == [2, 2]  # the all-reduce and the tail, once
     assert all(c.compute_s < SLACK_S for calls in sim.calls for c in calls)
+
+
+def test_an_exchange_runs_at_the_exchange_efficiency_and_a_one_way_message_at_full_rate() -> None:
+    """Ranks 0 and 1 swap 1 MB in one call each (an exchange); rank 2 only sends to rank 3."""
+    link = Link(1e-4, 1e8)
+    topo = Topology.flat(link, exchange_efficiency=0.5)
+    group = (0, 1, 2, 3)
+    swap = [Call("send_recv", group, "x", 10**6, sent=(1 - r,), source=1 - r) for r in (0, 1)]
+    one_way = [Call("send_recv", group, "x", 10**6, sent=(3,)), Call("send_recv", group, "x", 0, source=2)]
+    priced = price([[swap[0]], [swap[1]], [one_way[0]], [one_way[1]]], topo)
+    # The swap: latency + 1e6 / (0.5 * 1e8) = 20.1 ms; the one-way message: latency + 10 ms.
+    assert priced.seconds == pytest.approx(1e-4 + 0.02, rel=1e-12)
+    assert price([[], [], [one_way[0]], [one_way[1]]], topo).seconds == pytest.approx(1e-4 + 0.01, rel=1e-12)
+    assert price([[swap[0]], [swap[1]], [], []], Topology.flat(link)).seconds == pytest.approx(1e-4 + 0.01, rel=1e-12)
+    with pytest.raises(ValueError, match="exchange_efficiency"):
+        Topology.flat(link, exchange_efficiency=0.0)
