@@ -106,7 +106,8 @@ def markdown(
         "",
         "alpha, beta: ring all-reduce fit; e: equal-block `all_to_all_single` fit, T = a + S / (e beta) "
         "(S bytes sent per rank; e capped at 1); c: wall of a fixed job on all n ranks at once / its thread-CPU "
-        "seconds alone. The prediction uses `Topology.flat(Link(alpha, beta), all_to_all_efficiency=e)` and "
+        "seconds alone; x: the exchange efficiency (one pair, both ways at once, over one way). The prediction "
+        "uses `Topology.flat(Link(alpha, beta), all_to_all_efficiency=e, exchange_efficiency=x)` and "
         "`compute_scale=c`.",
         "",
         *_calibration_table(cache, rates, hosts),

@@ -22,7 +22,8 @@ link tbf-shaped to the rate each way):
    ``ZipfWorkload``, the data and path ``simulate_step`` uses), median over ``--steps`` steps after a
    warm-up of the max over ranks; wire bytes per host from eth0's tx counter vs the engine's count.
 3. Prediction (in this process, after the cluster is gone): ``simulate_step(scheme, n, workload,
-   Topology.flat(Link(alpha, beta), all_to_all_efficiency=e), mode="full", compute_scale=c)``, and the
+   Topology.flat(Link(alpha, beta), all_to_all_efficiency=e, exchange_efficiency=x), mode="full",
+   compute_scale=c)``, and the
    same step on inputs built beforehand (``zensync.simulate.simulate``; ``predict``), the quantity the
    hosts time. Before b6a0b31 simulate_step charged building each rank's input tensor as local work;
    since, the two are independent simulations of the same step (their gap is the simulator's noise).
@@ -157,8 +158,25 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
 
 
 def topology_of(cal: dict[str, Any]) -> Topology:
+    """The calibrated network: alpha-beta, all-to-all efficiency and the exchange efficiency (a
+    send_recv that sends and receives over one pair; SparCML's recursive doubling)."""
     link = Link(cal["alpha_s"], cal["beta_bytes_per_s"])
-    return Topology.flat(link, all_to_all_efficiency=cal["all_to_all_efficiency"])
+    exchange = min(1.0, cal["exchange_efficiency"])
+    return Topology.flat(link, all_to_all_efficiency=cal["all_to_all_efficiency"], exchange_efficiency=exchange)
+
+
+def repredict(cache: dict[str, Any]) -> None:
+    """Every cached point's predictions again, with the current model and the point's own cached
+    calibration (no cluster: measurements and calibrations stay as they were)."""
+    for key, row in sorted(cache["points"].items()):
+        rate, n_text, scheme = key.split("/")
+        n, cal = int(n_text), cache["calibration"][f"{rate}/{n_text}"]
+        topology = topology_of(cal)
+        _log(f"{key}: predicting again")
+        row.update(predict(scheme, n, workload_for(parse_rate(rate)), topology, cal))
+        row["error"] = row["predicted_s"] / row["measured_s"] - 1
+        row["step_error"] = row["step_predicted_s"] / row["measured_s"] - 1
+        row["repredicted"] = {"utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}", **_git()}
 
 
 # -- measurement -----------------------------------------------------------------------------------
@@ -402,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--report-only", action="store_true", help="write the report from the cache, measure nothing")
     p.add_argument(
+        "--repredict", action="store_true", help="with --report-only: predict every cached point again (current model)"
+    )
+    p.add_argument(
         "--redo",
         default="",
         help="comma-separated rate/n (e.g. 1gbit/8) to calibrate and measure again, dropping the cached",
@@ -420,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         for scheme in SCHEMES:
             cache["points"].pop(f"{key}/{scheme}", None)
     started = time.perf_counter()
+    if args.repredict:
+        repredict(cache)
+        _save(args.cache, cache)
     for rate in [] if args.report_only else rates:
         for n in hosts:
             todo = [s for s in args.schemes if f"{rate}/{n}/{s}" not in cache["points"]]
