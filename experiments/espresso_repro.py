@@ -50,7 +50,6 @@ import pathlib
 import platform
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 
 import numpy
@@ -58,6 +57,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from espresso_like import WORKLOADS, _calibrated
+from plan_bench import _timed
 
 import zensync
 from zensync.cost import CompressorModel, compressor_model
@@ -169,16 +169,6 @@ def myopic(profile: ModelProfile, cluster: ClusterSpec, model: CompressorModel) 
     return simulate(profile, cluster, model, strategy, record_events=False).iteration_s, ", ".join(kinds)
 
 
-def _timed_plan(profile: ModelProfile, cluster: ClusterSpec, model: CompressorModel, repeats: int, **flags):
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = plan(profile, cluster, model, **flags)
-        best = min(best, time.perf_counter() - started)
-    assert result is not None
-    return result, best
-
-
 def iteration_point(profile: ModelProfile, model_name: str, cluster_name: str, gpus: int) -> dict:
     """FP32, FP16, compress-everything, planned and upper-bound iteration times (ms) at one point."""
     spec = PAPER_SETUP[model_name][0]
@@ -216,8 +206,8 @@ def iteration_point(profile: ModelProfile, model_name: str, cluster_name: str, g
 def selection_point(profile: ModelProfile, model_name: str, gpus: int, repeats: int) -> dict:
     """Selection wall time (min over ``repeats``) of the GPU-only and of the full-space planner, ms."""
     cluster, model = cluster_spec("nvlink-100gbit", gpus), compressor_model(PAPER_SETUP[model_name][0])
-    gpu_plan, gpu_s = _timed_plan(profile, cluster, model, repeats, fusion=True)
-    full_plan, full_s = _timed_plan(profile, cluster, model, repeats, **FULL)
+    gpu_plan, gpu_s = _timed(profile, cluster, model, repeats, {"fusion": True})
+    full_plan, full_s = _timed(profile, cluster, model, repeats, FULL)
     return {
         "tensors": len(profile.tensors),
         "gpu_only_ms": gpu_s * 1e3,
