@@ -58,6 +58,7 @@ def test_tiny_run_reports_every_part_and_resumes(driver, tmp_path: pathlib.Path,
 
 @pytest.mark.slow
 def test_tiny_run_draws_its_figure(driver, tmp_path: pathlib.Path, monkeypatch) -> None:
+    pytest.importorskip("matplotlib")  # the report draws its figure only where matplotlib is installed
     _shrink(driver, monkeypatch)
     assert driver.main(["--tiny", "-o", str(tmp_path / "zs")]) == 0
     assert (tmp_path / "zs.png").stat().st_size > 10_000
