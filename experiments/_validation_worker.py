@@ -52,6 +52,7 @@ from zensync.types import SyncStats
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _counters import cpu_seconds, fenced_tx
+from collective_latency import _time as barrier_timed
 
 _SUM_RTOL = 1e-5
 """The sum of the result vs the all-reduced sum of the inputs: float32 sums in different orders."""
@@ -60,13 +61,7 @@ _SUM_RTOL = 1e-5
 def _barrier_timed(fn: Callable[[], object], reps: int) -> list[float]:
     """Per rep, this rank's seconds for ``fn`` after a barrier (warm-up call first)."""
     fn()
-    out = []
-    for _ in range(reps):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
+    return barrier_timed(fn, reps)
 
 
 def _max_over_ranks(seconds: list[float]) -> list[float]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from zensync.simulate.record import Call
+from zensync.simulate.record import Call, sent_bytes
 
 __all__ = ["CALIBRATION_RANKS", "LocalWorkFit", "bytes_moved", "calibrate", "calibration_rows", "charge", "fit"]
 
@@ -60,9 +60,7 @@ def bytes_moved(calls: Sequence[Sequence[Call]]) -> list[tuple[int, int]]:
     """Per rank (indexed by global rank), the payload bytes it sends and receives in ``calls``.
 
     The k-th call a rank makes on a group is matched with its members' k-th (SPMD order, as the
-    timeline matches them). Sent: all_to_all_v what leaves the rank; all_gather(_v) its tensor to
-    each peer; send_recv its message; all_reduce and reduce_scatter the ring's share
-    (2 (n-1)/n and (n-1)/n of the tensor); broadcast its tensor. Received: all_to_all_v what each
+    timeline matches them). Sent: ``record.sent_bytes``. Received: all_to_all_v what each
     peer sends it; all_gather(_v) every peer's tensor; send_recv nothing counted here (its sender
     counts it); the ring collectives what they send; broadcast the tensor.
     """
@@ -71,28 +69,20 @@ def bytes_moved(calls: Sequence[Sequence[Call]]) -> list[tuple[int, int]]:
     for rank, per_rank in enumerate(calls):
         seen: dict[tuple[int, ...], int] = collections.Counter()
         for call in per_rank:
+            moved[rank][0] += sent_bytes(call, rank)
             if call.op in ("local", "send_recv"):
-                moved[rank][0] += call.nbytes if call.op == "send_recv" else 0
                 continue
             by_group[(call.group, seen[call.group])][rank] = call
             seen[call.group] += 1
     for (group, _), members in by_group.items():
-        n = len(group)
         for rank, call in members.items():
             if call.op == "all_to_all_v":
                 me = group.index(rank)
-                moved[rank][0] += sum(b for d, b in enumerate(call.sent) if d != me)
                 moved[rank][1] += sum(other.sent[me] for src, other in members.items() if src != rank)
             elif call.op in ("all_gather", "all_gather_v"):
-                moved[rank][0] += call.nbytes * (n - 1)
                 moved[rank][1] += sum(other.nbytes for src, other in members.items() if src != rank)
-            elif call.op in ("all_reduce", "reduce_scatter"):
-                share = (2 if call.op == "all_reduce" else 1) * (n - 1) * call.nbytes // n
-                moved[rank][0] += share
-                moved[rank][1] += share
-            elif call.op == "broadcast":
-                moved[rank][0] += call.nbytes
-                moved[rank][1] += call.nbytes
+            elif call.op in ("all_reduce", "reduce_scatter", "broadcast"):
+                moved[rank][1] += sent_bytes(call, rank)  # the ring receives what it sends; a broadcast the tensor
     return [(sent, received) for sent, received in moved]
 
 

@@ -35,7 +35,7 @@ import torch
 from zensync.transport.base import Transport
 from zensync.transport.handle import Handle
 
-__all__ = ["Call", "RecordingTransport", "network_calls"]
+__all__ = ["Call", "RecordingTransport", "network_calls", "sent_bytes"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +75,24 @@ class _LocalClock:
         """CPU seconds this thread spent since its mark (0 on a thread never marked)."""
         mark = self._marks.get(threading.get_ident())
         return 0.0 if mark is None else max(0.0, time.thread_time() - mark)
+
+
+def sent_bytes(call: Call, rank: int) -> int:
+    """Payload bytes global rank ``rank`` sends in ``call``, in the transport's byte model
+    (``TrafficLog.bytes_sent``): all-to-all what leaves the rank, all-gather n-1 copies, a message its
+    bytes, ring all-reduce 2 (n-1)/n and reduce-scatter (n-1)/n of the tensor, broadcast the tensor."""
+    n = len(call.group)
+    if call.op == "all_to_all_v":
+        return sum(b for d, b in enumerate(call.sent) if call.group[d] != rank)
+    if call.op in ("all_gather", "all_gather_v"):
+        return call.nbytes * (n - 1)
+    if call.op in ("send_recv", "broadcast"):
+        return call.nbytes
+    if call.op == "all_reduce":
+        return 2 * (n - 1) * call.nbytes // n
+    if call.op == "reduce_scatter":
+        return (n - 1) * call.nbytes // n
+    return 0
 
 
 def network_calls(calls: list[list[Call]]) -> list[list[Call]]:

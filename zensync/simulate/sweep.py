@@ -36,7 +36,7 @@ from zensync.simulate.analysis import counted_points
 from zensync.simulate.counted import COUNTED_SCHEMES, counted_calls
 from zensync.simulate.lm_workload import LMWorkload, RowWorkload
 from zensync.simulate.local_work import LocalWorkFit, calibrate, charge
-from zensync.simulate.record import Call
+from zensync.simulate.record import Call, sent_bytes
 from zensync.simulate.timeline import price
 from zensync.sync import SCHEMES
 from zensync.sync.base import SyncOptions, item_view
@@ -81,24 +81,8 @@ Workload = ZipfWorkload | LMWorkload
 
 
 def payload_sent(calls: Sequence[Call], rank: int) -> int:
-    """Payload bytes ``rank`` sends in ``calls``, in the transport's byte model (``TrafficLog.bytes_sent``:
-    ring all-reduce 2 (n-1)/n of the tensor, all-gather n-1 copies, all-to-all what leaves the rank)."""
-    total = 0
-    for call in calls:
-        n = len(call.group)
-        if call.op == "all_to_all_v":
-            total += sum(b for d, b in enumerate(call.sent) if call.group[d] != rank)
-        elif call.op in ("all_gather", "all_gather_v"):
-            total += call.nbytes * (n - 1)
-        elif call.op == "send_recv":
-            total += call.nbytes
-        elif call.op == "all_reduce":
-            total += 2 * (n - 1) * call.nbytes // n
-        elif call.op == "reduce_scatter":
-            total += (n - 1) * call.nbytes // n
-        elif call.op == "broadcast":
-            total += call.nbytes
-    return total
+    """Payload bytes ``rank`` sends in ``calls`` (``record.sent_bytes`` summed)."""
+    return sum(sent_bytes(call, rank) for call in calls)
 
 
 def _check_scheme(scheme: str) -> None:
