@@ -3,7 +3,7 @@
     zensync simulate [--schemes zen,sparse_ps,agsparse,dense] [--ranks 2,4,8,...,1024]
                      [--items 10000000] [--dim 1] [--density 0.01] [--skew 1.1] [--overlap 0.0] [--seed 0]
                      [--ranks-per-node 8] [--intra nvlink] [--inter 25Gbit] [--intra-latency-us 5]
-                     [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [--compute-scale 1]
+                     [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [--compute-scale 1] [--cores K]
                      [--stats FILE | --lm-batch B | --model NAME [--compressor dgc:0.01]] [-o PREFIX] [--png]
 
 For each scheme and each world size, zensync's real algorithms run on the in-process simulated world
@@ -22,7 +22,9 @@ Each rank's local work is charged too, times --compute-scale (0: the network alo
 device: a smaller factor): at a full point as measured (the CPU seconds of one core of this machine
 between its calls); at a counted point, which runs no kernels, as fitted to full runs of the same
 workload cut to at most 64 MiB per rank (``zensync.simulate.local_work``; the fits are in the
-JSON). Prints a Markdown table (step time per scheme and world size, the mode that ran, the largest
+JSON). By default each rank has a core of its own; with --cores K the ranks' local work shares K
+cores (processor sharing: hosts emulated on one machine, or ranks whose CPU-side compression shares
+a node's cores). Prints a Markdown table (step time per scheme and world size, the mode that ran, the largest
 rank's payload and local work) and writes PREFIX.json, PREFIX.md and, with --png and matplotlib,
 PREFIX.png (time against ranks).
 
@@ -88,6 +90,9 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         "--compute-scale", type=float, default=1.0, help="factor on a full point's measured local work (0: network)"
     )
     parser.add_argument(
+        "--cores", type=float, default=None, help="the ranks' local work shares this many cores (default: one each)"
+    )
+    parser.add_argument(
         "--stats", metavar="FILE", help="gradient statistics JSON (several tensors; replaces --items ... --seed)"
     )
     parser.add_argument(
@@ -131,6 +136,8 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
             raise ValueError("--memory-gb must be > 0")
         if not args.compute_scale >= 0:
             raise ValueError("--compute-scale must be >= 0 (0: the network alone)")
+        if args.cores is not None and not (0 < args.cores < float("inf")):
+            raise ValueError("--cores must be finite and > 0 (omit it: a core per rank)")
         topology = Topology(
             args.ranks_per_node,
             Link(args.intra_latency_us * 1e-6, parse_bandwidth(args.intra)),
@@ -190,7 +197,7 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         for name, tensor in tensors.items():
             per_tensor[name] = simulate_sweep(
                 schemes, ranks, tensor, topology, mode=args.mode, memory_bytes=args.memory_gb * 1e9,
-                compute_scale=args.compute_scale, on_point=lambda row: progress.update(1),
+                compute_scale=args.compute_scale, cores=args.cores, on_point=lambda row: progress.update(1),
             )  # fmt: skip
     rows = per_tensor["gradient"] if args.stats is None else combine(per_tensor)
     workload_doc = {
@@ -209,8 +216,8 @@ def _run_model(args: argparse.Namespace, ranks: list[int], topology: Any) -> int
     profile = builtin_profile(args.model)
     with bar(3 * len(ranks), "simulate", unit="point") as progress:
         rows = plan_sweep(
-            profile, args.compressor, ranks, topology, compute_scale=args.compute_scale, seed=args.seed,
-            on_point=lambda row: progress.update(1),
+            profile, args.compressor, ranks, topology, compute_scale=args.compute_scale, cores=args.cores,
+            seed=args.seed, on_point=lambda row: progress.update(1),
         )  # fmt: skip
     workload_doc = {
         "family": "model",
@@ -239,8 +246,9 @@ def _report(
             "intra": dataclasses.asdict(topology.intra),
             "inter": dataclasses.asdict(topology.inter),
         },
-        "priced": _priced(args.compute_scale),
+        "priced": _priced(args.compute_scale, args.cores),
         "compute_scale": args.compute_scale,
+        "cores": args.cores,
         "local_work_fits": {r["scheme"]: r["local_work"] for r in rows if r.get("local_work")},
         "wall_s": time.perf_counter() - started,
         "rows": rows,
@@ -260,13 +268,14 @@ def _report(
     return 0
 
 
-def _priced(compute_scale: float) -> str:
+def _priced(compute_scale: float, cores: float | None) -> str:
     if compute_scale == 0:
         return "the network alone: collectives on the two-level model, local work not charged"
+    shared = "each rank on a core of its own" if cores is None else f"the ranks sharing {cores:g} cores"
     return (
         f"collectives on the two-level model plus {compute_scale:g} x each rank's local work on one core of this "
         "machine: measured at full and mirrored points, fitted to full runs of the workload cut to fewer rows at "
-        "counted points"
+        f"counted points; {shared}"
     )
 
 

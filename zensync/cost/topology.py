@@ -17,7 +17,9 @@ alpha per sequential message (a ring allreduce pays ``2 (n-1)`` of them), becaus
   a step lasts as long as the largest block: ``(n-1) max_r b_r`` over the slowest hop (this is why a
   skewed sparse all-gather pays its largest rank's size n-1 times);
 - all_to_all_v: direct; each rank's bytes to its node's peers over ``intra``, each node's bytes to and
-  from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies. An
+  from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies times
+  ``all_to_all_latency_scale`` (default 1: one message after another; a backend that posts its
+  ``n - 1`` messages at once overlaps part of them, gloo on the emulated hosts about half). An
   endpoint that sends ``out`` and receives ``in`` bytes takes ``(max(out, in) - both + both / e) / B``
   with ``both = min(out, in)``: the bytes that flow one way only run at the link's rate, those that
   flow both ways at once at ``e = all_to_all_efficiency`` of it (default 1: full duplex, the time is
@@ -78,6 +80,9 @@ class Topology:
     """In a point-to-point exchange (two ranks each sending the other a message in one call), the
     fraction of the link's rate each direction achieves, in (0, 1] (1: full duplex; the emulated
     hosts' gloo reaches about 0.5)."""
+    all_to_all_latency_scale: float = 1.0
+    """The factor on a direct all-to-all's ``n - 1`` latencies, > 0 (module docstring; 1: its messages
+    one after another; below 1 where the backend overlaps them)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1:
@@ -88,11 +93,23 @@ class Topology:
                     f"Topology: {name}={getattr(self, name)!r} must be in (0, 1]: the fraction of the links' rate "
                     "bytes reach each way when both directions are busy"
                 )
+        if not (self.all_to_all_latency_scale > 0 and math.isfinite(self.all_to_all_latency_scale)):
+            raise ValueError(
+                f"Topology: all_to_all_latency_scale={self.all_to_all_latency_scale!r} must be finite and > 0: "
+                "the factor on an all-to-all's n - 1 latencies"
+            )
 
     @classmethod
-    def flat(cls, link: Link, *, all_to_all_efficiency: float = 1.0, exchange_efficiency: float = 1.0) -> Topology:
+    def flat(
+        cls,
+        link: Link,
+        *,
+        all_to_all_efficiency: float = 1.0,
+        exchange_efficiency: float = 1.0,
+        all_to_all_latency_scale: float = 1.0,
+    ) -> Topology:
         """One rank per node: every pair of ranks talks over ``link`` (the Eq. 1 setting)."""
-        return cls(1, link, link, all_to_all_efficiency, exchange_efficiency)
+        return cls(1, link, link, all_to_all_efficiency, exchange_efficiency, all_to_all_latency_scale)
 
     def nodes(self, ranks: int) -> int:
         return -(-ranks // self.ranks_per_node)
@@ -173,7 +190,7 @@ class Topology:
             in_node = np.bincount(node, weights=inter.sum(0))
             byte_s = max(byte_s, self._duplex_s(out_node, in_node, self.inter))
             latency = max(latency, self.inter.latency_s)
-        return float((ranks - 1) * latency + byte_s)
+        return float((ranks - 1) * latency * self.all_to_all_latency_scale + byte_s)
 
     def _duplex_s(self, out: npt.ArrayLike, into: npt.ArrayLike, link: Link) -> float:
         """The slowest endpoint's seconds to send ``out`` and receive ``into`` bytes at once over ``link``:

@@ -9,8 +9,10 @@ priced time and, per rank, the bytes the transport accounted (its ``TrafficLog``
 Local work is charged as measured: each recorded call carries the CPU seconds its rank spent
 preparing it (``Call.compute_s``: one core of this machine, the thread's CPU clock), and the rank's
 clock advances by that, times ``compute_scale``, before the call (``compute_scale=0`` prices the
-network alone; a faster device is a smaller factor). Point-to-point messages that leave one node at
-the same time do not share its link in the model (collectives do).
+network alone; a faster device is a smaller factor). With ``cores``, the ranks share that many cores
+(a processor-sharing CPU: n emulated hosts on one machine, or ranks compressing on a host's shared
+CPU). Point-to-point messages that leave one node at the same time do not share its link in the
+model (collectives do).
 
 Example::
 
@@ -57,6 +59,8 @@ class Simulation:
     """Each rank's bytes per phase, as the transport accounted them."""
     compute_scale: float = 1.0
     """The factor on the measured local work in ``priced`` (0: the network alone)."""
+    cores: float | None = None
+    """The cores the ranks' local work shared in ``priced`` (None: one per rank)."""
 
 
 def record(
@@ -98,12 +102,15 @@ def simulate(
     topology: Topology,
     *,
     compute_scale: float = 1.0,
+    cores: float | None = None,
     inputs: Callable[[int], Any] | None = None,
     warmup: bool = False,
     timeout_s: float = 600.0,
 ) -> Simulation:
     """Run ``fn`` on ``world_size`` simulated ranks and price its collectives and local work on
-    ``topology`` (``inputs``, ``warmup``: as ``record``'s)."""
+    ``topology`` (``compute_scale``, ``cores``: as ``price``'s; ``inputs``, ``warmup``: as ``record``'s)."""
     results, calls, logs = record(fn, world_size, inputs=inputs, warmup=warmup, timeout_s=timeout_s)
-    priced = price(calls, topology, compute_scale=compute_scale)
-    return Simulation(results=results, priced=priced, calls=calls, traffic=logs, compute_scale=compute_scale)
+    priced = price(calls, topology, compute_scale=compute_scale, cores=cores)
+    return Simulation(
+        results=results, priced=priced, calls=calls, traffic=logs, compute_scale=compute_scale, cores=cores
+    )

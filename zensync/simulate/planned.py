@@ -92,7 +92,9 @@ def plan_step_calls(plan: Plan, *, seed: int = 0) -> list[Call]:
     return calls
 
 
-def plan_step(plan: Plan, topology: Topology, *, compute_scale: float = 1.0, seed: int = 0) -> dict[str, Any]:
+def plan_step(
+    plan: Plan, topology: Topology, *, compute_scale: float = 1.0, cores: float | None = None, seed: int = 0
+) -> dict[str, Any]:
     """The plan's step priced on ``topology`` (every rank's records from rank 0's), as a report row.
 
     Raises:
@@ -105,7 +107,7 @@ def plan_step(plan: Plan, topology: Topology, *, compute_scale: float = 1.0, see
     start = time.perf_counter()
     mine = plan_step_calls(plan, seed=seed)
     calls = replicate([mine], plan.cluster.world_size, plan.cluster.gpus_per_node)
-    priced = price(calls, topology, compute_scale=compute_scale)
+    priced = price(calls, topology, compute_scale=compute_scale, cores=cores)
     sent = payload_sent(calls[0], 0)
     return {
         "ranks": plan.cluster.world_size,
@@ -142,6 +144,7 @@ def plan_sweep(
     topology: Topology,
     *,
     compute_scale: float = 1.0,
+    cores: float | None = None,
     seed: int = 0,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -166,13 +169,14 @@ def plan_sweep(
         )  # fmt: skip
         chosen = plan(profile, cluster, model)
         for label, strategy in (("fp32", ddp_buckets(chosen, "fp32")), ("fp16", ddp_buckets(chosen, "fp16"))):
-            row = {"scheme": label, **plan_step(strategy, topology, compute_scale=compute_scale, seed=seed)}
+            step = plan_step(strategy, topology, compute_scale=compute_scale, cores=cores, seed=seed)
+            row = {"scheme": label, **step}
             rows.append(row)
             if on_point is not None:
                 on_point(row)
         row = {
             "scheme": "plan",
-            **plan_step(chosen, topology, compute_scale=compute_scale, seed=seed),
+            **plan_step(chosen, topology, compute_scale=compute_scale, cores=cores, seed=seed),
             "selection_s": chosen.selection_s,
             "planned": chosen.chosen,
             "options": sorted({code for _, _, code, *_ in plan_groups(chosen)}),

@@ -17,7 +17,8 @@ the embedded LM's batches touch). ``simulate_step`` runs one point:
 The step is priced on the topology with each rank's local work times ``compute_scale`` (its row's
 ``compute_seconds``): measured at a full point (``zensync.simulate``: one core of this machine),
 fitted at a counted one (the row's ``local_work`` holds the fit; the fit is made once per scheme
-and workload). With ``compute_scale`` 0 the time is the network's alone and no fit is made.
+and workload). With ``compute_scale`` 0 the time is the network's alone and no fit is made. With
+``cores`` the ranks' local work shares that many cores (``zensync.simulate.timeline``).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def simulate_step(
     memory_bytes: float = 4e9,
     h0_seed: int = 12345,
     compute_scale: float = 1.0,
+    cores: float | None = None,
 ) -> dict[str, Any]:
     """One point: the priced step of ``scheme`` on ``ranks`` ranks (module docstring), as a report row.
 
@@ -121,7 +123,15 @@ def simulate_step(
     """
     _check_scheme(scheme)
     chosen = _mode(scheme, ranks, workload, mode, memory_bytes)
-    return _point(scheme, ranks, workload, topology, chosen, h0_seed, compute_scale, {})
+    return _point(scheme, ranks, workload, topology, chosen, h0_seed, _Cpu(compute_scale, cores), {})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Cpu:
+    """How local work is charged: ``price``'s ``compute_scale`` and ``cores``."""
+
+    scale: float
+    cores: float | None
 
 
 def _point(
@@ -131,7 +141,7 @@ def _point(
     topology: Topology,
     chosen: str,
     h0_seed: int,
-    compute_scale: float,
+    cpu: _Cpu,
     fits: dict[str, LocalWorkFit],
 ) -> dict[str, Any]:
     """The row of one point whose mode is decided (``_mode``); ``fits`` caches local-work fits."""
@@ -145,9 +155,9 @@ def _point(
             scheme, workload.items, world_size=ranks, num_items=workload.num_items,
             item_bytes=workload.item_bytes, seed=h0_seed,
         )  # fmt: skip
-        return _counted_row(row, calls, workload, topology, start, compute_scale, fits, h0_seed)
+        return _counted_row(row, calls, workload, topology, start, cpu, fits, h0_seed)
     calls = full_calls(scheme, ranks, workload, h0_seed)
-    return _row(row, calls, topology, start, compute_scale)
+    return _row(row, calls, topology, start, cpu)
 
 
 def _counted_row(
@@ -156,13 +166,13 @@ def _counted_row(
     workload: Workload,
     topology: Topology,
     start: float,
-    compute_scale: float,
+    cpu: _Cpu,
     fits: dict[str, LocalWorkFit],
     h0_seed: int,
 ) -> dict[str, Any]:
     """A counted point's row: its records with the scheme's fitted local work (none at scale 0)."""
-    if compute_scale == 0:
-        return {**_row(row, calls, topology, start, 0.0), "compute_seconds": None, "local_work": None}
+    if cpu.scale == 0:
+        return {**_row(row, calls, topology, start, cpu), "compute_seconds": None, "local_work": None}
     scheme = row["scheme"]
     if scheme not in fits:
         fits[scheme] = calibrate(
@@ -171,13 +181,11 @@ def _counted_row(
         )  # fmt: skip
     dense = workload.num_items * workload.item_bytes
     charged = charge(calls, fits[scheme], lambda rank: dense)
-    return {**_row(row, charged, topology, start, compute_scale), "local_work": dataclasses.asdict(fits[scheme])}
+    return {**_row(row, charged, topology, start, cpu), "local_work": dataclasses.asdict(fits[scheme])}
 
 
-def _row(
-    row: dict[str, Any], calls: list[list[Call]], topology: Topology, start: float, compute_scale: float
-) -> dict[str, Any]:
-    priced = price(calls, topology, compute_scale=compute_scale)
+def _row(row: dict[str, Any], calls: list[list[Call]], topology: Topology, start: float, cpu: _Cpu) -> dict[str, Any]:
+    priced = price(calls, topology, compute_scale=cpu.scale, cores=cpu.cores)
     sent = [payload_sent(c, r) for r, c in enumerate(calls)]
     return {
         **row,
@@ -200,6 +208,7 @@ def simulate_sweep(
     memory_bytes: float = 4e9,
     h0_seed: int = 12345,
     compute_scale: float = 1.0,
+    cores: float | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """``simulate_step`` for every (world size, scheme), rows in that order, each rank's ids drawn once.
@@ -214,13 +223,14 @@ def simulate_sweep(
     done: dict[tuple[int, str], dict[str, Any]] = {}
     counted: list[int] = []
     fits: dict[str, LocalWorkFit] = {}
+    cpu = _Cpu(compute_scale, cores)
     for n in ranks:
         chosen = {scheme: _mode(scheme, n, workload, mode, memory_bytes) for scheme in schemes}
         if set(chosen.values()) == {"counted"}:  # every scheme counts where one must (all are countable)
             counted.append(n)
             continue
         for scheme in schemes:
-            done[(n, scheme)] = _point(scheme, n, workload, topology, chosen[scheme], h0_seed, compute_scale, fits)
+            done[(n, scheme)] = _point(scheme, n, workload, topology, chosen[scheme], h0_seed, cpu, fits)
             if on_point is not None:
                 on_point(done[(n, scheme)])
     spent: dict[tuple[int, str], float] = {}
@@ -231,7 +241,7 @@ def simulate_sweep(
     for n, scheme, calls in points:
         start = time.perf_counter()
         head = {"scheme": scheme, "ranks": n, "mode": "counted"}
-        row = _counted_row(head, calls, workload, topology, start, compute_scale, fits, h0_seed)
+        row = _counted_row(head, calls, workload, topology, start, cpu, fits, h0_seed)
         row["wall_s"] += spent[(n, scheme)]
         done[(n, scheme)] = row
         if on_point is not None:

@@ -1,12 +1,13 @@
 """Price recorded calls on a ``Topology``: a clock per rank, each collective in the order it was issued.
 
-``price(calls_per_rank, topology)`` replays what every rank recorded (``zensync.simulate.record``):
+``price(calls_per_rank, topology)`` replays what every rank recorded (``zensync.simulate.record``) as
+events in time:
 
-- A collective of a group starts when the last of its members reaches it (the largest member clock)
-  and ends ``topology``'s time for it later, for every member: the k-th call a rank made on a group
-  is the k-th call of every member on that group (SPMD order; a mismatch is an error, which the real
-  run would have been too). Collectives of disjoint groups (the nodes' intra-node steps of a
-  two-level scheme) therefore run side by side.
+- A collective of a group starts when the last of its members reaches it and ends ``topology``'s
+  time for it later, for every member: the k-th call a rank made on a group is the k-th call of every
+  member on that group (SPMD order; a mismatch is an error, which the real run would have been too).
+  Collectives of disjoint groups (the nodes' intra-node steps of a two-level scheme) therefore run
+  side by side.
 - A collective whose backend exchanges sizes first (all_gather_v, all_to_all_v without known
   receive counts) pays that round too: 8 bytes per peer.
 - A point-to-point call (send_recv) posts its message when the sender reaches it; the message
@@ -14,19 +15,25 @@
   (at ``Topology.exchange_efficiency`` of the bandwidth when the call also receives from that rank),
   and the call ends when this rank's own send has left (``bytes / bandwidth``) and its receive, if any,
   has arrived. The k-th receive from a source matches that source's k-th send to this rank.
-
-- Local work: before each call, its rank's clock advances by the call's ``compute_s`` times
-  ``compute_scale``; a ``local`` call is that alone (the work after a rank's last collective).
+- Local work: before each call its rank computes for the call's ``compute_s`` times
+  ``compute_scale`` CPU seconds; a ``local`` call is that alone (the work after a rank's last
+  collective). With ``cores=None`` every rank has a core of its own, so the work takes that long.
+  With ``cores=k`` the ranks share k cores as a processor-sharing CPU: while m ranks have local work
+  pending, each progresses at ``min(1, k / m)`` CPU seconds per second (n hosts emulated on one
+  machine; n GPU processes sharing a host's cores for CPU-side compression), and a rank that waits on
+  the network uses none.
 
 The result: the time at which the last rank finishes; per phase the longest any rank spent in that
 phase (its calls, its waits for the group's last member and its local work); and the largest local
-work of any rank, so a report can say how much of the time is the network.
+work of any rank (in seconds of its clock), so a report can say how much of the time is the network.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
+import math
 from collections.abc import Sequence
 
 from zensync.cost.topology import Topology
@@ -46,7 +53,8 @@ class Priced:
     calls: int
     """Collectives priced (each once, not once per rank) plus point-to-point calls (per rank)."""
     compute_seconds: float = 0.0
-    """The largest, over ranks, of the local work charged (``compute_s`` times the scale)."""
+    """The largest, over ranks, of the seconds its clock spent on local work (``compute_s`` times
+    the scale, stretched by the cores' sharing when ``price`` was given ``cores``)."""
 
 
 _RANK_OPS = ("send_recv", "local")
@@ -79,114 +87,166 @@ def _collective_s(topology: Topology, op: str, members: Sequence[Call]) -> float
     raise ValueError(f"price: no time model for collective {op!r}")
 
 
-def price(calls: Sequence[Sequence[Call]], topology: Topology, *, compute_scale: float = 1.0) -> Priced:
+def price(
+    calls: Sequence[Sequence[Call]], topology: Topology, *, compute_scale: float = 1.0, cores: float | None = None
+) -> Priced:
     """Replay every rank's ``calls`` (indexed by global rank) on ``topology`` (module docstring).
 
-    ``compute_scale`` multiplies the recorded local work (0: the network alone).
+    ``compute_scale`` multiplies the recorded local work (0: the network alone); ``cores``: how many
+    cores the ranks' local work shares (None: one per rank).
 
     Raises:
         ValueError: If the ranks' records do not line up (a group's members issued different
-            collectives at the same position, or a rank waits for a message never sent).
+            collectives at the same position, or a rank waits for a message never sent), or if
+            ``compute_scale`` or ``cores`` is out of range.
     """
     if not compute_scale >= 0:
         raise ValueError(f"compute_scale={compute_scale} must be >= 0 (0: the network alone)")
-    ranks = len(calls)
-    clock = [0.0] * ranks
-    computed = [0.0] * ranks
-    charged = [False] * ranks  # whether the head call's local work is on the rank's clock
-    heads = [0] * ranks
-    inbox: dict[tuple[int, int], collections.deque[float]] = collections.defaultdict(collections.deque)
-    spent: list[dict[str, float]] = [collections.defaultdict(float) for _ in range(ranks)]
-    posted = [False] * ranks
-    priced = 0
-    remaining = sum(len(c) for c in calls)
-
-    def charge(r: int) -> None:
-        """Put the local work before rank r's head call on its clock (once)."""
-        if not charged[r]:
-            call = calls[r][heads[r]]
-            work = call.compute_s * compute_scale
-            clock[r] += work
-            computed[r] += work
-            spent[r][call.phase] += work
-            charged[r] = True
-
-    while remaining:
-        progressed = False
-        for r in range(ranks):
-            while heads[r] < len(calls[r]):
-                call = calls[r][heads[r]]
-                charge(r)
-                if call.op == "local":
-                    heads[r] += 1
-                    charged[r] = False
-                elif call.op == "send_recv":
-                    if not _p2p(r, call, clock, inbox, spent, topology, posted):
-                        break
-                    heads[r] += 1
-                    charged[r] = False
-                else:
-                    heads_of = [calls[m][heads[m]] if heads[m] < len(calls[m]) else None for m in call.group]
-                    members = [c for c in heads_of if c is not None and c.group == call.group and c.op not in _RANK_OPS]
-                    if len(members) != len(call.group):
-                        break
-                    for m in call.group:
-                        charge(m)
-                    ops = {c.op for c in members}  # each member's next call on this group
-                    if len(ops) != 1:
-                        raise ValueError(
-                            f"price: the next call of group {call.group} is {sorted(ops)} on its members: "
-                            "the ranks issued different collectives"
-                        )
-                    start = max(clock[m] for m in call.group)
-                    duration = _collective_s(topology, call.op, members)
-                    for m, c in zip(call.group, members, strict=True):
-                        spent[m][c.phase] += start + duration - clock[m]  # the wait for the last member too
-                        clock[m] = start + duration
-                        heads[m] += 1
-                        charged[m] = False
-                    remaining -= len(call.group) - 1
-                    priced += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = {r: calls[r][heads[r]] for r in range(ranks) if heads[r] < len(calls[r])}
-            raise ValueError(f"price: the records do not line up; ranks waiting: {dict(list(stuck.items())[:4])}")
-    phases = sorted({p for per_rank in spent for p in per_rank})
-    return Priced(
-        seconds=max(clock, default=0.0),
-        phase_seconds={p: max(per_rank.get(p, 0.0) for per_rank in spent) for p in phases},
-        calls=priced,
-        compute_seconds=max(computed, default=0.0),
-    )
+    if cores is not None and not (cores > 0 and math.isfinite(cores)):
+        raise ValueError(f"cores={cores} must be finite and > 0 (None: a core per rank)")
+    return _Replay(calls, topology, compute_scale, cores).run()
 
 
-def _p2p(
-    rank: int,
-    call: Call,
-    clock: list[float],
-    inbox: dict[tuple[int, int], collections.deque[float]],
-    spent: list[dict[str, float]],
-    topology: Topology,
-    posted: list[bool],
-) -> bool:
-    """One send_recv of ``rank``; False when the message it receives has not been sent yet (try
-    later). Its own send is posted at the first try (``posted``), so two ranks that exchange
-    messages in one call each find the other's."""
-    start = clock[rank]
-    end = start
-    if call.sent:
-        (dst,) = call.sent
-        exchange = call.source == dst  # both ways at once over one pair (Topology.exchange_efficiency)
-        end = start + topology.send_s(rank, dst, call.nbytes, exchange=exchange)
-        if not posted[rank]:
-            inbox[(rank, dst)].append(start + topology.send_recv_s(rank, dst, call.nbytes, exchange=exchange))
-            posted[rank] = True
-    if call.source is not None and not inbox[(call.source, rank)]:
-        return False
-    posted[rank] = False
-    if call.source is not None:
-        end = max(end, inbox[(call.source, rank)].popleft())
-    spent[rank][call.phase] += end - start
-    clock[rank] = end
-    return True
+class _Replay:
+    """The event loop behind ``price``.
+
+    Each rank is in one of three states: computing the local work before its head call (on the
+    processor-sharing CPU), waiting at its head call (for the group's last member, or for a message),
+    or in a call until a known time. The CPU is a virtual clock: ``served`` counts the CPU seconds every
+    computing rank has received so far (they all progress at the same rate), so a rank that starts
+    ``w`` seconds of work when ``served`` is ``v`` finishes when ``served`` reaches ``v + w``.
+    """
+
+    def __init__(self, calls: Sequence[Sequence[Call]], topology: Topology, scale: float, cores: float | None) -> None:
+        self.calls, self.topology, self.scale, self.cores = calls, topology, scale, cores
+        ranks = len(calls)
+        self.now = 0.0
+        self.served = 0.0
+        self.computing: list[tuple[float, int]] = []  # (served at which its work is done, rank)
+        self.ending: list[tuple[float, int]] = []  # (time its call ends, rank)
+        self.heads = [0] * ranks
+        self.began = [0.0] * ranks  # when the rank's previous call ended (its head's span starts)
+        self.work_began = [0.0] * ranks
+        self.computed = [0.0] * ranks
+        self.spent: list[dict[str, float]] = [collections.defaultdict(float) for _ in range(ranks)]
+        self.waiting: dict[tuple[int, ...], list[int]] = collections.defaultdict(list)
+        self.inbox: dict[tuple[int, int], collections.deque[float]] = collections.defaultdict(collections.deque)
+        self.receiving: dict[tuple[int, int], tuple[int, float]] = {}  # (source, rank) -> (rank, its send's end)
+        self.priced = 0
+        self.ready: list[int] = []  # ranks whose local work is done, to start their head call now
+
+    def run(self) -> Priced:
+        for r in range(len(self.calls)):
+            self._next(r)
+        while True:
+            while self.ready:
+                self._start(self.ready.pop())
+            if not self._advance():
+                break
+        unfinished = {r: c[self.heads[r]] for r, c in enumerate(self.calls) if self.heads[r] < len(c)}
+        if unfinished:
+            raise ValueError(f"price: the records do not line up; ranks waiting: {dict(list(unfinished.items())[:4])}")
+        phases = sorted({p for per_rank in self.spent for p in per_rank})
+        return Priced(
+            seconds=max(self.began, default=0.0),
+            phase_seconds={p: max(per_rank.get(p, 0.0) for per_rank in self.spent) for p in phases},
+            calls=self.priced,
+            compute_seconds=max(self.computed, default=0.0),
+        )
+
+    def _rate(self) -> float:
+        """CPU seconds per second each computing rank receives now."""
+        if self.cores is None or not self.computing:
+            return 1.0
+        return min(1.0, self.cores / len(self.computing))
+
+    def _advance(self) -> bool:
+        """Move time to the next event (a rank's local work done, or its call ended) and handle
+        every event due then; False when nothing is pending."""
+        rate = self._rate()
+        work_at = self.now + (self.computing[0][0] - self.served) / rate if self.computing else math.inf
+        call_at = self.ending[0][0] if self.ending else math.inf
+        at = min(work_at, call_at)
+        if at == math.inf:
+            return False
+        if self.computing:
+            self.served += (at - self.now) * rate
+        self.now = max(self.now, at)
+        if work_at <= call_at:
+            target, r = heapq.heappop(self.computing)
+            self.served = max(self.served, target)
+            self.computed[r] += self.now - self.work_began[r]
+            self.ready.append(r)
+        else:
+            _, r = heapq.heappop(self.ending)
+            self._finish(r, self.now)
+        return True
+
+    def _next(self, r: int) -> None:
+        """Rank r begins its head call's local work (or is done)."""
+        if self.heads[r] >= len(self.calls[r]):
+            return
+        work = self.calls[r][self.heads[r]].compute_s * self.scale
+        if work > 0:
+            self.work_began[r] = self.now
+            heapq.heappush(self.computing, (self.served + work, r))
+        else:
+            self.ready.append(r)
+
+    def _finish(self, r: int, end: float) -> None:
+        """Rank r's head call ends at ``end``: its span goes to the call's phase; its next call begins."""
+        call = self.calls[r][self.heads[r]]
+        self.spent[r][call.phase] += end - self.began[r]
+        self.began[r] = end
+        self.heads[r] += 1
+        self._next(r)
+
+    def _start(self, r: int) -> None:
+        """Rank r's local work is done: start its head call, or wait for what the call needs."""
+        call = self.calls[r][self.heads[r]]
+        if call.op == "local":
+            self._finish(r, self.now)
+        elif call.op == "send_recv":
+            self._p2p(r, call)
+        else:
+            waiting = self.waiting[call.group]
+            waiting.append(r)
+            if len(waiting) == len(call.group):
+                del self.waiting[call.group]
+                self._collective(call)
+
+    def _collective(self, call: Call) -> None:
+        """Every member of ``call.group`` waits at its head call on that group: run it."""
+        members = [self.calls[m][self.heads[m]] for m in call.group]
+        ops = {c.op for c in members}
+        if len(ops) != 1 or any(c.group != call.group for c in members):
+            raise ValueError(
+                f"price: the next call of group {call.group} is {sorted(ops)} on its members: "
+                "the ranks issued different collectives"
+            )
+        end = self.now + _collective_s(self.topology, call.op, members)
+        for m in call.group:
+            heapq.heappush(self.ending, (end, m))
+        self.priced += 1
+
+    def _p2p(self, r: int, call: Call) -> None:
+        """One send_recv of rank r: its send is posted now; the call ends when the send has left and
+        the message it receives (the k-th from that source) has arrived."""
+        end = self.now
+        if call.sent:
+            (dst,) = call.sent
+            exchange = call.source == dst  # both ways at once over one pair (Topology.exchange_efficiency)
+            end = self.now + self.topology.send_s(r, dst, call.nbytes, exchange=exchange)
+            arrives = self.now + self.topology.send_recv_s(r, dst, call.nbytes, exchange=exchange)
+            if (r, dst) in self.receiving:  # dst waits for this message
+                waiter, its_end = self.receiving.pop((r, dst))
+                heapq.heappush(self.ending, (max(its_end, arrives), waiter))
+            else:
+                self.inbox[(r, dst)].append(arrives)
+        self.priced += 1
+        if call.source is None:
+            heapq.heappush(self.ending, (end, r))
+        elif self.inbox[(call.source, r)]:
+            heapq.heappush(self.ending, (max(end, self.inbox[(call.source, r)].popleft()), r))
+        else:
+            self.receiving[(call.source, r)] = (r, end)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,6 +67,26 @@ def test_every_point_adds_its_local_work(tmp_path: Path, capsys: pytest.CaptureF
     assert "Counted zen's local work per rank" in capsys.readouterr().out
 
 
+def test_cores_price_every_point_with_shared_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--cores reaches every point's pricing (full and counted), and the report says so."""
+    import zensync.simulate.sweep as sweep
+    from zensync.simulate.timeline import price
+
+    seen: list[float | None] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("cores"))
+        return price(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "price", spy)
+    prefix = str(tmp_path / "sim")
+    argv = ["simulate", *ARGS, "--ranks", "2,4", "--schemes", "zen", "--memory-gb", "1e-4", "--cores", "1.5"]
+    assert main([*argv, "-o", prefix]) == 0
+    document = json.loads(Path(prefix + ".json").read_text())
+    assert [row["mode"] for row in document["rows"]] == ["full", "counted"]
+    assert seen == [1.5, 1.5] and document["cores"] == 1.5 and "sharing 1.5 cores" in document["priced"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -76,6 +97,8 @@ def test_every_point_adds_its_local_work(tmp_path: Path, capsys: pytest.CaptureF
         (["--inter", "fast"], "bandwidth"),
         (["--ranks-per-node", "0"], "ranks_per_node"),
         (["--compute-scale", "-1"], "--compute-scale"),
+        (["--cores", "0"], "--cores must be finite and > 0"),
+        (["--cores", "inf"], "--cores must be finite and > 0"),
         (["--model", "alexnet"], "valid: resnet50"),
         (["--model", "resnet50", "--ranks", "8,12"], "[12] are not multiples of --ranks-per-node 8"),
         (["--model", "resnet50", "--stats", "x.json"], "give one"),

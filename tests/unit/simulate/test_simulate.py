@@ -9,6 +9,8 @@ import time
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import zensync
 from zensync.simulate import Call, Link, Topology, price, simulate
@@ -121,6 +123,7 @@ def test_point_to_point_exchanges_follow_the_messages() -> None:
 
     sim = simulate(body, 3, topo, compute_scale=0.0)
     assert sim.results == [[2, 2], [0, 0], [1, 1]]
+    assert sim.priced.calls == 6  # point-to-point calls count per rank
     hop = topo.send_recv_s(0, 1, 1000)
     assert sim.priced.phase_seconds["ring"] == pytest.approx(2 * hop, rel=1e-9)
 
@@ -226,3 +229,94 @@ def test_an_exchange_runs_at_the_exchange_efficiency_and_a_one_way_message_at_fu
     assert price([[swap[0]], [swap[1]], [], []], Topology.flat(link)).seconds == pytest.approx(1e-4 + 0.01, rel=1e-12)
     with pytest.raises(ValueError, match="exchange_efficiency"):
         Topology.flat(link, exchange_efficiency=0.0)
+
+
+def test_an_all_to_alls_latency_scale_multiplies_its_n_minus_1_latencies_only() -> None:
+    link = Link(1e-3, 1e8)
+    sent = [[0, 10**6, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]  # rank 0 sends 1 MB to rank 1
+    assert Topology.flat(link).all_to_all_s(sent) == pytest.approx(3e-3 + 0.01, rel=1e-12)
+    overlapped = Topology.flat(link, all_to_all_latency_scale=0.5)
+    assert overlapped.all_to_all_s(sent) == pytest.approx(1.5e-3 + 0.01, rel=1e-12)
+    assert overlapped.all_reduce_s(4, 8) == Topology.flat(link).all_reduce_s(4, 8)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="all_to_all_latency_scale"):
+            Topology.flat(link, all_to_all_latency_scale=bad)
+
+
+def test_ranks_that_share_cores_compute_as_a_processor_sharing_cpu() -> None:
+    """Exact, on one core: rank 0 needs 2 s, rank 1 1 s before their all-reduce. Both progress at
+    half speed until rank 1 is done (t = 2, 1 s each), then rank 0 alone at full speed (t = 3)."""
+    group, topo = (0, 1), Topology.flat(GBIT)
+    net = topo.all_reduce_s(2, 8)
+    calls = [
+        [Call(op="all_reduce", group=group, phase="a", nbytes=8, compute_s=2.0)],
+        [Call(op="all_reduce", group=group, phase="a", nbytes=8, compute_s=1.0)],
+    ]
+    shared = price(calls, topo, cores=1)
+    assert shared.seconds == pytest.approx(3.0 + net, rel=1e-12)
+    assert shared.compute_seconds == pytest.approx(3.0, rel=1e-12)  # rank 0's clock: 3 s of local work
+    assert shared.phase_seconds == pytest.approx({"a": 3.0 + net}, rel=1e-12)
+    # Half a core: a quarter speed each until t = 4, then rank 0's last 1 s at half speed.
+    assert price(calls, topo, cores=0.5).seconds == pytest.approx(6.0 + net, rel=1e-12)
+    # A core each (or more): no sharing; compute_scale still scales the work.
+    assert price(calls, topo, cores=2).seconds == pytest.approx(price(calls, topo).seconds, rel=1e-12)
+    assert price(calls, topo, cores=1, compute_scale=0.5).seconds == pytest.approx(1.5 + net, rel=1e-12)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="cores"):
+            price(calls, topo, cores=bad)
+
+
+def test_a_rank_waiting_on_the_network_leaves_the_cores_to_others() -> None:
+    """One core, 3 ranks: rank 0 works 1 s before an all-reduce with rank 1, which waits for it;
+    rank 2 works 1 s alone. Ranks 0 and 2 share the core until t = 2; rank 1 then works 1 s alone."""
+    pair, topo = (0, 1), Topology.flat(GBIT)
+    net = topo.all_reduce_s(2, 8)
+    calls = [
+        [Call(op="all_reduce", group=pair, phase="a", nbytes=8, compute_s=1.0)],
+        [Call(op="all_reduce", group=pair, phase="a", nbytes=8),
+         Call(op="local", group=(1,), phase="b", compute_s=1.0)],
+        [Call(op="local", group=(2,), phase="c", compute_s=1.0)],
+    ]  # fmt: skip
+    priced = price(calls, topo, cores=1)
+    assert priced.seconds == pytest.approx(2.0 + net + 1.0, rel=1e-12)
+    assert priced.phase_seconds == pytest.approx({"a": 2.0 + net, "b": 1.0, "c": 2.0}, rel=1e-12)
+
+
+@st.composite
+def _ring_records(draw: st.DrawFn) -> list[list[Call]]:
+    """SPMD records of ``n`` ranks: a random sequence of world all-reduces, all-to-alls and ring
+    send_recvs, each with random local work per rank, and a local tail."""
+    n = draw(st.integers(2, 6))
+    world = tuple(range(n))
+    work = st.floats(0.0, 2.0, allow_nan=False)
+    calls: list[list[Call]] = [[] for _ in range(n)]
+    for step in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["all_reduce", "all_to_all_v", "send_recv"]))
+        nbytes = draw(st.integers(0, 10**6))
+        for r in range(n):
+            if kind == "all_reduce":
+                call = Call("all_reduce", world, f"p{step}", nbytes, compute_s=draw(work))
+            elif kind == "all_to_all_v":
+                sent = tuple(draw(st.lists(st.integers(0, 10**5), min_size=n, max_size=n)))
+                call = Call("all_to_all_v", world, f"p{step}", sum(sent), sent=sent, compute_s=draw(work))
+            else:
+                call = Call("send_recv", world, f"p{step}", nbytes, sent=((r + 1) % n,), source=(r - 1) % n,
+                            compute_s=draw(work))  # fmt: skip
+            calls[r].append(call)
+    for r in range(n):
+        calls[r].append(Call("local", (r,), "tail", compute_s=draw(work)))
+    return calls
+
+
+@given(calls=_ring_records(), cores=st.floats(0.25, 8.0))
+@settings(max_examples=150, deadline=None)
+def test_shared_cores_slow_the_step_by_at_most_the_share(calls: list[list[Call]], cores: float) -> None:
+    """Sharing ``cores`` cores never makes a step faster than a core per rank, nor slower than every
+    rank's work stretched by the worst share (n / cores; the timeline is monotone in each duration);
+    with at least a core per rank it changes nothing."""
+    n, topo = len(calls), Topology.flat(GBIT, exchange_efficiency=0.5)
+    own = price(calls, topo).seconds
+    shared = price(calls, topo, cores=cores).seconds
+    worst = price(calls, topo, compute_scale=max(1.0, n / cores)).seconds
+    assert own * (1 - 1e-9) <= shared <= worst * (1 + 1e-9)
+    assert price(calls, topo, cores=n).seconds == pytest.approx(own, rel=1e-12)
