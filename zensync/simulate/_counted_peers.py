@@ -22,11 +22,20 @@ _HEADER_BYTES = 16
 
 
 class SparCMLCount:
-    """SparCML's send_recvs (fold, recursive doubling, hand back) from every rank's ids.
+    """SparCML's send_recvs (fold, recursive doubling, hand back) from every rank's ids, one rank at a time.
 
     A state is the sorted union of its group's ids, or None once dense: a merge of two states is
     dense when either is, or when the union's COO (``index + item`` bytes per id) is larger than
     ``dense_ratio`` of the dense tensor. A rank's own, unmerged state is always COO.
+
+    After the doubling stage with distance d every rank of an aligned block of 2d ranks holds the
+    same state, so the count keeps one state per block (level k: blocks of 2^k of the first p
+    ranks) and merges two sibling blocks as soon as both are in: p - 1 merges (and one per fold), at most
+    one waiting block per level besides the folded ranks' ids. Only the payload bytes of each block
+    stay (what its ranks send at that stage); a merged state is dropped once its parent is made.
+    Holding a state per rank instead holds p/2 copies of each stage's union: at the last stage of
+    10M rows, density 0.01, Zipf 1.1, overlap 0.3 on 1024 ranks, 512 unions of 8.2M int64 ids (33 GB)
+    beside 512 of the stage before (6.4M ids, 26 GB).
     """
 
     def __init__(self, *, world_size: int, num_items: int, item_bytes: int, dense_ratio: float) -> None:
@@ -35,11 +44,40 @@ class SparCMLCount:
         self.item_bytes = item_bytes
         self.record_bytes = index_dtype(num_items).itemsize + item_bytes
         self.dense_limit = dense_ratio * num_items * item_bytes
-        self._items: list[torch.Tensor] = []
+        self.power = 1 << (world_size.bit_length() - 1)
+        self._fed = 0
+        self._fold_bytes: list[int] = []
+        """Payload of each folded rank (power + i): its own ids."""
+        self._unfolded: dict[int, torch.Tensor] = {}
+        """Ids of the ranks < world_size - power, until their folded partner comes."""
+        self._waiting: dict[tuple[int, int], torch.Tensor | None] = {}
+        """(level, block) -> the block's state, until its sibling block is in."""
+        self._block_bytes = [[0] * (self.power >> level) for level in range(self.power.bit_length())]
+        """[level][block]: the payload each rank of the block sends at stage ``level`` (the top: hand back)."""
 
     def add(self, items: torch.Tensor) -> None:
         """The next rank's ascending unique ids."""
-        self._items.append(items)
+        rank = self._fed
+        self._fed += 1
+        num_folded = self.world_size - self.power
+        if rank >= self.power:  # Step 1: the fold, into rank - power
+            self._fold_bytes.append(self._payload(items))
+            self._block_done(0, rank - self.power, self._merge(self._unfolded.pop(rank - self.power), items))
+        elif rank < num_folded:
+            self._unfolded[rank] = items
+        else:
+            self._block_done(0, rank, items)
+
+    def _block_done(self, level: int, block: int, state: torch.Tensor | None) -> None:
+        """Step 2, recursive doubling: a block's state is final; merge it up while its sibling is in."""
+        top = len(self._block_bytes) - 1
+        self._block_bytes[level][block] = self._payload(state)
+        while level < top and (level, block ^ 1) in self._waiting:
+            state = self._merge(self._waiting.pop((level, block ^ 1)), state)
+            level, block = level + 1, block >> 1
+            self._block_bytes[level][block] = self._payload(state)
+        if level < top:
+            self._waiting[(level, block)] = state
 
     def _payload(self, state: torch.Tensor | None) -> int:
         if state is None:
@@ -60,11 +98,9 @@ class SparCMLCount:
 
     def calls(self) -> list[list[Call]]:
         """Every rank's records (all ranks added)."""
-        n = self.world_size
+        n, power = self.world_size, self.power
         group = tuple(range(n))
-        power = 1 << (n.bit_length() - 1)
         out: list[list[Call]] = [[] for _ in range(n)]
-        states: list[torch.Tensor | None] = list(self._items[:power])
 
         def send_recv(rank: int, nbytes: int, dst: int | None, src: int | None) -> None:
             sent = () if dst is None else (dst,)
@@ -72,23 +108,16 @@ class SparCMLCount:
 
         # Step 1: ranks >= power fold into rank - power.
         for rank in range(power, n):
-            send_recv(rank, self._payload(self._items[rank]), rank - power, None)
+            send_recv(rank, self._fold_bytes[rank - power], rank - power, None)
             send_recv(rank - power, 0, None, rank)
-            states[rank - power] = self._merge(states[rank - power], self._items[rank])
-        # Step 2: recursive doubling; both partners end with the same merged state.
-        distance = 1
-        while distance < power:
-            merged: list[torch.Tensor | None] = list(states)
+        # Step 2: recursive doubling; at the stage with distance 2^level each rank sends its block's state.
+        for level in range(len(self._block_bytes) - 1):
             for rank in range(power):
-                partner = rank ^ distance
-                send_recv(rank, self._payload(states[rank]), partner, partner)
-                if rank < partner:
-                    merged[rank] = merged[partner] = self._merge(states[rank], states[partner])
-            states = merged
-            distance *= 2
+                partner = rank ^ (1 << level)
+                send_recv(rank, self._block_bytes[level][rank >> level], partner, partner)
         # Step 3: hand the result back to the folded ranks.
         for rank in range(power, n):
-            send_recv(rank - power, self._payload(states[rank - power]), rank, None)
+            send_recv(rank - power, self._block_bytes[-1][0], rank, None)
             send_recv(rank, 0, None, rank - power)
         return out
 

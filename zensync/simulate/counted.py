@@ -25,8 +25,9 @@ the index sets alone (every element of a listed item taken as non-zero, as in a 
 
 ``tests/unit/simulate/test_counted.py`` checks the records equal a full run's on the same index sets.
 The index sets come one rank at a time from a callable, so memory holds one rank's ids, the
-union's bitmap (one byte per item) and the n x n count matrix; sparcml keeps every rank's ids (its
-merges need each group's union) and omnireduce a byte per block.
+union's bitmap (one byte per item) and the n x n count matrix; sparcml holds one merged union per
+recursive-doubling block still waiting for its sibling (at most one per level), and the ids of the
+ranks a folded rank merges into until it comes; omnireduce a byte per block.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ omnireduce), on the same index sets and seed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -104,6 +107,40 @@ def test_sparcml_counts_by_hand() -> None:
     dense = counted_calls("sparcml", lambda r: sets[r], world_size=3, num_items=10, item_bytes=12, seed=0,
                           options=SyncOptions(sparcml_dense_ratio=0.5))  # fmt: skip
     assert dense[0][2].nbytes == 136
+
+
+@pytest.mark.parametrize("ranks", [19, 37])
+def test_sparcml_counts_equal_the_full_runs_at_larger_world_sizes(ranks: int) -> None:
+    # Past the property tests' 9 ranks: 4 and 5 doubling stages, a fold, and merged states that
+    # turn dense (dense_ratio 0.3) part way up the blocks.
+    sets = _index_sets(ranks, 400, 0.05, 2.0, ranks)
+    options = SyncOptions(h0_seed=1, sparcml_dense_ratio=0.3)
+    full = _full_calls(sets, 400, 2, 1, "sparcml", options)
+    counted = counted_calls("sparcml", lambda r: sets[r], world_size=ranks, num_items=400, item_bytes=8, seed=1,
+                            options=options)  # fmt: skip
+    assert counted == full
+    assert any(call.nbytes == 16 + 400 * 8 for per_rank in counted for call in per_rank)
+
+
+_SPARCML_PEAK_CODE = """
+import resource, torch
+from zensync.simulate.counted import counted_calls
+gen = torch.Generator().manual_seed(0)
+sets = [torch.unique((torch.rand(10_000, generator=gen) ** 2 * 1_000_000).long()) for _ in range(256)]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+counted_calls("sparcml", lambda r: sets[r], world_size=256, num_items=1_000_000, item_bytes=256, seed=0)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+_SPARCML_PEAK_KIB = 64 * 1024
+"""Bound on counting's growth of peak RSS (measured: under 1 MiB). The union of all 256 ranks' ids
+is 0.85M ids (6.5 MiB as int64); holding one state per rank held 128 such unions at the last
+stage beside 128 of the stage before (0.64M ids): measured 1.35 GiB."""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux only")
+def test_sparcml_count_holds_one_state_per_block() -> None:
+    result = subprocess.run([sys.executable, "-c", _SPARCML_PEAK_CODE], capture_output=True, text=True, check=True)
+    assert int(result.stdout) < _SPARCML_PEAK_KIB
 
 
 def test_omnireduce_counts_by_hand() -> None:
