@@ -6,6 +6,8 @@ exact and what is heuristic.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from zensync.cost import CompressorModel, Device, FloatArray
@@ -35,12 +37,16 @@ class PricedOptions:
         self.profile, self.cluster, self.model = profile, cluster, model
         self.numel = np.array([float(t.numel) for t in profile.tensors])
         self.ready = np.array([t.ready_s for t in profile.tensors])
-        self.options = candidate_options(
+        self.cache: dict[int, int] = {}
+        options = candidate_options(
             cluster, model, devices=devices, two_level=two_level, schemes=schemes, hierarchical=hierarchical
         )
+        self._set_options(options, [self.price(option, self.numel) for option in options])
+
+    def _set_options(self, options: tuple[TensorOption, ...], costs: list[OptionCosts]) -> None:
+        """Index ``options`` (priced as ``costs``) and lay their prices out for the timelines."""
+        self.options, self.costs = options, costs
         self.index = {option: k for k, option in enumerate(self.options)}
-        self.cache: dict[int, int] = {}
-        self.costs = [self.price(option, self.numel) for option in self.options]
         self.stage_arrays = self._stage_arrays()
         """Every option's prices as ``timeline`` takes them: compute ``[K, n]``, stage resources ``[K, S]``
         (a stage's resource depends on the option only), stage seconds ``[K, n, S]``, stage counts ``[K]``."""
@@ -48,6 +54,25 @@ class PricedOptions:
         # GPU options run (wait, comm): the rows MaxPlus prices.
         compute, _, seconds, _ = self.stage_arrays
         self.compute, self.wait, self.comm = compute[self.gpu], seconds[self.gpu, :, 0], seconds[self.gpu, :, 1]
+
+    def without_gpu_compression(self) -> PricedOptions:
+        """The same prices with the GPU-compressed options left out (the CPU-only space), not priced again.
+
+        Equal to a fresh ``PricedOptions`` with ``devices`` less ``"gpu"``: ``candidate_options`` lists the
+        options device by device, so dropping GPU compression keeps the order of the rest.
+        """
+        keep = [k for k, option in enumerate(self.options) if option.kind != "comp" or option.device != "gpu"]
+        restricted = copy.copy(self)
+        restricted._set_options(tuple(self.options[k] for k in keep), [self.costs[k] for k in keep])
+        return restricted
+
+    def gpu_upper_bound(self) -> PricedOptions:
+        """The GPU options alone, priced at zero compression cost and no compute interference (Espresso's
+        Upper Bound, ``option_costs(upper_bound=True)``), for the compiled timeline (``iteration_s``)."""
+        options = tuple(self.options[k] for k in self.gpu)
+        bound = copy.copy(self)
+        bound._set_options(options, [self.price(option, self.numel, upper_bound=True) for option in options])
+        return bound
 
     def price(self, option: TensorOption, numel: FloatArray, upper_bound: bool = False) -> OptionCosts:
         return option_costs(

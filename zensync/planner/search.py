@@ -15,7 +15,9 @@ What is exact and what is heuristic (all "exact" is relative to the simulator's 
   is a FIFO queue whose arrivals come in backward order, so its end is a max-plus expression
   max_j (arrival_j + sum of durations from j on), kept as prefix/suffix maxima (``MaxPlus`` in
   ``_pricing.py``; the unit tests check it against the event loop). The predicted times a ``Plan``
-  reports come from ``simulate`` (the event loop), not from this expression.
+  reports come from ``simulate`` (the event loop), not from this expression. ``espresso_algorithm1``
+  runs the same pass the way the paper states it, one full simulation F(S) per variant (the
+  reference the unit tests compare the O(1) price with, and the timing of Table 5's column).
 - Bubble pruning (Espresso Property 1) is exact: a tensor without encode cost queued before the last
   idle gap of the comm stream cannot shorten the iteration by being compressed (it only adds delay).
 - Algorithm 1 itself is greedy (one pass in Espresso's order, then up to ``REFINE_SWEEPS`` passes that
@@ -44,11 +46,13 @@ What is exact and what is heuristic (all "exact" is relative to the simulator's 
 - With CPU offload and GPU compression both allowed, the plan of the CPU-only space (GPU
   compression off) is a candidate too, so allowing GPU compression never yields a slower plan than
   forbidding it (the two-stage search could otherwise miss it: Espresso's ablation, reference/
-  espresso.md 1.7).
+  espresso.md 1.7). It is searched on the prices already computed (``without_gpu_compression``),
+  with the baselines and no upper bound of its own: the plan that space's own ``plan`` call returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -65,7 +69,7 @@ from zensync.planner.cluster import ClusterSpec
 from zensync.planner.options import SCHEMES, Scheme
 from zensync.planner.plan import Plan, PlanTensor, Predictions
 from zensync.planner.profile import ModelProfile
-from zensync.planner.simulator import Strategy, simulate
+from zensync.planner.simulator import Strategy, Unit, iteration_time, simulate
 
 __all__ = [
     "EXACT_FUSION_MAX_TENSORS",
@@ -75,6 +79,7 @@ __all__ = [
     "MIN_CPU_EXTRA_NUMEL",
     "MIN_JOINT_NUMEL",
     "REFINE_SWEEPS",
+    "espresso_algorithm1",
     "plan",
 ]
 
@@ -97,8 +102,13 @@ _EPS = 1e-12
 """Seconds: a change must gain more than this (float noise) to count as faster."""
 
 
-def _gpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
-    """Espresso Algorithm 1 from ``choice`` (float32 everywhere), then ``REFINE_SWEEPS`` revisits.
+def _gpu_pass(
+    priced: PricedOptions,
+    choice: np.ndarray,
+    sweeps: int = 1 + REFINE_SWEEPS,
+    simulated: _SimulatedVariants | None = None,
+) -> np.ndarray:
+    """Espresso Algorithm 1 from ``choice`` (float32 everywhere), then up to ``sweeps - 1`` revisits.
 
     Steps:
 
@@ -107,7 +117,9 @@ def _gpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
        tensor not yet visited is float32, so compressing it only adds encode time); in every sweep
        skip a tensor without encode cost that queues before the last comm bubble (Property 1,
        re-checked after every decision);
-    3. price every GPU option for the tensor in O(1) and keep the fastest if it beats the current one.
+    3. price every GPU option for the tensor in O(1) and keep the fastest if it beats the current one
+       (with ``simulated``, price each variant by a full simulation F(S) instead, as the paper states
+       Algorithm 1: the reference for the O(1) price, about n times slower).
 
     Returns:
         Option indices (into ``priced.options``), one per tensor.
@@ -123,9 +135,11 @@ def _gpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
         priced.profile.forward_s,
         priced.profile.backward_s,
     )
+    if simulated is not None:
+        simulated.start(rows)
     # Step 1: Property 2's order.
     order = sorted(range(n), key=lambda t: (-priced.numel[t], -t))
-    for sweep in range(1 + REFINE_SWEEPS):
+    for sweep in range(sweeps):
         changed = False
         for i in order:
             # Step 2: nothing to gain when compute-bound (first sweep) or before the last bubble.
@@ -134,14 +148,52 @@ def _gpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
             if i < timeline.last_peak and timeline.e[i] == 0:
                 continue
             # Step 3: argmin over the GPU options.
-            times = timeline.times_with(i, priced.compute[:, i], priced.wait[:, i], priced.comm[:, i])
+            if simulated is None:
+                times = timeline.times_with(i, priced.compute[:, i], priced.wait[:, i], priced.comm[:, i])
+                now = timeline.time
+            else:
+                times, now = simulated.times_with(i), simulated.time
             best = int(np.argmin(times))
-            if times[best] < timeline.time - _EPS:
+            if times[best] < now - _EPS:
                 timeline.apply(i, priced.compute[best, i], priced.wait[best, i], priced.comm[best, i])
                 rows[i], changed = best, True
+                if simulated is not None:
+                    simulated.apply(i, best, float(times[best]))
         if not changed:
             break
     return priced.gpu[rows]
+
+
+class _SimulatedVariants:
+    """F(S) of every single-tensor variant of a GPU-only choice, each by the Python event loop."""
+
+    def __init__(self, priced: PricedOptions) -> None:
+        self.priced = priced
+        self.unit = functools.cache(lambda t, r: priced.unit(t, int(priced.gpu[r])))
+        """Tensor t on GPU option row r, priced when first needed."""
+        self.rows, self.time, self.simulations = np.zeros(0, np.int64), 0.0, 0
+
+    def start(self, rows: np.ndarray) -> None:
+        """Begin from GPU option rows ``rows``, one per tensor."""
+        self.rows = rows.copy()
+        self.time = self._simulate([self.unit(t, r) for t, r in enumerate(self.rows)])
+
+    def _simulate(self, units: list[Unit]) -> float:
+        self.simulations += 1
+        profile, workers = self.priced.profile, self.priced.cluster.cpu_workers
+        return iteration_time(units, forward_s=profile.forward_s, backward_s=profile.backward_s, cpu_workers=workers)
+
+    def times_with(self, i: int) -> np.ndarray:
+        """Iteration time with tensor ``i`` on each GPU option (a full simulation each)."""
+        current = [self.unit(t, r) for t, r in enumerate(self.rows)]
+        times = np.empty(len(self.priced.gpu))
+        for r in range(len(times)):
+            current[i] = self.unit(i, r)
+            times[r] = self._simulate(current)
+        return times
+
+    def apply(self, i: int, row: int, seconds: float) -> None:
+        self.rows[i], self.time = row, seconds
 
 
 def _cpu_pass(priced: PricedOptions, choice: np.ndarray) -> np.ndarray:
@@ -320,7 +372,54 @@ def plan(
         schemes=schemes,
         hierarchical=hierarchical,
     )
-    fp32, fp16 = priced.best_level("fp32"), priced.best_level("fp16")
+    baselines = _Baselines.of(priced)
+    # Steps 2-4: Algorithms 1 and 2, the joint search, fusion.
+    strategy, plan_s = _search(priced, cpu_offload, fusion)
+    # Step 4b: the CPU-only space's plan competes too (module docstring), as that space's plan() would
+    # return it (after its own baseline fallback), from the prices already computed.
+    if cpu_offload and gpu_compression:
+        cpu_strategy, cpu_s, _ = baselines.fallback(*_search(priced.without_gpu_compression(), True, fusion))
+        if cpu_s < plan_s - _EPS:
+            groups = cpu_strategy.groups if cpu_strategy.groups is not None else tuple(range(len(profile.tensors)))
+            strategy, plan_s = Strategy(options=cpu_strategy.options, groups=groups), cpu_s
+    # Step 5: baselines, upper bound, fallback.
+    return _finish(priced, strategy, plan_s, baselines, started, cpu_offload, two_level, fusion)
+
+
+def espresso_algorithm1(
+    profile: ModelProfile, cluster: ClusterSpec, compressor_model: CompressorModel, *, full_timeline: bool = True
+) -> tuple[Strategy, int]:
+    """Espresso's Algorithm 1 as the paper states it (reference/espresso.md 1.5), for timing and checks.
+
+    From float32 everywhere, one pass over the tensors in Property 2's order (Property 1's pruning as
+    in ``plan``), each tensor taking the GPU option (flat or hierarchical, inter-node compression only)
+    with the fastest iteration F(S), each single-tensor variant simulated in full by the Python event
+    loop (``simulator.iteration_time``). ``plan`` runs the same pass with the O(1) max-plus price
+    (``full_timeline=False`` here), then ``REFINE_SWEEPS`` more, CPU offload and fusion.
+
+    Args:
+        profile: Tensors in backward order with ready times.
+        cluster: The cluster.
+        compressor_model: The compressor.
+        full_timeline: Price each variant by a full simulation (False: by the O(1) max-plus price).
+
+    Returns:
+        One option per tensor (unfused), and the number of full simulations run (0 without ``full_timeline``).
+
+    Example::
+
+        strategy, simulations = espresso_algorithm1(profile, cluster, compressor_model("dgc:0.01"))
+        simulate(profile, cluster, model, strategy).iteration_s
+    """
+    priced = PricedOptions(profile, cluster, compressor_model)
+    simulated = _SimulatedVariants(priced) if full_timeline else None
+    choice = _gpu_pass(priced, priced.best_level("fp32"), sweeps=1, simulated=simulated)
+    return _strategy(priced, choice, None), 0 if simulated is None else simulated.simulations
+
+
+def _search(priced: PricedOptions, cpu_offload: bool, fusion: bool) -> tuple[Strategy, float]:
+    """Steps 2-4 of ``plan`` in ``priced``'s option space: the fastest candidate, fused, with its time."""
+    fp32 = priced.best_level("fp32")
     # Step 2: Algorithm 1.
     candidates = [_gpu_pass(priced, fp32)]
     # Step 3: Algorithm 2, as a second candidate (so offloading can never make the plan slower).
@@ -328,26 +427,36 @@ def plan(
         offloaded = _cpu_pass(priced, candidates[0])
         if not np.array_equal(offloaded, candidates[0]):
             candidates.append(offloaded)
-        # Step 3b: the joint local search from each.
+        # Step 3b: the joint local search from each; a choice reached twice is fused and simulated once.
         for start in list(candidates):
             joint = _joint_pass(priced, start)
-            if not np.array_equal(joint, start):
+            if not any(np.array_equal(joint, seen) for seen in candidates):
                 candidates.append(joint)
     # Step 4: fusion of each candidate, kept only if the simulator agrees it is not slower.
-    strategy, plan_s = min((_fused(priced, choice, fusion) for choice in candidates), key=lambda pair: pair[1])
-    # Step 4b: the CPU-only space's plan competes too (module docstring).
-    if cpu_offload and gpu_compression:
-        cpu_only = plan(
-            profile, cluster, compressor_model, cpu_offload=True, two_level=two_level, fusion=fusion,
-            gpu_compression=False, schemes=schemes, hierarchical=hierarchical,
-        )  # fmt: skip
-        if cpu_only.predicted.plan_s < plan_s - _EPS:
-            strategy = Strategy(
-                options=tuple(t.option for t in cpu_only.tensors), groups=tuple(t.group for t in cpu_only.tensors)
-            )
-            plan_s = cpu_only.predicted.plan_s
-    # Step 5: baselines, upper bound, fallback.
-    return _finish(priced, strategy, plan_s, (fp32, fp16), started, cpu_offload, two_level, fusion)
+    return min((_fused(priced, choice, fusion) for choice in candidates), key=lambda pair: pair[1])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Baselines:
+    """Every tensor float32 (or fp16) allreduce at its faster level: the choices and simulated times."""
+
+    fp32_s: float
+    fp16_s: float
+    strategies: tuple[Strategy, Strategy]
+
+    @classmethod
+    def of(cls, priced: PricedOptions) -> _Baselines:
+        fp32, fp16 = priced.best_level("fp32"), priced.best_level("fp16")
+        strategies = (_strategy(priced, fp32, None), _strategy(priced, fp16, None))
+        return cls(priced.iteration_s(fp32), priced.iteration_s(fp16), strategies)
+
+    def fallback(self, strategy: Strategy, plan_s: float) -> tuple[Strategy, float, str]:
+        """The faster baseline when ``plan_s`` is slower than it, else the plan: (strategy, seconds, chosen)."""
+        if plan_s <= min(self.fp32_s, self.fp16_s):
+            return strategy, plan_s, "search"
+        if self.fp32_s <= self.fp16_s:
+            return self.strategies[0], self.fp32_s, "fp32"
+        return self.strategies[1], self.fp16_s, "fp16"
 
 
 def _fused(priced: PricedOptions, choice: np.ndarray, fusion: bool) -> tuple[Strategy, float]:
@@ -384,41 +493,36 @@ def _upper_bound(priced: PricedOptions, strategy: Strategy) -> float:
     """Zero-cost compression: per tensor the option with the shortest comm is optimal among unfused
     strategies (the comm end is monotone in each duration); the plan's own strategy at zero cost
     covers fusion. The minimum bounds every strategy considered from below."""
-    gpu_options = [priced.options[k] for k in priced.gpu]
-    comm = np.stack([priced.price(option, priced.numel, upper_bound=True).stages[1][1] for option in gpu_options])
-    best = Strategy(options=tuple(gpu_options[r] for r in np.argmin(comm, axis=0)))
-    return min(_simulate(priced, best, upper_bound=True), _simulate(priced, strategy, upper_bound=True))
+    bound = priced.gpu_upper_bound()
+    best_s = bound.iteration_s(np.argmin(bound.comm, axis=0))  # the compiled event loop, as simulate's
+    return min(best_s, _simulate(priced, strategy, upper_bound=True))
 
 
 def _finish(
     priced: PricedOptions,
     strategy: Strategy,
     plan_s: float,
-    baselines: tuple[np.ndarray, np.ndarray],
+    baselines: _Baselines,
     started: float,
     cpu_offload: bool,
     two_level: bool,
     fusion: bool,
 ) -> Plan:
     """Step 5 of ``plan``: predictions, fallback to the faster baseline, the ``Plan``."""
-    fp32_s, fp16_s = (priced.iteration_s(b) for b in baselines)
     upper_s = _upper_bound(priced, strategy)
-    chosen = "search"
-    if plan_s > min(fp32_s, fp16_s):
-        chosen = "fp32" if fp32_s <= fp16_s else "fp16"
-        strategy = _strategy(priced, baselines[0] if chosen == "fp32" else baselines[1], None)
-        plan_s = min(fp32_s, fp16_s)
+    strategy, plan_s, chosen = baselines.fallback(strategy, plan_s)
     groups = strategy.groups if strategy.groups is not None else tuple(range(len(strategy.options)))
     tensors = tuple(
         PlanTensor(name=t.name, numel=t.numel, option=option, group=group)
         for t, option, group in zip(priced.profile.tensors, strategy.options, groups, strict=True)
     )
+    predicted = Predictions(plan_s=plan_s, fp32_s=baselines.fp32_s, fp16_s=baselines.fp16_s, upper_bound_s=upper_s)
     return Plan(
         model=priced.profile.model,
         cluster=priced.cluster,
         compressor=priced.model.spec,
         tensors=tensors,
-        predicted=Predictions(plan_s=plan_s, fp32_s=fp32_s, fp16_s=fp16_s, upper_bound_s=upper_s),
+        predicted=predicted,
         selection_s=time.perf_counter() - started,
         chosen=chosen,
         flags={"cpu_offload": cpu_offload, "two_level": two_level, "fusion": fusion},

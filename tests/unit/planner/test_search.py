@@ -27,6 +27,7 @@ from zensync.planner.profile import ModelProfile, TensorProfile
 from zensync.planner.search import (
     MIN_CPU_EXTRA_NUMEL,
     MIN_JOINT_NUMEL,
+    _Baselines,
     _cheapest_cpu_options,
     _cpu_pass,
     _finish,
@@ -322,10 +323,9 @@ def test_cpu_offload_never_slower() -> None:
 def test_falls_back_to_the_faster_baseline() -> None:
     profile, cluster, model = vgg_like(), CLUSTERS["8x8-pcie-25g"], MODELS["dgc"]
     priced = PricedOptions(profile, cluster, model)
-    fp32, fp16 = priced.best_level("fp32"), priced.best_level("fp16")
     terrible = Strategy.uniform(TensorOption(kind="comp", scheme="gb"), len(profile.tensors))
     slow_s = simulate(profile, cluster, model, terrible, record_events=False).iteration_s
-    result = _finish(priced, terrible, slow_s, (fp32, fp16), time.perf_counter(), False, False, True)
+    result = _finish(priced, terrible, slow_s, _Baselines.of(priced), time.perf_counter(), False, False, True)
     assert result.chosen == "fp16" and result.predicted.plan_s == result.predicted.fp16_s < slow_s
     assert all(t.option.kind == "fp16" for t in result.tensors)
 
