@@ -22,6 +22,12 @@ events in time:
   pending, each progresses at ``min(1, k / m)`` CPU seconds per second (n hosts emulated on one
   machine; n GPU processes sharing a host's cores for CPU-side compression), and a rank that waits on
   the network uses none.
+- Transport CPU (``transport_cpu``, per collective op: CPU seconds per byte a rank sends or receives):
+  a backend's copies and the kernel's network stack work on the same cores. A call then also gives
+  each member that much CPU work for the bytes it moves (sent + received), shared with everyone's
+  local work, and the call ends, for all its members, when its network time has passed and every
+  member's work for it is done: a collective of many ranks on few cores is CPU-bound (emulated
+  hosts at 1 Gbit/s on one 2-core machine).
 
 The result: the time at which the last rank finishes; per phase the longest any rank spent in that
 phase (its calls, its waits for the group's last member and its local work); and the largest local
@@ -34,10 +40,10 @@ import collections
 import dataclasses
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from zensync.cost.topology import Topology
-from zensync.simulate.record import Call
+from zensync.simulate.record import Call, sent_bytes
 
 __all__ = ["Priced", "price"]
 
@@ -57,8 +63,6 @@ class Priced:
     the scale, stretched by the cores' sharing when ``price`` was given ``cores``)."""
 
 
-_RANK_OPS = ("send_recv", "local")
-"""Calls priced per rank, not as a group's collective."""
 _SIZE_BYTES = 8
 """One int64 size per peer in a size exchange."""
 
@@ -88,50 +92,99 @@ def _collective_s(topology: Topology, op: str, members: Sequence[Call]) -> float
 
 
 def price(
-    calls: Sequence[Sequence[Call]], topology: Topology, *, compute_scale: float = 1.0, cores: float | None = None
+    calls: Sequence[Sequence[Call]],
+    topology: Topology,
+    *,
+    compute_scale: float = 1.0,
+    cores: float | None = None,
+    transport_cpu: Mapping[str, float] | None = None,
 ) -> Priced:
     """Replay every rank's ``calls`` (indexed by global rank) on ``topology`` (module docstring).
 
     ``compute_scale`` multiplies the recorded local work (0: the network alone); ``cores``: how many
-    cores the ranks' local work shares (None: one per rank).
+    cores the ranks share (None: one per rank); ``transport_cpu``: per collective op, the CPU seconds
+    per byte a rank sends or receives in it (module docstring; None or a missing op: none).
 
     Raises:
         ValueError: If the ranks' records do not line up (a group's members issued different
             collectives at the same position, or a rank waits for a message never sent), or if
-            ``compute_scale`` or ``cores`` is out of range.
+            ``compute_scale``, ``cores`` or a ``transport_cpu`` cost is out of range.
     """
     if not compute_scale >= 0:
         raise ValueError(f"compute_scale={compute_scale} must be >= 0 (0: the network alone)")
     if cores is not None and not (cores > 0 and math.isfinite(cores)):
         raise ValueError(f"cores={cores} must be finite and > 0 (None: a core per rank)")
-    return _Replay(calls, topology, compute_scale, cores).run()
+    costs = dict(transport_cpu or {})
+    bad = {op: c for op, c in costs.items() if not (c >= 0 and math.isfinite(c))}
+    if bad:
+        raise ValueError(f"transport_cpu: {bad}: CPU seconds per byte must be finite and >= 0")
+    return _Replay(calls, topology, compute_scale, cores, costs).run()
+
+
+def _moved_bytes(op: str, members: Sequence[Call]) -> list[int]:
+    """Per member of a collective, the bytes it sends plus the bytes it receives (``record.sent_bytes``'s
+    model for what it sends)."""
+    group = members[0].group
+    sent = [sent_bytes(c, rank) for c, rank in zip(members, group, strict=True)]
+    if op == "all_to_all_v":
+        return [s + sum(c.sent[i] for j, c in enumerate(members) if j != i) for i, s in enumerate(sent)]
+    if op in ("all_gather", "all_gather_v"):
+        total = sum(c.nbytes for c in members)
+        return [s + total - c.nbytes for s, c in zip(sent, members, strict=True)]
+    return [2 * s for s in sent]  # all-reduce, reduce-scatter, broadcast: as much in as out
+
+
+class _Join:
+    """A call's ranks end together once its network time has passed and every member's CPU work
+    for it is done: ``pending`` counts what is still running."""
+
+    __slots__ = ("pending", "ranks")
+
+    def __init__(self, ranks: list[int], pending: int) -> None:
+        self.ranks, self.pending = ranks, pending
 
 
 class _Replay:
     """The event loop behind ``price``.
 
-    Each rank is in one of three states: computing the local work before its head call (on the
-    processor-sharing CPU), waiting at its head call (for the group's last member, or for a message),
-    or in a call until a known time. The CPU is a virtual clock: ``served`` counts the CPU seconds every
-    computing rank has received so far (they all progress at the same rate), so a rank that starts
-    ``w`` seconds of work when ``served`` is ``v`` finishes when ``served`` reaches ``v + w``.
+    Each rank is in one of three states: computing the local work before its head call, waiting at
+    its head call (for the group's last member, or for a message), or in a call (its ``_Join``: the
+    network's time, and its transport CPU work when priced). The CPU is processor sharing with a
+    virtual clock: ``served`` counts the CPU seconds every rank with CPU work has received so far
+    (they all progress at the same rate), so a job of ``w`` seconds started when ``served`` is ``v``
+    is done when ``served`` reaches ``v + w``. A job's heap entry carries its version; a job that
+    grows (a message received after the call began) is pushed again and the old entry skipped.
     """
 
-    def __init__(self, calls: Sequence[Sequence[Call]], topology: Topology, scale: float, cores: float | None) -> None:
-        self.calls, self.topology, self.scale, self.cores = calls, topology, scale, cores
+    def __init__(
+        self,
+        calls: Sequence[Sequence[Call]],
+        topology: Topology,
+        scale: float,
+        cores: float | None,
+        costs: dict[str, float],
+    ) -> None:
+        self.calls, self.topology, self.scale, self.cores, self.costs = calls, topology, scale, cores, costs
         ranks = len(calls)
         self.now = 0.0
         self.served = 0.0
-        self.computing: list[tuple[float, int]] = []  # (served at which its work is done, rank)
-        self.ending: list[tuple[float, int]] = []  # (time its call ends, rank)
+        self.jobs: list[tuple[float, int, int]] = []  # (served at which the job is done, rank, version)
+        self.job_target: list[float | None] = [None] * ranks  # the rank's running job, if any
+        self.job_version = [0] * ranks
+        self.running = 0  # ranks with a job
+        self.ending: list[tuple[float, int, _Join]] = []  # (time the network part of a call ends, seq, join)
+        self.seq = 0
+        self.join_of: list[_Join | None] = [None] * ranks  # the call a rank is in
         self.heads = [0] * ranks
         self.began = [0.0] * ranks  # when the rank's previous call ended (its head's span starts)
         self.work_began = [0.0] * ranks
         self.computed = [0.0] * ranks
         self.spent: list[dict[str, float]] = [collections.defaultdict(float) for _ in range(ranks)]
         self.waiting: dict[tuple[int, ...], list[int]] = collections.defaultdict(list)
-        self.inbox: dict[tuple[int, int], collections.deque[float]] = collections.defaultdict(collections.deque)
-        self.receiving: dict[tuple[int, int], tuple[int, float]] = {}  # (source, rank) -> (rank, its send's end)
+        self.inbox: dict[tuple[int, int], collections.deque[tuple[float, int]]] = collections.defaultdict(
+            collections.deque
+        )  # (source, rank) -> messages in flight: (arrival, bytes)
+        self.receiving: dict[tuple[int, int], tuple[_Join, float]] = {}  # (source, rank) -> its call, send's end
         self.priced = 0
         self.ready: list[int] = []  # ranks whose local work is done, to start their head call now
 
@@ -154,33 +207,58 @@ class _Replay:
             compute_seconds=max(self.computed, default=0.0),
         )
 
+    # -- the processor-sharing CPU -------------------------------------------------------------------------
+
     def _rate(self) -> float:
-        """CPU seconds per second each computing rank receives now."""
-        if self.cores is None or not self.computing:
+        """CPU seconds per second each rank with CPU work receives now."""
+        if self.cores is None or not self.running:
             return 1.0
-        return min(1.0, self.cores / len(self.computing))
+        return min(1.0, self.cores / self.running)
+
+    def _job(self, r: int, seconds: float) -> None:
+        """Give rank r ``seconds`` more CPU work (a new job, or its running one grows)."""
+        target = self.job_target[r]
+        if target is None:
+            self.running += 1
+            target = self.served
+        self.job_target[r] = target + seconds
+        self.job_version[r] += 1
+        heapq.heappush(self.jobs, (target + seconds, r, self.job_version[r]))
+
+    def _head_job(self) -> tuple[float, int, int] | None:
+        while self.jobs and self.jobs[0][2] != self.job_version[self.jobs[0][1]]:
+            heapq.heappop(self.jobs)  # a job that grew since
+        return self.jobs[0] if self.jobs else None
 
     def _advance(self) -> bool:
-        """Move time to the next event (a rank's local work done, or its call ended) and handle
-        every event due then; False when nothing is pending."""
-        rate = self._rate()
-        work_at = self.now + (self.computing[0][0] - self.served) / rate if self.computing else math.inf
+        """Move time to the next event (a rank's CPU job done, or a call's network part over) and
+        handle it; False when nothing is pending."""
+        rate, job = self._rate(), self._head_job()
+        job_at = self.now + (job[0] - self.served) / rate if job is not None else math.inf
         call_at = self.ending[0][0] if self.ending else math.inf
-        at = min(work_at, call_at)
+        at = min(job_at, call_at)
         if at == math.inf:
             return False
-        if self.computing:
+        if self.running:
             self.served += (at - self.now) * rate
         self.now = max(self.now, at)
-        if work_at <= call_at:
-            target, r = heapq.heappop(self.computing)
+        if job is not None and job_at <= call_at:
+            target, r, _ = heapq.heappop(self.jobs)
             self.served = max(self.served, target)
-            self.computed[r] += self.now - self.work_began[r]
-            self.ready.append(r)
+            self.job_target[r] = None
+            self.running -= 1
+            join = self.join_of[r]
+            if join is None:  # local work before its head call
+                self.computed[r] += self.now - self.work_began[r]
+                self.ready.append(r)
+            else:
+                self._done(join)
         else:
-            _, r = heapq.heappop(self.ending)
-            self._finish(r, self.now)
+            _, _, join = heapq.heappop(self.ending)
+            self._done(join)
         return True
+
+    # -- calls ---------------------------------------------------------------------------------------------
 
     def _next(self, r: int) -> None:
         """Rank r begins its head call's local work (or is done)."""
@@ -189,9 +267,17 @@ class _Replay:
         work = self.calls[r][self.heads[r]].compute_s * self.scale
         if work > 0:
             self.work_began[r] = self.now
-            heapq.heappush(self.computing, (self.served + work, r))
+            self._job(r, work)
         else:
             self.ready.append(r)
+
+    def _done(self, join: _Join) -> None:
+        """One part of ``join``'s call is over; when all are, its ranks end it now."""
+        join.pending -= 1
+        if join.pending == 0:
+            for r in join.ranks:
+                self.join_of[r] = None
+                self._finish(r, self.now)
 
     def _finish(self, r: int, end: float) -> None:
         """Rank r's head call ends at ``end``: its span goes to the call's phase; its next call begins."""
@@ -200,6 +286,10 @@ class _Replay:
         self.began[r] = end
         self.heads[r] += 1
         self._next(r)
+
+    def _network_ends(self, at: float, join: _Join) -> None:
+        self.seq += 1
+        heapq.heappush(self.ending, (at, self.seq, join))
 
     def _start(self, r: int) -> None:
         """Rank r's local work is done: start its head call, or wait for what the call needs."""
@@ -224,14 +314,25 @@ class _Replay:
                 f"price: the next call of group {call.group} is {sorted(ops)} on its members: "
                 "the ranks issued different collectives"
             )
-        end = self.now + _collective_s(self.topology, call.op, members)
+        join = _Join(list(call.group), 1)
+        cost = self.costs.get(call.op, 0.0)
+        if cost:
+            for m, moved in zip(call.group, _moved_bytes(call.op, members), strict=True):
+                if moved:
+                    join.pending += 1
+                    self.join_of[m] = join
+                    self._job(m, cost * moved)
         for m in call.group:
-            heapq.heappush(self.ending, (end, m))
+            self.join_of[m] = join
+        self._network_ends(self.now + _collective_s(self.topology, call.op, members), join)
         self.priced += 1
 
     def _p2p(self, r: int, call: Call) -> None:
-        """One send_recv of rank r: its send is posted now; the call ends when the send has left and
-        the message it receives (the k-th from that source) has arrived."""
+        """One send_recv of rank r: its send is posted now; the call ends when the send has left, the
+        message it receives (the k-th from that source) has arrived and its CPU work for both is done."""
+        join = _Join([r], 1)
+        self.join_of[r] = join
+        cost = self.costs.get("send_recv", 0.0)
         end = self.now
         if call.sent:
             (dst,) = call.sent
@@ -240,13 +341,29 @@ class _Replay:
             arrives = self.now + self.topology.send_recv_s(r, dst, call.nbytes, exchange=exchange)
             if (r, dst) in self.receiving:  # dst waits for this message
                 waiter, its_end = self.receiving.pop((r, dst))
-                heapq.heappush(self.ending, (max(its_end, arrives), waiter))
+                self._received(dst, waiter, its_end, arrives, call.nbytes)
             else:
-                self.inbox[(r, dst)].append(arrives)
+                self.inbox[(r, dst)].append((arrives, call.nbytes))
+            self._cpu(r, join, cost * call.nbytes)
         self.priced += 1
         if call.source is None:
-            heapq.heappush(self.ending, (end, r))
+            self._network_ends(end, join)
         elif self.inbox[(call.source, r)]:
-            heapq.heappush(self.ending, (max(end, self.inbox[(call.source, r)].popleft()), r))
+            arrives, nbytes = self.inbox[(call.source, r)].popleft()
+            self._received(r, join, end, arrives, nbytes)
         else:
-            self.receiving[(call.source, r)] = (r, end)
+            self.receiving[(call.source, r)] = (join, end)
+
+    def _received(self, r: int, join: _Join, send_end: float, arrives: float, nbytes: int) -> None:
+        """Rank r's call (``join``) has its message: its network part ends when the message has
+        arrived and its own send has left; receiving costs it CPU work too."""
+        self._cpu(r, join, self.costs.get("send_recv", 0.0) * nbytes)
+        self._network_ends(max(send_end, arrives), join)
+
+    def _cpu(self, r: int, join: _Join, seconds: float) -> None:
+        """Rank r's call needs ``seconds`` more CPU work (a job of its own until done)."""
+        if seconds <= 0:
+            return
+        if self.job_target[r] is None:
+            join.pending += 1
+        self._job(r, seconds)

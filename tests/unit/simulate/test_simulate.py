@@ -4,6 +4,7 @@ each rank's measured local work on its own clock."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -320,3 +321,54 @@ def test_shared_cores_slow_the_step_by_at_most_the_share(calls: list[list[Call]]
     worst = price(calls, topo, compute_scale=max(1.0, n / cores)).seconds
     assert own * (1 - 1e-9) <= shared <= worst * (1 + 1e-9)
     assert price(calls, topo, cores=n).seconds == pytest.approx(own, rel=1e-12)
+
+
+def test_transport_cpu_makes_a_collective_on_shared_cores_cpu_bound() -> None:
+    """Exact: 4 ranks all-reduce 1 MB (each sends and receives 1.5 MB on the ring) at 1 ns/byte of
+    CPU: 3 ms of CPU per rank. With a core each the 100 Mbit/s wire (about 15 ms) is the limit; on
+    one shared core the four 3 ms jobs take 12 ms, still under the wire; at 2 ns/byte, 24 ms: CPU-bound."""
+    group, link = (0, 1, 2, 3), Link(1e-4, 1e8)
+    topo = Topology.flat(link)
+    calls = [[Call(op="all_reduce", group=group, phase="a", nbytes=10**6)] for _ in group]
+    wire = topo.all_reduce_s(4, 10**6)
+    assert price(calls, topo, transport_cpu={"all_reduce": 1e-9}).seconds == pytest.approx(wire, rel=1e-12)
+    assert price(calls, topo, cores=1, transport_cpu={"all_reduce": 1e-9}).seconds == pytest.approx(wire, rel=1e-12)
+    cpu_bound = price(calls, topo, cores=1, transport_cpu={"all_reduce": 2e-9})
+    assert cpu_bound.seconds == pytest.approx(4 * 2e-9 * 3e6, rel=1e-12) and cpu_bound.seconds > wire
+    assert cpu_bound.compute_seconds == 0.0  # transport work is not local work
+    # Another op's cost does not apply; a rank's local work shares the core with the transport's.
+    assert price(calls, topo, cores=1, transport_cpu={"all_to_all_v": 1.0}).seconds == pytest.approx(wire, rel=1e-12)
+    tail = [[*c, Call(op="local", group=(r,), phase="b", compute_s=0.01)] for r, c in enumerate(calls)]
+    assert price(tail, topo, cores=1, transport_cpu={"all_reduce": 2e-9}).seconds == pytest.approx(
+        0.024 + 4 * 0.01, rel=1e-12
+    )
+    with pytest.raises(ValueError, match="transport_cpu"):
+        price(calls, topo, transport_cpu={"all_reduce": -1.0})
+
+
+def test_transport_cpu_of_point_to_point_counts_what_each_rank_sends_and_receives() -> None:
+    """Rank 0 sends 1 MB to rank 1 (one way), on one shared core at 10 ns/byte: 10 ms of CPU each
+    for the sender and the receiver, side by side: 20 ms, over the 10.1 ms wire. An exchange moves
+    twice as many bytes through each rank: 40 ms."""
+    group, link = (0, 1), Link(1e-4, 1e8)
+    topo, costs = Topology.flat(link), {"send_recv": 1e-8}
+    one_way = [[Call("send_recv", group, "x", 10**6, sent=(1,))], [Call("send_recv", group, "x", 0, source=0)]]
+    assert price(one_way, topo).seconds == pytest.approx(1e-4 + 0.01, rel=1e-12)
+    assert price(one_way, topo, transport_cpu=costs).seconds == pytest.approx(0.0101, rel=1e-12)  # a core each
+    assert price(one_way, topo, cores=1, transport_cpu=costs).seconds == pytest.approx(0.02, rel=1e-12)
+    # The receiver waits while the sender computes 5 ms alone; both transports' work starts at the send.
+    late = [[dataclasses.replace(one_way[0][0], compute_s=0.005)], one_way[1]]
+    assert price(late, topo, cores=1, transport_cpu=costs).seconds == pytest.approx(0.025, rel=1e-12)
+    swap = [[Call("send_recv", group, "x", 10**6, sent=(1 - r,), source=1 - r)] for r in group]
+    assert price(swap, topo, cores=1, transport_cpu=costs).seconds == pytest.approx(0.04, rel=1e-12)
+
+
+@given(calls=_ring_records(), cores=st.floats(0.25, 8.0), cost=st.floats(0.0, 1e-6))
+@settings(max_examples=100, deadline=None)
+def test_transport_cpu_never_makes_a_step_faster(calls: list[list[Call]], cores: float, cost: float) -> None:
+    topo = Topology.flat(GBIT, exchange_efficiency=0.5)
+    costs = {op: cost for op in ("all_reduce", "all_to_all_v", "send_recv")}
+    without = price(calls, topo, cores=cores).seconds
+    with_cpu = price(calls, topo, cores=cores, transport_cpu=costs).seconds
+    doubled = price(calls, topo, cores=cores, transport_cpu={op: 2 * c for op, c in costs.items()}).seconds
+    assert without * (1 - 1e-9) <= with_cpu <= doubled * (1 + 1e-9)
