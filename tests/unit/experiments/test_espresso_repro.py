@@ -69,13 +69,25 @@ def test_report_names_the_paper_and_versions(result) -> None:
     assert doc["versions"]["torch"] and doc["command"].startswith("python experiments/espresso_repro.py")
 
 
+def test_algorithm1_as_stated_beside_table_5(result) -> None:
+    """Algorithm 1 timed as the paper states it (F(S) per variant) and in O(1): same choices, one full
+    simulation for the start and one per GPU option of every tensor tried, both in the report."""
+    out, doc = result
+    r = doc["points"]["alg1|lstm|64|1"]
+    assert r["same_choice"] and r["tensors"] == 10
+    assert r["simulations"] == 1 + r["tensors_tried"] * r["gpu_options"] and 0 < r["tensors_tried"] <= 10
+    assert r["as_stated_ms"] > 0 and r["max_plus_ms"] > 0
+    text = (out / "espresso_repro_test.md").read_text()
+    assert "Algorithm 1 as the paper states it" in text and "| lstm | 10 / 10 | 10 |" in text
+
+
 def test_rerun_reuses_finished_points(driver, result, monkeypatch) -> None:
     out, before = result
 
     def fail(*args, **kwargs):
         raise AssertionError("a finished point was recomputed")
 
-    for name in ("iteration_point", "selection_point", "ablation_point", "_calibrated"):
+    for name in ("iteration_point", "selection_point", "algorithm1_point", "ablation_point", "_calibrated"):
         monkeypatch.setattr(driver, name, fail)
     assert driver.main([*ARGS, "--out", str(out)]) == 0
     assert json.loads((out / "espresso_repro_test.json").read_text())["points"] == before["points"]
