@@ -4,6 +4,7 @@
                      [--items 10000000] [--dim 1] [--density 0.01] [--skew 1.1] [--overlap 0.0] [--seed 0]
                      [--ranks-per-node 8] [--intra nvlink] [--inter 25Gbit] [--intra-latency-us 5]
                      [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [--compute-scale 1] [--cores K]
+                     [--transport-cpu all_reduce=0.5,all_to_all_v=0.8,...]
                      [--stats FILE | --lm-batch B | --model NAME [--compressor dgc:0.01]] [-o PREFIX] [--png]
 
 For each scheme and each world size, zensync's real algorithms run on the in-process simulated world
@@ -24,7 +25,10 @@ between its calls); at a counted point, which runs no kernels, as fitted to full
 workload cut to at most 64 MiB per rank (``zensync.simulate.local_work``; the fits are in the
 JSON). By default each rank has a core of its own; with --cores K the ranks' local work shares K
 cores (processor sharing: hosts emulated on one machine, or ranks whose CPU-side compression shares
-a node's cores). Prints a Markdown table (step time per scheme and world size, the mode that ran, the largest
+a node's cores), and --transport-cpu OP=NS,... charges each collective OP NS nanoseconds of CPU per
+byte a rank sends or receives (the backend's copies and the kernel's network stack, on the same
+cores; ops: all_reduce, reduce_scatter, all_gather, all_gather_v, all_to_all_v, broadcast,
+send_recv). Prints a Markdown table (step time per scheme and world size, the mode that ran, the largest
 rank's payload and local work) and writes PREFIX.json, PREFIX.md and, with --png and matplotlib,
 PREFIX.png (time against ranks).
 
@@ -93,6 +97,9 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         "--cores", type=float, default=None, help="the ranks' local work shares this many cores (default: one each)"
     )
     parser.add_argument(
+        "--transport-cpu", default="", metavar="OP=NS,...", help="CPU nanoseconds per byte moved, per collective op"
+    )
+    parser.add_argument(
         "--stats", metavar="FILE", help="gradient statistics JSON (several tensors; replaces --items ... --seed)"
     )
     parser.add_argument(
@@ -138,6 +145,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
             raise ValueError("--compute-scale must be >= 0 (0: the network alone)")
         if args.cores is not None and not (0 < args.cores < float("inf")):
             raise ValueError("--cores must be finite and > 0 (omit it: a core per rank)")
+        args.transport_cpu = _transport_cpu(args.transport_cpu)
         topology = Topology(
             args.ranks_per_node,
             Link(args.intra_latency_us * 1e-6, parse_bandwidth(args.intra)),
@@ -197,7 +205,8 @@ def _run_simulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         for name, tensor in tensors.items():
             per_tensor[name] = simulate_sweep(
                 schemes, ranks, tensor, topology, mode=args.mode, memory_bytes=args.memory_gb * 1e9,
-                compute_scale=args.compute_scale, cores=args.cores, on_point=lambda row: progress.update(1),
+                compute_scale=args.compute_scale, cores=args.cores, transport_cpu=args.transport_cpu,
+                on_point=lambda row: progress.update(1),
             )  # fmt: skip
     rows = per_tensor["gradient"] if args.stats is None else combine(per_tensor)
     workload_doc = {
@@ -217,7 +226,7 @@ def _run_model(args: argparse.Namespace, ranks: list[int], topology: Any) -> int
     with bar(3 * len(ranks), "simulate", unit="point") as progress:
         rows = plan_sweep(
             profile, args.compressor, ranks, topology, compute_scale=args.compute_scale, cores=args.cores,
-            seed=args.seed, on_point=lambda row: progress.update(1),
+            transport_cpu=args.transport_cpu, seed=args.seed, on_point=lambda row: progress.update(1),
         )  # fmt: skip
     workload_doc = {
         "family": "model",
@@ -246,9 +255,10 @@ def _report(
             "intra": dataclasses.asdict(topology.intra),
             "inter": dataclasses.asdict(topology.inter),
         },
-        "priced": _priced(args.compute_scale, args.cores),
+        "priced": _priced(args.compute_scale, args.cores, args.transport_cpu),
         "compute_scale": args.compute_scale,
         "cores": args.cores,
+        "transport_cpu_s_per_byte": args.transport_cpu,
         "local_work_fits": {r["scheme"]: r["local_work"] for r in rows if r.get("local_work")},
         "wall_s": time.perf_counter() - started,
         "rows": rows,
@@ -268,14 +278,31 @@ def _report(
     return 0
 
 
-def _priced(compute_scale: float, cores: float | None) -> str:
-    if compute_scale == 0:
+def _transport_cpu(text: str) -> dict[str, float]:
+    """``OP=NS,...`` (nanoseconds per byte) as ``price``'s ``transport_cpu`` (seconds per byte)."""
+    ops = ("all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "all_to_all_v", "broadcast", "send_recv")
+    costs = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        op, _, value = item.partition("=")
+        try:
+            ns = float(value)
+        except ValueError:
+            ns = float("nan")
+        if op not in ops or not 0 <= ns < float("inf"):
+            raise ValueError(f"--transport-cpu: {item!r} must be OP=NS with NS >= 0 and OP one of {', '.join(ops)}")
+        costs[op] = ns * 1e-9
+    return costs
+
+
+def _priced(compute_scale: float, cores: float | None, transport_cpu: dict[str, float]) -> str:
+    if compute_scale == 0 and not transport_cpu:
         return "the network alone: collectives on the two-level model, local work not charged"
     shared = "each rank on a core of its own" if cores is None else f"the ranks sharing {cores:g} cores"
+    transport = ", ".join(f"{op} {cost * 1e9:g} ns/byte" for op, cost in transport_cpu.items())
     return (
         f"collectives on the two-level model plus {compute_scale:g} x each rank's local work on one core of this "
         "machine: measured at full and mirrored points, fitted to full runs of the workload cut to fewer rows at "
-        f"counted points; {shared}"
+        f"counted points; {shared}" + (f"; transport CPU per byte moved: {transport}" if transport else "")
     )
 
 

@@ -11,8 +11,9 @@ preparing it (``Call.compute_s``: one core of this machine, the thread's CPU clo
 clock advances by that, times ``compute_scale``, before the call (``compute_scale=0`` prices the
 network alone; a faster device is a smaller factor). With ``cores``, the ranks share that many cores
 (a processor-sharing CPU: n emulated hosts on one machine, or ranks compressing on a host's shared
-CPU). Point-to-point messages that leave one node at the same time do not share its link in the
-model (collectives do).
+CPU), and with ``transport_cpu`` each collective costs its ranks CPU work per byte as well (the
+backend's copies, the kernel's network stack; ``timeline``). Point-to-point messages that leave one
+node at the same time do not share its link in the model (collectives do).
 
 Example::
 
@@ -24,7 +25,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from zensync.cost.topology import Link, Topology
@@ -61,6 +62,8 @@ class Simulation:
     """The factor on the measured local work in ``priced`` (0: the network alone)."""
     cores: float | None = None
     """The cores the ranks' local work shared in ``priced`` (None: one per rank)."""
+    transport_cpu: Mapping[str, float] | None = None
+    """Per collective op, the CPU seconds per byte moved charged in ``priced`` (None: none)."""
 
 
 def record(
@@ -103,14 +106,17 @@ def simulate(
     *,
     compute_scale: float = 1.0,
     cores: float | None = None,
+    transport_cpu: Mapping[str, float] | None = None,
     inputs: Callable[[int], Any] | None = None,
     warmup: bool = False,
     timeout_s: float = 600.0,
 ) -> Simulation:
     """Run ``fn`` on ``world_size`` simulated ranks and price its collectives and local work on
-    ``topology`` (``compute_scale``, ``cores``: as ``price``'s; ``inputs``, ``warmup``: as ``record``'s)."""
+    ``topology`` (``compute_scale``, ``cores``, ``transport_cpu``: as ``price``'s; ``inputs``, ``warmup``:
+    as ``record``'s)."""
     results, calls, logs = record(fn, world_size, inputs=inputs, warmup=warmup, timeout_s=timeout_s)
-    priced = price(calls, topology, compute_scale=compute_scale, cores=cores)
+    priced = price(calls, topology, compute_scale=compute_scale, cores=cores, transport_cpu=transport_cpu)
     return Simulation(
-        results=results, priced=priced, calls=calls, traffic=logs, compute_scale=compute_scale, cores=cores
-    )
+        results=results, priced=priced, calls=calls, traffic=logs, compute_scale=compute_scale, cores=cores,
+        transport_cpu=transport_cpu,
+    )  # fmt: skip

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -93,7 +93,13 @@ def plan_step_calls(plan: Plan, *, seed: int = 0) -> list[Call]:
 
 
 def plan_step(
-    plan: Plan, topology: Topology, *, compute_scale: float = 1.0, cores: float | None = None, seed: int = 0
+    plan: Plan,
+    topology: Topology,
+    *,
+    compute_scale: float = 1.0,
+    cores: float | None = None,
+    transport_cpu: Mapping[str, float] | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """The plan's step priced on ``topology`` (every rank's records from rank 0's), as a report row.
 
@@ -107,7 +113,7 @@ def plan_step(
     start = time.perf_counter()
     mine = plan_step_calls(plan, seed=seed)
     calls = replicate([mine], plan.cluster.world_size, plan.cluster.gpus_per_node)
-    priced = price(calls, topology, compute_scale=compute_scale, cores=cores)
+    priced = price(calls, topology, compute_scale=compute_scale, cores=cores, transport_cpu=transport_cpu)
     sent = payload_sent(calls[0], 0)
     return {
         "ranks": plan.cluster.world_size,
@@ -145,6 +151,7 @@ def plan_sweep(
     *,
     compute_scale: float = 1.0,
     cores: float | None = None,
+    transport_cpu: Mapping[str, float] | None = None,
     seed: int = 0,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
@@ -160,6 +167,7 @@ def plan_sweep(
     if bad:
         raise ValueError(f"world sizes {bad} are not multiples of ranks_per_node={per_node}")
     model = compressor_model(compressor)
+    cpu: dict[str, Any] = {"compute_scale": compute_scale, "cores": cores, "transport_cpu": transport_cpu}
     rows = []
     for n in ranks:
         cluster = ClusterSpec(
@@ -169,14 +177,14 @@ def plan_sweep(
         )  # fmt: skip
         chosen = plan(profile, cluster, model)
         for label, strategy in (("fp32", ddp_buckets(chosen, "fp32")), ("fp16", ddp_buckets(chosen, "fp16"))):
-            step = plan_step(strategy, topology, compute_scale=compute_scale, cores=cores, seed=seed)
+            step = plan_step(strategy, topology, **cpu, seed=seed)
             row = {"scheme": label, **step}
             rows.append(row)
             if on_point is not None:
                 on_point(row)
         row = {
             "scheme": "plan",
-            **plan_step(chosen, topology, compute_scale=compute_scale, cores=cores, seed=seed),
+            **plan_step(chosen, topology, **cpu, seed=seed),
             "selection_s": chosen.selection_s,
             "planned": chosen.chosen,
             "options": sorted({code for _, _, code, *_ in plan_groups(chosen)}),

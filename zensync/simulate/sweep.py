@@ -18,7 +18,8 @@ The step is priced on the topology with each rank's local work times ``compute_s
 ``compute_seconds``): measured at a full point (``zensync.simulate``: one core of this machine),
 fitted at a counted one (the row's ``local_work`` holds the fit; the fit is made once per scheme
 and workload). With ``compute_scale`` 0 the time is the network's alone and no fit is made. With
-``cores`` the ranks' local work shares that many cores (``zensync.simulate.timeline``).
+``cores`` the ranks' local work shares that many cores, and ``transport_cpu`` gives the collectives
+CPU work per byte too (``zensync.simulate.timeline``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -115,6 +116,7 @@ def simulate_step(
     h0_seed: int = 12345,
     compute_scale: float = 1.0,
     cores: float | None = None,
+    transport_cpu: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One point: the priced step of ``scheme`` on ``ranks`` ranks (module docstring), as a report row.
 
@@ -123,15 +125,16 @@ def simulate_step(
     """
     _check_scheme(scheme)
     chosen = _mode(scheme, ranks, workload, mode, memory_bytes)
-    return _point(scheme, ranks, workload, topology, chosen, h0_seed, _Cpu(compute_scale, cores), {})
+    return _point(scheme, ranks, workload, topology, chosen, h0_seed, _Cpu(compute_scale, cores, transport_cpu), {})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Cpu:
-    """How local work is charged: ``price``'s ``compute_scale`` and ``cores``."""
+    """How CPU work is charged: ``price``'s ``compute_scale``, ``cores`` and ``transport_cpu``."""
 
     scale: float
     cores: float | None
+    transport: Mapping[str, float] | None
 
 
 def _point(
@@ -185,7 +188,7 @@ def _counted_row(
 
 
 def _row(row: dict[str, Any], calls: list[list[Call]], topology: Topology, start: float, cpu: _Cpu) -> dict[str, Any]:
-    priced = price(calls, topology, compute_scale=cpu.scale, cores=cpu.cores)
+    priced = price(calls, topology, compute_scale=cpu.scale, cores=cpu.cores, transport_cpu=cpu.transport)
     sent = [payload_sent(c, r) for r, c in enumerate(calls)]
     return {
         **row,
@@ -209,6 +212,7 @@ def simulate_sweep(
     h0_seed: int = 12345,
     compute_scale: float = 1.0,
     cores: float | None = None,
+    transport_cpu: Mapping[str, float] | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """``simulate_step`` for every (world size, scheme), rows in that order, each rank's ids drawn once.
@@ -223,7 +227,7 @@ def simulate_sweep(
     done: dict[tuple[int, str], dict[str, Any]] = {}
     counted: list[int] = []
     fits: dict[str, LocalWorkFit] = {}
-    cpu = _Cpu(compute_scale, cores)
+    cpu = _Cpu(compute_scale, cores, transport_cpu)
     for n in ranks:
         chosen = {scheme: _mode(scheme, n, workload, mode, memory_bytes) for scheme in schemes}
         if set(chosen.values()) == {"counted"}:  # every scheme counts where one must (all are countable)

@@ -67,24 +67,27 @@ def test_every_point_adds_its_local_work(tmp_path: Path, capsys: pytest.CaptureF
     assert "Counted zen's local work per rank" in capsys.readouterr().out
 
 
-def test_cores_price_every_point_with_shared_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--cores reaches every point's pricing (full and counted), and the report says so."""
+def test_cores_and_transport_cpu_reach_every_points_price(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--cores and --transport-cpu reach every point's pricing (full and counted); the report says so."""
     import zensync.simulate.sweep as sweep
     from zensync.simulate.timeline import price
 
-    seen: list[float | None] = []
+    seen: list[tuple[float | None, Any]] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs.get("cores"))
+        seen.append((kwargs.get("cores"), kwargs.get("transport_cpu")))
         return price(*args, **kwargs)
 
     monkeypatch.setattr(sweep, "price", spy)
     prefix = str(tmp_path / "sim")
-    argv = ["simulate", *ARGS, "--ranks", "2,4", "--schemes", "zen", "--memory-gb", "1e-4", "--cores", "1.5"]
+    argv = ["simulate", *ARGS, "--ranks", "2,4", "--schemes", "zen", "--memory-gb", "1e-4", "--cores", "1.5",
+            "--transport-cpu", "all_to_all_v=0.5,all_gather_v=2"]  # fmt: skip
     assert main([*argv, "-o", prefix]) == 0
     document = json.loads(Path(prefix + ".json").read_text())
     assert [row["mode"] for row in document["rows"]] == ["full", "counted"]
-    assert seen == [1.5, 1.5] and document["cores"] == 1.5 and "sharing 1.5 cores" in document["priced"]
+    costs = {"all_to_all_v": 0.5e-9, "all_gather_v": 2e-9}
+    assert seen == [(1.5, costs)] * 2 and document["cores"] == 1.5 and "sharing 1.5 cores" in document["priced"]
+    assert document["transport_cpu_s_per_byte"] == costs and "all_gather_v 2 ns/byte" in document["priced"]
 
 
 @pytest.mark.parametrize(
@@ -99,6 +102,9 @@ def test_cores_price_every_point_with_shared_cores(tmp_path: Path, monkeypatch: 
         (["--compute-scale", "-1"], "--compute-scale"),
         (["--cores", "0"], "--cores must be finite and > 0"),
         (["--cores", "inf"], "--cores must be finite and > 0"),
+        (["--transport-cpu", "all_reduce=-1"], "--transport-cpu: 'all_reduce=-1' must be OP=NS"),
+        (["--transport-cpu", "gather=1"], "OP one of all_reduce"),
+        (["--transport-cpu", "all_reduce"], "must be OP=NS"),
         (["--model", "alexnet"], "valid: resnet50"),
         (["--model", "resnet50", "--ranks", "8,12"], "[12] are not multiples of --ranks-per-node 8"),
         (["--model", "resnet50", "--stats", "x.json"], "give one"),
