@@ -36,10 +36,12 @@ Each finished point is written to the JSON at once, so an interrupted run resume
 (``--fresh`` recomputes). Expected (2026-12-04 run, about a minute): the plan is never slower than
 FP32 or FP16 and within 10 % of the upper bound except GPT-2 on PCIe (17 %); at 64 GPUs x1.85
 (LSTM, PCIe; paper about x1.8), x1.81 (BERT-base, NVLink; paper about x1.6), x1.40 (ResNet-101, PCIe;
-paper x1.20), x1.63 (VGG-16, PCIe; paper x3.69, explained in the report); selection about 1-20 ms
-GPU-only and 1-100 ms full space on a contended 2-core machine (varies 2x between runs); the
-restricted planners are never faster than the full one except in 3 of 110 cells (greedy search; the
-report lists them). Results:
+paper x1.20), x1.63 (VGG-16, PCIe; paper x3.69, explained in the report); selection at 64 GPUs
+(2026-12-04 rerun, 16 s, load 0.4) 1.7-25 ms GPU-only and 4.4-104 ms full space, Algorithm 1 as
+stated 1.1-154 ms (within 2x of Table 5 for BERT-base, GPT-2 and LSTM; ResNet-101 and VGG-16 are
+nearly compute-bound on NVLink, so Property 1 leaves 1-2 tensors to try), on a 2-core machine shared
+with other jobs (varies 2x between runs); the restricted planners are never faster than the full one
+except in 5 of 110 cells, by at most 0.1 % (greedy search; the report lists them). Results:
 experiments/results/espresso_repro_<date>.{md,json,png}.
 """
 
