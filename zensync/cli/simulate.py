@@ -62,7 +62,8 @@ __all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
 SIMULATE_FLAGS = (
     "--schemes", "--ranks", "--items", "--dim", "--density", "--skew", "--overlap", "--seed",
     "--ranks-per-node", "--intra", "--inter", "--intra-latency-us", "--inter-latency-us", "--mode",
-    "--memory-gb", "--compute-scale", "--stats", "--lm-batch", "--model", "--compressor", "--output", "--png",
+    "--memory-gb", "--compute-scale", "--cores", "--transport-cpu", "--stats", "--lm-batch", "--model", "--compressor",
+    "--output", "--png",
 )  # fmt: skip
 """The pinned flag set of ``zensync simulate``."""
 

@@ -198,13 +198,12 @@ class CompressorModel:
         if self.payload_fn is None:
             return np.ceil(numel * self.bits_per_element / 8) + float(self.fixed_payload_bytes)
         memo = {} if cache is None else cache
-        unique, inverse = np.unique(numel.astype(np.int64), return_inverse=True)
-        values = np.empty(len(unique))
-        for i, count in enumerate(unique.tolist()):
+        values = []
+        for count in numel.astype(np.int64).ravel().tolist():  # a dict per count: cheaper than np.unique here
             if count not in memo:
                 memo[count] = self.payload_bytes(count)
-            values[i] = memo[count]
-        return values[inverse.reshape(numel.shape)]
+            values.append(memo[count])
+        return np.array(values, dtype=np.float64).reshape(numel.shape)
 
     def compress_s(self, device: Device, numel: Num) -> Num:
         """Seconds to compress ``numel`` elements on ``device``."""

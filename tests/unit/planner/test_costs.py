@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zensync.cost import (
     FP16_MODEL,
@@ -255,3 +257,17 @@ def test_tensor_option_codes() -> None:
         TensorOption(kind="fp32", device="cpu")
     with pytest.raises(ValueError, match="no compressed intra phase"):
         TensorOption(kind="comp", scheme="ar", level="hier2")
+
+
+@given(counts=st.lists(st.integers(0, 2**24), min_size=0, max_size=40), spec=st.sampled_from(["dgc:0.01", "qsgd:8"]))
+@settings(max_examples=60, deadline=None)
+def test_payload_array_is_payload_bytes_per_element(counts: list[int], spec: str) -> None:
+    """The vectorised payload (one call per distinct count, shared cache) equals payload_bytes of
+    each element, in the array's shape, repeated counts included."""
+    model = compressor_model(spec)
+    numel = np.array(counts + counts[:3], dtype=np.float64)
+    cache: dict[int, int] = {}
+    expected = [model.payload_bytes(int(c)) for c in numel]
+    np.testing.assert_array_equal(model.payload_array(numel, cache), expected)
+    if len(numel) % 2 == 0:
+        np.testing.assert_array_equal(model.payload_array(numel.reshape(2, -1), cache), np.reshape(expected, (2, -1)))
