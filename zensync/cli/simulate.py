@@ -345,7 +345,10 @@ def _title(document: dict[str, Any]) -> str:
         what = f"LM embedding {w['num_items']:,} x {w['dim']} rows, {w['batch_size']} x {w['seq_len']} tokens per rank"
     elif len(tensors) == 1:
         (w,) = tensors.values()
-        what = f"Zipf {w['num_items']:,} x {w['dim']} rows, density {w['density']}, skew {w['skew']}"
+        what = (
+            f"Zipf {w['num_items']:,} x {w['dim']} rows, density {w['density']}, skew {w['skew']}, "
+            f"overlap {w['overlap']}"
+        )
     else:
         what = f"{len(tensors)} Zipf tensors ({', '.join(tensors)}) synced in turn"
     return f"{what}; {t['ranks_per_node']}/node, inter {t['inter']['bandwidth_bytes_per_s'] * 8 / 1e9:g} Gbit/s"

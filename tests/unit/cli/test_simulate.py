@@ -42,6 +42,7 @@ def test_the_report_holds_each_points_priced_step(tmp_path: Path, capsys: pytest
         assert row["seconds"] == pytest.approx(again["seconds"], rel=1e-12)
         assert row["max_sent_bytes"] == again["max_sent_bytes"] > 0
     assert "| 4 | " in printed and " C (" in printed
+    assert "Zipf 3,000 x 4 rows, density 0.05, skew 1.1, overlap 0.2" in printed
 
 
 def test_every_point_adds_its_local_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
