@@ -23,8 +23,7 @@ def draw_simulation(rows: Sequence[dict[str, Any]], path: str, *, title: str = "
     schemes = list(dict.fromkeys(row["scheme"] for row in rows))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for scheme in schemes:
-        mine = sorted((r["ranks"], r["seconds"], r["max_sent_bytes"]) for r in rows
-                      if r["scheme"] == scheme and r["seconds"] is not None)  # fmt: skip
+        mine = sorted((r["ranks"], r["seconds"], r["max_sent_bytes"]) for r in rows if r["scheme"] == scheme)
         left.plot([m[0] for m in mine], [m[1] * 1e3 for m in mine], marker="o", label=scheme)
         right.plot([m[0] for m in mine], [m[2] / 1e6 for m in mine], marker="o", label=scheme)
     for ax, label in ((left, "step time (ms), priced"), (right, "largest rank's payload sent (MB)")):

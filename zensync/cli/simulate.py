@@ -156,12 +156,6 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
         parser.error(str(err))
     if args.model is not None:
         _check_model(args, parser, ranks)
-    elif args.mode == "counted":
-        from zensync.simulate.counted import COUNTED_SCHEMES
-
-        full_only = [s for s in schemes if s not in COUNTED_SCHEMES]
-        if full_only:
-            parser.error(f"--mode counted covers {', '.join(COUNTED_SCHEMES)}; {full_only} need full runs")
     return schemes, ranks, workload, topology
 
 
@@ -368,8 +362,7 @@ def format_report(document: dict[str, Any]) -> str:
         f"{machine['platform']}, {machine.get('cores', '?')} cores; seeds: workload {document.get('seed', 0)}, "
         f"h0 12345).",
         f"Step time in ms ({document['priced']}); mode: F full run, C counted from the index sets, "
-        "M one rank mirrored, "
-        "- skipped (too big for a full run, not countable); in brackets the largest rank's payload sent, MB, "
+        "M one rank mirrored, F+C some tensors full and some counted; in brackets the largest rank's payload sent, MB, "
         "and the local work of the rank with the most, ms.",
         "",
         "| ranks | " + " | ".join(schemes) + " |",
@@ -379,12 +372,9 @@ def format_report(document: dict[str, Any]) -> str:
         cells = []
         for scheme in schemes:
             row = by[(scheme, n)]
-            if row["seconds"] is None:
-                cells.append("-")
-            else:
-                mode = {"full": "F", "counted": "C", "mirror": "M"}[row["mode"]]
-                local = "" if not row.get("compute_seconds") else f"; local {row['compute_seconds'] * 1e3:.3g}"
-                cells.append(f"{row['seconds'] * 1e3:.3g} {mode} ({row['max_sent_bytes'] / 1e6:.3g}{local})")
+            mode = {"full": "F", "counted": "C", "mirror": "M", "mixed": "F+C"}[row["mode"]]
+            local = "" if not row.get("compute_seconds") else f"; local {row['compute_seconds'] * 1e3:.3g}"
+            cells.append(f"{row['seconds'] * 1e3:.3g} {mode} ({row['max_sent_bytes'] / 1e6:.3g}{local})")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append("")
     for scheme, fit in document.get("local_work_fits", {}).items():

@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,6 +73,7 @@ def record(
     *,
     inputs: Callable[[int], Any] | None = None,
     warmup: bool = False,
+    repeats: int = 1,
     timeout_s: float = 600.0,
 ) -> tuple[list[Any], list[list[Call]], list[TrafficLog]]:
     """Run ``fn`` on ``world_size`` simulated ranks: each rank's result, recorded calls and traffic.
@@ -80,23 +82,47 @@ def record(
     recording starts, so building it is not local work of the step. With ``warmup``, every rank
     first runs ``fn`` once unrecorded (on an input of its own), so compiling the kernels and
     first-call allocations are not measured as local work either; ``fn`` must then be repeatable.
+    With ``repeats`` > 1 the step is recorded that many times (``fn`` must be repeatable and issue
+    the same calls each time) and each call's local work is the median over the repeats: the
+    measured step, not one sample of this machine's noise. Results and traffic are the first run's.
+
+    Raises:
+        ValueError: If ``repeats`` < 1, or the repeats issued different calls.
     """
-    calls: list[list[Call]] = [[] for _ in range(world_size)]
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1")
+    runs: list[list[list[Call]]] = [[[] for _ in range(world_size)] for _ in range(repeats)]
     logs = [TrafficLog() for _ in range(world_size)]
 
     def body(transport: Transport) -> Any:
         rank = transport.rank
         if warmup:
             fn(transport) if inputs is None else fn(transport, inputs(rank))
-        given = () if inputs is None else (inputs(rank),)
-        recording = RecordingTransport(transport, calls[rank])  # its local-work clock starts here
-        with recording.recording(logs[rank]):
-            result = fn(recording, *given)
-        recording.finish()
+        result = None
+        for k, calls in enumerate(runs):
+            given = () if inputs is None else (inputs(rank),)
+            recording = RecordingTransport(transport, calls[rank])  # its local-work clock starts here
+            with recording.recording(logs[rank] if k == 0 else TrafficLog()):
+                out = fn(recording, *given)
+            recording.finish()
+            result = out if k == 0 else result
         return result
 
     results = SimulatedWorld(world_size, timeout_s=timeout_s).run(body)
-    return list(results), calls, logs
+    return list(results), _median_local_work(runs), logs
+
+
+def _median_local_work(runs: list[list[list[Call]]]) -> list[list[Call]]:
+    """The first run's calls, each with the median over the runs of its ``compute_s``."""
+    merged = []
+    for rank, calls in enumerate(runs[0]):
+        if len({tuple(dataclasses.replace(c, compute_s=0.0) for c in run[rank]) for run in runs}) != 1:
+            raise ValueError(f"record: rank {rank} issued different calls on repeats of the step (fn must repeat)")
+        merged.append([
+            dataclasses.replace(call, compute_s=statistics.median(run[rank][i].compute_s for run in runs))
+            for i, call in enumerate(calls)
+        ])  # fmt: skip
+    return merged
 
 
 def simulate(
@@ -109,12 +135,13 @@ def simulate(
     transport_cpu: Mapping[str, float] | None = None,
     inputs: Callable[[int], Any] | None = None,
     warmup: bool = False,
+    repeats: int = 1,
     timeout_s: float = 600.0,
 ) -> Simulation:
     """Run ``fn`` on ``world_size`` simulated ranks and price its collectives and local work on
-    ``topology`` (``compute_scale``, ``cores``, ``transport_cpu``: as ``price``'s; ``inputs``, ``warmup``:
-    as ``record``'s)."""
-    results, calls, logs = record(fn, world_size, inputs=inputs, warmup=warmup, timeout_s=timeout_s)
+    ``topology`` (``compute_scale``, ``cores``, ``transport_cpu``: as ``price``'s; ``inputs``, ``warmup``,
+    ``repeats``: as ``record``'s)."""
+    results, calls, logs = record(fn, world_size, inputs=inputs, warmup=warmup, repeats=repeats, timeout_s=timeout_s)
     priced = price(calls, topology, compute_scale=compute_scale, cores=cores, transport_cpu=transport_cpu)
     return Simulation(
         results=results, priced=priced, calls=calls, traffic=logs, compute_scale=compute_scale, cores=cores,

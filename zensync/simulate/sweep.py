@@ -35,7 +35,7 @@ import torch
 from zensync.cost.topology import Topology
 from zensync.simulate import record
 from zensync.simulate.analysis import counted_points
-from zensync.simulate.counted import COUNTED_SCHEMES, counted_calls
+from zensync.simulate.counted import counted_calls
 from zensync.simulate.lm_workload import LMWorkload, RowWorkload
 from zensync.simulate.local_work import LocalWorkFit, calibrate, charge
 from zensync.simulate.record import Call, sent_bytes
@@ -92,16 +92,12 @@ def _check_scheme(scheme: str) -> None:
         raise ValueError(f"scheme={scheme!r}: expected one of {', '.join(s for s in SCHEMES if s != 'auto')}")
 
 
-def _mode(scheme: str, ranks: int, workload: Workload, mode: str, memory_bytes: float) -> str:
+def _mode(ranks: int, workload: Workload, mode: str, memory_bytes: float) -> str:
+    """The mode a point runs in (every scheme is countable: ``counted.COUNTED_SCHEMES``)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: expected one of {', '.join(MODES)}")
-    if mode == "counted" and scheme not in COUNTED_SCHEMES:
-        raise ValueError(f"counted mode covers {', '.join(COUNTED_SCHEMES)}; {scheme!r} needs a full run")
     if mode == "auto":
-        fits = workload.full_bytes(ranks) <= memory_bytes
-        if fits or scheme not in COUNTED_SCHEMES:
-            return "full" if fits else "skip"
-        return "counted"
+        return "full" if workload.full_bytes(ranks) <= memory_bytes else "counted"
     return mode
 
 
@@ -117,24 +113,25 @@ def simulate_step(
     compute_scale: float = 1.0,
     cores: float | None = None,
     transport_cpu: Mapping[str, float] | None = None,
+    repeats: int = 1,
 ) -> dict[str, Any]:
-    """One point: the priced step of ``scheme`` on ``ranks`` ranks (module docstring), as a report row.
-
-    A point ``auto`` cannot run (too big for a full run, and a scheme counted mode does not cover)
-    comes back with ``mode`` "skip" and no time.
-    """
+    """One point: the priced step of ``scheme`` on ``ranks`` ranks (module docstring), as a report row;
+    ``repeats``: full runs record the step that many times (local work: the median, ``record``)."""
     _check_scheme(scheme)
-    chosen = _mode(scheme, ranks, workload, mode, memory_bytes)
-    return _point(scheme, ranks, workload, topology, chosen, h0_seed, _Cpu(compute_scale, cores, transport_cpu), {})
+    chosen = _mode(ranks, workload, mode, memory_bytes)
+    cpu = _Cpu(compute_scale, cores, transport_cpu, repeats)
+    return _point(scheme, ranks, workload, topology, chosen, h0_seed, cpu, {})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Cpu:
-    """How CPU work is charged: ``price``'s ``compute_scale``, ``cores`` and ``transport_cpu``."""
+    """How CPU work is charged (``price``'s ``compute_scale``, ``cores`` and ``transport_cpu``) and
+    measured (``record``'s ``repeats``)."""
 
     scale: float
     cores: float | None
     transport: Mapping[str, float] | None
+    repeats: int = 1
 
 
 def _point(
@@ -149,9 +146,6 @@ def _point(
 ) -> dict[str, Any]:
     """The row of one point whose mode is decided (``_mode``); ``fits`` caches local-work fits."""
     row: dict[str, Any] = {"scheme": scheme, "ranks": ranks, "mode": chosen}
-    if chosen == "skip":
-        return {**row, "seconds": None, "phase_seconds": {}, "compute_seconds": None, "max_sent_bytes": None,
-                "wall_s": 0.0}  # fmt: skip
     start = time.perf_counter()
     if chosen == "counted":
         calls = counted_calls(
@@ -159,7 +153,7 @@ def _point(
             item_bytes=workload.item_bytes, seed=h0_seed,
         )  # fmt: skip
         return _counted_row(row, calls, workload, topology, start, cpu, fits, h0_seed)
-    calls = full_calls(scheme, ranks, workload, h0_seed)
+    calls = full_calls(scheme, ranks, workload, h0_seed, repeats=cpu.repeats)
     return _row(row, calls, topology, start, cpu)
 
 
@@ -179,7 +173,8 @@ def _counted_row(
     scheme = row["scheme"]
     if scheme not in fits:
         fits[scheme] = calibrate(
-            scheme, lambda n, rows: full_calls(scheme, n, dataclasses.replace(workload, num_items=rows), h0_seed),
+            scheme,
+            lambda n, rows: full_calls(scheme, n, dataclasses.replace(workload, num_items=rows), h0_seed, cpu.repeats),
             num_items=workload.num_items, item_bytes=workload.item_bytes,
         )  # fmt: skip
     dense = workload.num_items * workload.item_bytes
@@ -229,12 +224,12 @@ def simulate_sweep(
     fits: dict[str, LocalWorkFit] = {}
     cpu = _Cpu(compute_scale, cores, transport_cpu)
     for n in ranks:
-        chosen = {scheme: _mode(scheme, n, workload, mode, memory_bytes) for scheme in schemes}
-        if set(chosen.values()) == {"counted"}:  # every scheme counts where one must (all are countable)
+        chosen = _mode(n, workload, mode, memory_bytes)
+        if chosen == "counted":
             counted.append(n)
             continue
         for scheme in schemes:
-            done[(n, scheme)] = _point(scheme, n, workload, topology, chosen[scheme], h0_seed, cpu, fits)
+            done[(n, scheme)] = _point(scheme, n, workload, topology, chosen, h0_seed, cpu, fits)
             if on_point is not None:
                 on_point(done[(n, scheme)])
     spent: dict[tuple[int, str], float] = {}
@@ -253,16 +248,16 @@ def simulate_sweep(
     return [done[(n, scheme)] for n in ranks for scheme in schemes]
 
 
-def full_calls(scheme: str, ranks: int, workload: Workload, h0_seed: int) -> list[list[Call]]:
+def full_calls(scheme: str, ranks: int, workload: Workload, h0_seed: int, repeats: int = 1) -> list[list[Call]]:
     """Every rank's records of one full step of ``scheme`` on ``workload`` (module docstring); building
-    a rank's tensor is not part of its local work."""
+    a rank's tensor is not part of its local work; ``repeats``: as ``record``'s."""
 
     def body(t: Transport, x: torch.Tensor) -> None:
         view = item_view(x, "row")
         options = SyncOptions(h0_seed=h0_seed)
         run_agreed(view, t, scheme=scheme, options=options, h0_seed=h0_seed, stats=SyncStats())
 
-    return record(body, ranks, inputs=workload.tensor, warmup=True)[1]
+    return record(body, ranks, inputs=workload.tensor, warmup=True, repeats=repeats)[1]
 
 
 def load_stats(text: str) -> dict[str, ZipfWorkload]:
@@ -308,7 +303,7 @@ def load_stats(text: str) -> dict[str, ZipfWorkload]:
 
 def combine(per_tensor: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per point from each tensor's rows (the same points, in the same order): the tensors
-    synced one after another, so times and bytes add; a point any tensor skipped is skipped."""
+    synced one after another, so times and bytes add."""
     tables = list(per_tensor.values())
     rows = []
     for parts in zip(*tables, strict=True):
@@ -320,10 +315,6 @@ def combine(per_tensor: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
             for name, p in zip(per_tensor, parts, strict=True)
         }
         wall_s = sum(p["wall_s"] for p in parts)
-        if "skip" in modes:
-            rows.append({**row, "mode": "skip", "seconds": None, "phase_seconds": {}, "compute_seconds": None,
-                         "max_sent_bytes": None, "wall_s": wall_s, "tensors": summary})  # fmt: skip
-            continue
         phases: dict[str, float] = {}
         for part in parts:
             for phase, seconds in part["phase_seconds"].items():

@@ -132,15 +132,21 @@ def test_stats_tensors_add_up_to_the_step(tmp_path: Path, capsys: pytest.Capture
     path = tmp_path / "stats.json"
     path.write_text(json.dumps(stats))
     prefix = str(tmp_path / "sim")
+    # 100 kB: emb's dense tensors (128 kB at 2 ranks) are counted, out's run in full: a mixed point.
     argv = ["simulate", *ARGS, "--stats", str(path), "--ranks", "2,3", "--schemes", "zen,agsparse",
-            "--compute-scale", "0", "-o", prefix]  # fmt: skip
+            "--compute-scale", "0", "--memory-gb", "1e-4", "-o", prefix]  # fmt: skip
     assert main(argv) == 0
     document = json.loads(Path(prefix + ".json").read_text())
-    assert "2 Zipf tensors (emb, out) synced in turn" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "2 Zipf tensors (emb, out) synced in turn" in printed and " F+C (" in printed
+    assert {row["mode"] for row in document["rows"]} == {"mixed"}
     tensors = load_stats(path.read_text())
     assert tensors["emb"].seed == 7 and tensors["out"].seed == 8 and tensors["out"].dim == 1
     topology = Topology(2, Link(2e-6, 50e9), Link(40e-6, 1e9 / 8))
-    alone = {n: simulate_sweep(["zen", "agsparse"], [2, 3], w, topology, compute_scale=0.0) for n, w in tensors.items()}
+    alone = {
+        n: simulate_sweep(["zen", "agsparse"], [2, 3], w, topology, compute_scale=0.0, memory_bytes=1e5)
+        for n, w in tensors.items()
+    }
     for i, row in enumerate(document["rows"]):
         parts = [alone["emb"][i], alone["out"][i]]
         assert row["seconds"] == pytest.approx(sum(p["seconds"] for p in parts), rel=1e-12)
