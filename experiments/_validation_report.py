@@ -9,6 +9,8 @@ import json
 import pathlib
 from typing import Any
 
+MOVED_OPS = ("all_reduce", "all_to_all_v", "send_recv", "all_gather_v")
+"""The collectives whose transport CPU the calibration measures, in the table's order."""
 TOLERANCE = 0.15
 """Issue 16 item 3's target: |predicted / measured - 1| <= 15 % for every scheme at n <= 16."""
 _MB = 1e6
@@ -20,25 +22,29 @@ def _points(cache: dict[str, Any], rates: list[str], hosts: list[int], schemes: 
 
 
 def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]) -> list[str]:
+    from simulate_validation import all_to_all_latency_scale, cores_of
+
     lines = [
         "| rate | n | alpha (us) | beta (MB/s) | beta / rate | all-to-all efficiency e (raw fit) "
-        "| all-to-all intercept (ms) | exchange efficiency (one-way MB/s) | contention c | load (1 min) "
+        "| all-to-all latency scale | exchange efficiency (one-way MB/s) | contention c | cores n / c "
+        "| transport CPU (ns per byte moved): all_reduce, all_to_all_v, send_recv, all_gather_v | load (1 min) "
         "| cores busy before |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rate in rates:
         for n in hosts:
             c = cache["calibration"].get(f"{rate}/{n}")
             if c is None:
                 continue
+            transport = c.get("transport_cpu_s_per_byte")
+            cpu = "not measured" if transport is None else ", ".join(f"{transport[op] * 1e9:.2f}" for op in MOVED_OPS)
             lines.append(
                 f"| {rate} | {n} | {c['alpha_s'] * 1e6:.0f} | {c['beta_bytes_per_s'] / _MB:.2f} | "
                 f"{c['beta_over_rate']:.3f} | {c['all_to_all_efficiency']:.3f} "
-                f"({c['all_to_all_efficiency_raw']:.3f}) | "
-                f"{c['all_to_all_intercept_s'] * 1e3:.1f} | {c['exchange_efficiency']:.3f} "
-                f"({c['one_way_bytes_per_s'] / _MB:.2f}) | {c['contention']:.2f} "
-                f"({c['job_concurrent_wall_s']:.3f} / {c['job_solo_thread_cpu_s']:.3f} s) | {c['load_avg_1m']:.2f} | "
-                f"{c.get('machine_busy_before', float('nan')):.0%} |"
+                f"({c['all_to_all_efficiency_raw']:.3f}) | {all_to_all_latency_scale(c, n):.3f} | "
+                f"{c['exchange_efficiency']:.3f} ({c['one_way_bytes_per_s'] / _MB:.2f}) | {c['contention']:.2f} "
+                f"({c['job_concurrent_wall_s']:.3f} / {c['job_solo_thread_cpu_s']:.3f} s) | {cores_of(c, n):.2f} | "
+                f"{cpu} | {c['load_avg_1m']:.2f} | {c.get('machine_busy_before', float('nan')):.0%} |"
             )
     return lines
 
@@ -75,6 +81,33 @@ def _point_table(points: list[dict[str, Any]], rate: str) -> list[str]:
     return lines
 
 
+def _ablation_table(points: list[dict[str, Any]]) -> list[str]:
+    """Per point, the step alone's records priced with the model's terms added one at a time."""
+    rows = [p for p in points if p.get("ablation_s")]
+    if not rows:
+        return []
+    terms = list(rows[0]["ablation_s"])
+    within = {t: sum(abs(p["ablation_s"][t] / p["measured_s"] - 1) <= TOLERANCE for p in rows) for t in terms}
+    lines = [
+        "",
+        "## Which model term does what",
+        "",
+        "The step alone's records (one recording per point) priced with the model's terms added one at a time: "
+        "the network alone; + local work, each rank on a core of its own times the contention c (the model "
+        "before this session); the n / c cores shared instead (processor sharing); + the all-to-all latency "
+        "scale; + the transport CPU (the full model). Error against the measured step; within 15 %: "
+        + "; ".join(f"{t} {within[t]} of {len(rows)}" for t in terms)
+        + ".",
+        "",
+        "| rate | n | scheme | measured (s) | " + " | ".join(terms) + " |",
+        "|---|---|---|---|" + "---|" * len(terms),
+    ]
+    for p in rows:
+        cells = " | ".join(_ok(p["ablation_s"][t] / p["measured_s"] - 1) for t in terms)
+        lines.append(f"| {p['rate']} | {p['n']} | {p['scheme']} | {p['measured_s']:.3f} | {cells} |")
+    return lines
+
+
 def markdown(
     meta: dict[str, Any], cache: dict[str, Any], rates: list[str], hosts: list[int], schemes: list[str]
 ) -> str:
@@ -85,8 +118,8 @@ def markdown(
         f"# zensync.simulate vs the emulated cluster: predicted vs measured step time ({meta['date']})",
         "",
         'Validates the priced step of `zensync.simulate` (`simulate_step(..., mode="full")`: the schemes\' real '
-        "collectives on `Topology.flat`, plus measured local work times `compute_scale`), the model behind "
-        "`zensync simulate` and experiments/results/simulate_zipf10M_25gbit_2026-12-04 (issue 16 item 3).",
+        "collectives on `Topology.flat`, plus measured local work and transport CPU on the shared cores), the "
+        "model behind `zensync simulate` and experiments/results/simulate_zipf10M_25gbit_2026-12-04 (issue 16 item 3).",
         "",
         f"{'Report written by' if meta.get('report_only') else 'Command'}: `{meta['command']}`; git "
         f"{meta['git_sha']} (tracked files changed in the shared checkout "
@@ -105,10 +138,15 @@ def markdown(
         "## Calibration (separate processes, separate data)",
         "",
         "alpha, beta: ring all-reduce fit; e: equal-block `all_to_all_single` fit, T = a + S / (e beta) "
-        "(S bytes sent per rank; e capped at 1); c: wall of a fixed job on all n ranks at once / its thread-CPU "
-        "seconds alone; x: the exchange efficiency (one pair, both ways at once, over one way). The prediction "
-        "uses `Topology.flat(Link(alpha, beta), all_to_all_efficiency=e, exchange_efficiency=x)` and "
-        "`compute_scale=c`.",
+        "(S bytes sent per rank; e capped at 1); all-to-all latency scale: the 4 KiB all-to-all's time, its "
+        "bytes' share taken off, over (n - 1) alpha; c: wall of a fixed job on all n ranks at once / its "
+        "thread-CPU seconds alone, so the n hosts share n / c cores; x: the exchange efficiency (one pair, both "
+        "ways at once, over one way); transport CPU: the hosts' processes' CPU seconds (all threads, user and "
+        "system) per byte sent plus received, the slope over each collective's three larger calibration sizes. "
+        "The prediction uses `Topology.flat(Link(alpha, beta), all_to_all_efficiency=e, exchange_efficiency=x, "
+        "all_to_all_latency_scale=...)`, `cores=n / c` and `transport_cpu=...` (`zensync.simulate.timeline`: "
+        "local work and transport CPU share the cores; a collective ends when its wire time and its members' "
+        "CPU work are done).",
         "",
         *_calibration_table(cache, rates, hosts),
     ]
@@ -121,7 +159,8 @@ def markdown(
         "alone = the same `run_agreed` step on inputs built beforehand (`zensync.simulate.simulate`), what the "
         "hosts time (since b6a0b31 an independent second simulation of the same step); "
         "network alone = the step's collectives priced with no local work, from the simulated ranks' records / "
-        "from the emulated ranks' own records; local work = the largest rank's simulated local work times c; "
+        "from the emulated ranks' own records; local work = the largest rank's seconds of local work on the shared "
+        "cores; "
         "machine CPU busy = both cores' busy share over the timed steps (`/proc/stat`, kernel network work "
         "included; near 100 %: CPU-bound); process CPU/step = CPU seconds of the hosts' processes in one step "
         "(all threads: local work, gloo, the transport; not the kernel's); phases = per phase, the simulated "
@@ -130,22 +169,7 @@ def markdown(
         "(barriers subtracted), engine = the transport's count (payload + control); calls match = the "
         "simulated ranks sent the same payload bytes (max and mean over ranks) as the emulated ones.",
     ]
-    what_if = [p for p in points if p.get("exchange_what_if_network_s") is not None]
-    if what_if:
-        lines += [
-            "",
-            "What-if (not the model): schemes whose every call is a send_recv exchange with one partner, "
-            "priced with beta times the calibrated exchange efficiency, plus the step alone's local work:",
-            "",
-            "| rate | n | scheme | measured (s) | step alone (s) | what-if (s) | what-if error |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for p in what_if:
-            total = p["exchange_what_if_network_s"] + p["step_compute_s"]
-            lines.append(
-                f"| {p['rate']} | {p['n']} | {p['scheme']} | {p['measured_s']:.3f} | {p['step_predicted_s']:.3f} | "
-                f"{total:.3f} | {total / p['measured_s'] - 1:+.1%} |"
-            )
+    lines += _ablation_table(points)
     if meta.get("notes"):
         lines += ["", "## Findings", "", meta["notes"].rstrip()]
     return "\n".join(lines) + "\n"

@@ -10,12 +10,17 @@ with torch.distributed's env:// variables, one torch/numba thread (the simulated
 2. ``all_to_all_single`` with equal blocks, ``all_to_all_bytes`` sent per rank in all;
 3. pairs of ranks (r, r xor 1) on one connection: data one way, then both ways at once (an
    exchange, as SparCML's recursive doubling sends), at the all-reduce's larger sizes;
-4. a fixed local job (``_job``: the schemes' kind of work on the workload's shape, other data): its
+4. zensync's all_gather_v with uneven blocks (rank r's block (0.5 + r / (n - 1)) / n of the
+   all-reduce's size: the ring of point-to-point steps the schemes' pulls and AGsparse run on gloo);
+5. a fixed local job (``_job``: the schemes' kind of work on the workload's shape, other data): its
    thread-CPU seconds on rank 0 alone (the others wait at a barrier), then its wall seconds on every
    rank at once.
 
 Each timing is the max over ranks of one repetition (every rank times from the same barrier), median
-over ``reps``. Writes ``calibrate_rank<r>.json``.
+over ``reps``. Around each repetition of steps 1-4 every rank also reads its process's CPU seconds
+(all threads: gloo's, the transport's, and the kernel's network work done in its system calls), summed
+over ranks: the transport CPU the collective cost (other users' processes are not in it). Writes
+``calibrate_rank<r>.json``.
 
 ``measure``: for each scheme, the workload's rank-r tensor through ``run_agreed`` (the path
 ``zensync.simulate.sweep.simulate_step`` runs, same options and seed, so the collectives are the
@@ -64,6 +69,22 @@ def _barrier_timed(fn: Callable[[], object], reps: int) -> list[float]:
     return barrier_timed(fn, reps)
 
 
+def _timed_with_cpu(fn: Callable[[], object], reps: int) -> tuple[list[float], list[float]]:
+    """Per rep, the max over ranks of the seconds for ``fn`` after a barrier, and the sum over ranks of
+    the CPU seconds their processes spent in it (all threads, user and system; warm-up call first)."""
+    cpu: list[float] = []
+
+    def run() -> None:
+        before = cpu_seconds()
+        fn()
+        cpu.append(cpu_seconds() - before)
+
+    seconds = _barrier_timed(run, reps)
+    summed = torch.tensor(cpu[1:], dtype=torch.float64)
+    dist.all_reduce(summed)
+    return _max_over_ranks(seconds), summed.tolist()
+
+
 def _max_over_ranks(seconds: list[float]) -> list[float]:
     t = torch.tensor(seconds, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -98,22 +119,23 @@ def _exchange(x: torch.Tensor, y: torch.Tensor, partner: int) -> None:
 
 
 def calibrate(config: dict[str, Any], out: pathlib.Path) -> None:
-    """Steps 1-4 of the module docstring."""
+    """Steps 1-5 of the module docstring."""
     n, rank, reps = dist.get_world_size(), dist.get_rank(), config["reps"]
     result: dict[str, Any] = {"rank": rank}
     # Step 1: ring all-reduce (gloo's allreduce on CPU tensors).
-    allreduce = {}
+    allreduce, cpu = {}, {}
     for nbytes in config["allreduce_bytes"]:
         x = torch.ones(nbytes // 4)
-        allreduce[nbytes] = _max_over_ranks(_barrier_timed(lambda x=x: dist.all_reduce(x), reps))
+        allreduce[nbytes], cpu[f"all_reduce/{nbytes}"] = _timed_with_cpu(lambda x=x: dist.all_reduce(x), reps)
     result["allreduce_s"] = allreduce
     # Step 2: direct all-to-all, equal blocks (what the schemes' all_to_all_v runs on gloo).
     a2a = {}
     for sent_bytes in config["all_to_all_bytes"]:
         block = max(1, sent_bytes // 4 // (n - 1))
         send, recv = torch.ones(block * n), torch.empty(block * n)
-        a2a[block * 4 * (n - 1)] = _max_over_ranks(
-            _barrier_timed(lambda s=send, r=recv: dist.all_to_all_single(r, s), reps)
+        sent = block * 4 * (n - 1)
+        a2a[sent], cpu[f"all_to_all_v/{sent}"] = _timed_with_cpu(
+            lambda s=send, r=recv: dist.all_to_all_single(r, s), reps
         )
     result["all_to_all_s"] = a2a
     # Step 3: one TCP connection, data one way (even rank to odd) vs both ways at once (an exchange).
@@ -121,9 +143,17 @@ def calibrate(config: dict[str, Any], out: pathlib.Path) -> None:
     for nbytes in config["allreduce_bytes"][1:]:
         x, y = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
         one_way[nbytes] = _max_over_ranks(_barrier_timed(lambda x=x, y=y: _one_way(x, y, rank, partner), reps))
-        exchange[nbytes] = _max_over_ranks(_barrier_timed(lambda x=x, y=y: _exchange(x, y, partner), reps))
+        exchange[nbytes], cpu[f"send_recv/{nbytes}"] = _timed_with_cpu(lambda x=x, y=y: _exchange(x, y, partner), reps)
     result.update(one_way_s=one_way, exchange_s=exchange)
-    # Step 4: local-work contention: rank 0 alone (thread CPU), then every rank at once (wall).
+    # Step 4: zensync's uneven all_gather_v (a ring of point-to-point steps on gloo).
+    transport, gather = transport_for_group(None), {}
+    for nbytes in config["allreduce_bytes"]:
+        blocks = [max(1, int(nbytes / 4 / n * (0.5 + r / (n - 1)))) for r in range(n)]
+        x = torch.ones(blocks[rank])
+        total = 4 * sum(blocks)
+        gather[total], cpu[f"all_gather_v/{total}"] = _timed_with_cpu(lambda x=x: transport.all_gather_v(x), reps)
+    result.update(all_gather_v_s=gather, transport_cpu_s=cpu)
+    # Step 5: local-work contention: rank 0 alone (thread CPU), then every rank at once (wall).
     job = functools.partial(_job, config["job_rows"], config["job_dim"], config["job_reps"])
     _job(config["job_rows"], config["job_dim"], 1)
     dist.barrier()

@@ -14,28 +14,30 @@ link tbf-shaped to the rate each way):
    ``calibrate``): alpha and beta from ring all-reduces at four sizes (T = 2(n-1) alpha + 2(n-1)/n B /
    beta: beta from the least-squares slope over the three bandwidth-bound sizes, alpha from the 4 KiB
    one); the all-to-all efficiency e from equal-block all-to-alls at those three sizes (T = a + S /
-   (e beta), S the bytes a rank sends: e = 1 / (beta * slope), at most 1); the exchange efficiency
-   (one connection busy both ways vs one way; reported, the timeline has no term for it);
-   the local-work contention factor c = wall seconds of a fixed job run by the n ranks at once / its
-   thread-CPU seconds run alone (n processes share this machine's cores).
+   (e beta), S the bytes a rank sends: e = 1 / (beta * slope), at most 1) and its latency scale (the
+   4 KiB all-to-all over its n - 1 latencies); the exchange efficiency (one connection busy both ways
+   vs one way); the transport CPU per byte moved of each collective the schemes run (all-reduce,
+   all-to-all, point-to-point exchange, zensync's uneven ring all_gather_v: the hosts' processes' CPU
+   seconds over bytes sent plus received); the local-work contention factor c = wall seconds of a
+   fixed job run by the n ranks at once / its thread-CPU seconds run alone, i.e. the n hosts share
+   n / c cores.
 2. Measurement (``measure``): each scheme's ``run_agreed`` on the workload (rank r's tensor of
    ``ZipfWorkload``, the data and path ``simulate_step`` uses), median over ``--steps`` steps after a
    warm-up of the max over ranks; wire bytes per host from eth0's tx counter vs the engine's count.
 3. Prediction (in this process, after the cluster is gone): ``simulate_step(scheme, n, workload,
-   Topology.flat(Link(alpha, beta), all_to_all_efficiency=e, exchange_efficiency=x), mode="full",
-   compute_scale=c)``, and the
-   same step on inputs built beforehand (``zensync.simulate.simulate``; ``predict``), the quantity the
-   hosts time. Before b6a0b31 simulate_step charged building each rank's input tensor as local work;
-   since, the two are independent simulations of the same step (their gap is the simulator's noise).
+   topology, mode="full", cores=n / c, transport_cpu=...)`` with ``topology = Topology.flat(Link(alpha,
+   beta), all_to_all_efficiency=e, exchange_efficiency=x, all_to_all_latency_scale=...)``: the
+   simulated ranks' local work and the collectives' transport CPU share the n / c cores (processor
+   sharing, ``zensync.simulate.timeline``), and the same step on inputs built beforehand
+   (``zensync.simulate.simulate``; ``predict``), the quantity the hosts time. Before b6a0b31
+   simulate_step charged building each rank's input tensor as local work; since, the two are
+   independent simulations of the same step (their gap is the simulator's noise).
 
 The workload is sized to the rate (``ROWS_PER_MBIT`` rows of ``DIM`` float32 per Mbit/s: 6.4 MB dense at
 100 Mbit/s, 64 MB at 1 Gbit/s; each rank holds ``DENSITY`` of the rows, Zipf skew 1.1), so each step
 moves 0.2-2 s of wire time. Finished points are cached (``--cache``, keyed by rate, n and scheme, with
 the calibration per (rate, n)); a rerun skips them. Target (issue 16 item 3): predicted within 15 % of
-measured for every scheme at n <= 16. Expected (2026-12-04, 2 cores): the step alone within 15 % for
-dense, zen and agsparse at 100 Mbit/s and for most points at 1 Gbit/s n = 4; SparCML 25-43 % under
-(its exchanges run at half rate on the emulator, which the timeline does not model), sparse_ps over at
-n >= 8, and 1 Gbit/s n = 16 CPU-bound.
+measured for every scheme at n <= 16 (the machine must be otherwise idle: the hosts share its cores).
 Results: ``experiments/results/simulate_validation_<date>.{md,json,png}`` (about 17 min for all points).
 """
 
@@ -86,6 +88,8 @@ largest messages: the least-squares fit then weighs the bandwidth-bound sizes th
 processes on 2 cores, small collectives pay scheduling delays that are not affine in the size)."""
 JOB_BYTES = 4e8
 """The contention job processes about this many bytes of the workload's shape (0.3-0.5 s of one core here)."""
+REPEATS = 5
+"""Recorded steps per prediction (the local work of each call: their median), as the hosts time 5 steps."""
 IDLE_SAMPLE_S = 5.0
 """Before each cluster: how long to sample how busy the cores are with other users' work."""
 _PORTS = {"calibrate": 29561, "measure": 29562}
@@ -138,6 +142,8 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
     )
     solo = statistics.median(r0["job_solo_thread_cpu_s"])
     concurrent = statistics.median(r0["job_concurrent_wall_s"])
+    gather = {int(b): statistics.median(s) for b, s in r0["all_gather_v_s"].items()}
+    busy = {key: statistics.median(s) for key, s in r0["transport_cpu_s"].items()}
     return {
         "alpha_s": alpha,
         "beta_bytes_per_s": beta,
@@ -154,15 +160,63 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
         "job_solo_thread_cpu_s": solo,
         "job_concurrent_wall_s": concurrent,
         "contention": concurrent / solo,
+        "all_gather_v_median_s": gather,
+        "transport_cpu_median_s": busy,
+        "transport_cpu_s_per_byte": transport_cpu_fit(busy, n),
     }
 
 
-def topology_of(cal: dict[str, Any]) -> Topology:
-    """The calibrated network: alpha-beta, all-to-all efficiency and the exchange efficiency (a
-    send_recv that sends and receives over one pair; SparCML's recursive doubling)."""
+MOVED_PER_SIZE = {
+    "all_reduce": lambda n, size: 4 * (n - 1) * size,  # the ring: each rank sends and receives 2 (n-1)/n B
+    "all_to_all_v": lambda n, size: 2 * n * size,  # size: what each rank sends (and receives)
+    "send_recv": lambda n, size: 2 * n * size,  # every rank exchanges size with its partner
+    "all_gather_v": lambda n, size: 2 * (n - 1) * size,  # size: every block; each rank sends and gets n-1 of them
+}
+"""Per calibrated op: the bytes all ranks together send plus receive in one collective of that size."""
+
+
+def transport_cpu_fit(busy: dict[str, float], n: int) -> dict[str, float]:
+    """Per op, the ranks' processes' CPU seconds per byte moved (sent + received, all ranks): the least-
+    squares slope over the calibration's sizes but the smallest (latency-bound), at least 0."""
+    out = {}
+    for op, moved in MOVED_PER_SIZE.items():
+        points = sorted((int(key.split("/")[1]), s) for key, s in busy.items() if key.split("/")[0] == op)[-3:]
+        slope = fit_affine([moved(n, size) for size, _ in points], [s for _, s in points])[1]
+        out[op] = max(0.0, slope)
+    return out
+
+
+def all_to_all_latency_scale(cal: dict[str, Any], n: int) -> float:
+    """The calibration's smallest (4 KiB, latency-bound) all-to-all over the ``n - 1`` latencies the
+    model charges it, its bytes' time taken off: gloo posts the n - 1 messages at once, so they
+    overlap in part (``Topology.all_to_all_latency_scale``)."""
+    a2a = {int(b): t for b, t in cal["all_to_all_median_s"].items()}
+    small = min(a2a)
+    byte_s = small / (cal["all_to_all_efficiency"] * cal["beta_bytes_per_s"])  # small: bytes each rank sends
+    return min(1.0, max(1e-3, (a2a[small] - byte_s) / ((n - 1) * cal["alpha_s"])))
+
+
+def cores_of(cal: dict[str, Any], n: int) -> float:
+    """The cores the n hosts' local work shares: the contention job on all n ranks at once took c
+    times its CPU seconds alone, which a processor-sharing CPU of n / c cores gives."""
+    return n / cal["contention"]
+
+
+def transport_cpu_of(cal: dict[str, Any]) -> dict[str, float] | None:
+    """The calibrated transport CPU per byte moved, per op (None: a calibration from before it was measured)."""
+    return cal.get("transport_cpu_s_per_byte")
+
+
+def topology_of(cal: dict[str, Any], n: int) -> Topology:
+    """The calibrated network: alpha-beta, all-to-all efficiency and latency scale, and the exchange
+    efficiency (a send_recv that sends and receives over one pair; SparCML's recursive doubling)."""
     link = Link(cal["alpha_s"], cal["beta_bytes_per_s"])
-    exchange = min(1.0, cal["exchange_efficiency"])
-    return Topology.flat(link, all_to_all_efficiency=cal["all_to_all_efficiency"], exchange_efficiency=exchange)
+    return Topology.flat(
+        link,
+        all_to_all_efficiency=cal["all_to_all_efficiency"],
+        exchange_efficiency=min(1.0, cal["exchange_efficiency"]),
+        all_to_all_latency_scale=all_to_all_latency_scale(cal, n),
+    )
 
 
 def repredict(cache: dict[str, Any]) -> None:
@@ -171,7 +225,7 @@ def repredict(cache: dict[str, Any]) -> None:
     for key, row in sorted(cache["points"].items()):
         rate, n_text, scheme = key.split("/")
         n, cal = int(n_text), cache["calibration"][f"{rate}/{n_text}"]
-        topology = topology_of(cal)
+        topology = topology_of(cal, n)
         _log(f"{key}: predicting again")
         row.update(predict(scheme, n, workload_for(parse_rate(rate)), topology, cal))
         row["error"] = row["predicted_s"] / row["measured_s"] - 1
@@ -186,18 +240,7 @@ def _calls(rows: list[dict[str, Any]]) -> list[Call]:
     return [Call(**{**c, "group": tuple(c["group"]), "sent": tuple(c["sent"])}) for c in rows]
 
 
-def _exchange_what_if_s(calls: list[list[Call]], cal: dict[str, Any]) -> float | None:
-    """Network-alone price of ``calls`` with beta times the calibrated exchange efficiency, when every
-    call is a send_recv exchange with one partner (SparCML at n = 2^k); None otherwise. A what-if:
-    the timeline prices a send_recv at full duplex."""
-    net = network_calls(calls)
-    if not all(c.op == "send_recv" and c.sent == (c.source,) for per_rank in net for c in per_rank):
-        return None
-    link = Link(cal["alpha_s"], cal["beta_bytes_per_s"] * cal["exchange_efficiency"])
-    return price(net, Topology.flat(link)).seconds
-
-
-def summarize_measured(ranks: list[dict[str, Any]], topology: Topology, cal: dict[str, Any]) -> dict[str, Any]:
+def summarize_measured(ranks: list[dict[str, Any]], topology: Topology) -> dict[str, Any]:
     """One scheme's measured row from its ranks' files; its real calls priced on the network alone."""
     calls = [_calls(r["calls"]) for r in ranks]
     engine = [r["engine_bytes"] for r in ranks]
@@ -216,7 +259,6 @@ def summarize_measured(ranks: list[dict[str, Any]], topology: Topology, cal: dic
         },
         "local_cpu_s_max": max(sum(c.compute_s for c in per_rank) for per_rank in calls),
         "network_only_s": price(network_calls(calls), topology, compute_scale=0.0).seconds,
-        "exchange_what_if_network_s": _exchange_what_if_s(calls, cal),
         "collectives_per_rank": len([c for c in calls[0] if c.op != "local"]),
         "wire_tx_per_host": wire,
         "engine_bytes_per_host": engine,
@@ -297,9 +339,9 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
         folder = _run_role(cluster, "measure", config, tmp)
         measured = {s: _read(folder, s, n) for s in todo}
     loads.append(os.getloadavg()[0])
-    topology = topology_of(cal)
+    topology = topology_of(cal, n)
     for scheme in todo:
-        row = summarize_measured(measured[scheme], topology, cal)
+        row = summarize_measured(measured[scheme], topology)
         _log(f"{cal_key}: predicting {scheme}")
         row.update(rate=rate, n=n, scheme=scheme, load_avg_1m=loads, machine_busy_before=busy_before)
         row.update(predict(scheme, n, workload, topology, cal))
@@ -321,15 +363,20 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
 
 
 def predict(scheme: str, n: int, workload: ZipfWorkload, topology: Topology, cal: dict[str, Any]) -> dict[str, Any]:
-    """The step priced two ways, at ``compute_scale`` = the calibrated contention factor.
+    """The step priced two ways, each recorded ``REPEATS`` times (the median local work per call, as the
+    hosts' time is the median of their steps), the local work and transport CPU sharing the calibrated
+    cores (``cores_of``, ``transport_cpu_of``).
 
     1. ``simulate_step(..., mode="full")``, as ``zensync simulate`` runs it (before b6a0b31 its recorded
        step built rank r's input tensor, ``workload.tensor(r)``, charged as local work).
     2. The step alone: the same ``run_agreed`` call on tensors built beforehand (``zensync.simulate.simulate``,
-       one unrecorded warm-up as simulate_step), which is what the emulated hosts time.
+       one unrecorded warm-up as simulate_step), which is what the emulated hosts time; its records are
+       also priced with each model term left out in turn (``ablation``).
     """
-    c = cal["contention"]
-    row = simulate_step(scheme, n, workload, topology, mode="full", compute_scale=c)
+    cores, transport = cores_of(cal, n), transport_cpu_of(cal)
+    row = simulate_step(
+        scheme, n, workload, topology, mode="full", cores=cores, transport_cpu=transport, repeats=REPEATS
+    )
     tensors = [workload.tensor(r) for r in range(n)]
 
     def body(t: Any) -> None:
@@ -337,7 +384,7 @@ def predict(scheme: str, n: int, workload: ZipfWorkload, topology: Topology, cal
         view = item_view(tensors[t.rank], "row")
         run_agreed(view, t, scheme=scheme, options=options, h0_seed=H0_SEED, stats=SyncStats())
 
-    step = simulate(body, n, topology, compute_scale=c, warmup=True)
+    step = simulate(body, n, topology, cores=cores, transport_cpu=transport, warmup=True, repeats=REPEATS)
     return {
         "predicted_s": row["seconds"],
         "predicted_compute_s": row["compute_seconds"],
@@ -349,6 +396,22 @@ def predict(scheme: str, n: int, workload: ZipfWorkload, topology: Topology, cal
         "step_compute_s": step.priced.compute_seconds,
         "step_phase_s": step.priced.phase_seconds,
         "step_network_s": price(network_calls(step.calls), topology, compute_scale=0.0).seconds,
+        "ablation_s": ablation(step.calls, topology, cal, n),
+    }
+
+
+def ablation(calls: list[list[Call]], topology: Topology, cal: dict[str, Any], n: int) -> dict[str, float]:
+    """One step's records priced by the model with its terms added one at a time: the network alone;
+    each rank's local work on a core of its own times the contention c (the model before processor
+    sharing); the n / c shared cores instead; the all-to-all latency scale; the transport CPU."""
+    serial = dataclasses.replace(topology, all_to_all_latency_scale=1.0)
+    cores, transport = cores_of(cal, n), transport_cpu_of(cal)
+    return {
+        "network": price(calls, serial, compute_scale=0.0).seconds,
+        "times c": price(calls, serial, compute_scale=cal["contention"]).seconds,
+        "shared cores": price(calls, serial, cores=cores).seconds,
+        "+ all-to-all latency": price(calls, topology, cores=cores).seconds,
+        "+ transport CPU": price(calls, topology, cores=cores, transport_cpu=transport).seconds,
     }
 
 

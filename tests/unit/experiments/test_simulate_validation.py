@@ -1,0 +1,55 @@
+"""experiments/simulate_validation.py's calibration fit: synthetic rank files made from a known
+network and host model give that model back (alpha, beta, the all-to-all's efficiency and latency
+scale, the exchange efficiency, the cores and each collective's transport CPU per byte)."""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import sys
+
+import pytest
+
+EXPERIMENTS = pathlib.Path(__file__).resolve().parents[3] / "experiments"
+
+
+@pytest.fixture(scope="module")
+def driver():
+    sys.path.insert(0, str(EXPERIMENTS))
+    try:
+        yield importlib.import_module("simulate_validation")
+    finally:
+        sys.path.remove(str(EXPERIMENTS))
+
+
+@pytest.mark.parametrize("n", [4, 16])
+def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n: int) -> None:
+    alpha, beta, e, scale, x, c = 2e-3, 1.1e7, 0.7, 0.5, 0.5, n / 1.7
+    costs = {"all_reduce": 0.6e-9, "all_to_all_v": 0.9e-9, "send_recv": 1.3e-9, "all_gather_v": 1.6e-9}
+    sizes = driver._sizes(100 * 10**6)
+    reps = 3
+    r0 = {
+        "allreduce_s": {b: [2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta] * reps for b in sizes},
+        "all_to_all_s": {b: [scale * (n - 1) * alpha + b / (e * beta)] * reps for b in sizes},
+        "one_way_s": {b: [b / 1.2e7] * reps for b in sizes[1:]},
+        "exchange_s": {b: [b / (x * 1.2e7)] * reps for b in sizes[1:]},
+        "all_gather_v_s": {b: [0.1] * reps for b in sizes},
+        "job_solo_thread_cpu_s": [0.3] * reps,
+        "job_concurrent_wall_s": [0.3 * c] * reps,
+        "transport_cpu_s": {
+            f"{op}/{b}": [0.004 + cost * driver.MOVED_PER_SIZE[op](n, b)] * reps
+            for op, cost in costs.items()
+            for b in sizes
+        },
+    }
+    cal = driver.fit_calibration([r0], n, 100 * 10**6)
+    assert cal["alpha_s"] == pytest.approx(alpha, rel=1e-6)
+    assert cal["beta_bytes_per_s"] == pytest.approx(beta, rel=1e-6)
+    assert cal["all_to_all_efficiency"] == pytest.approx(e, rel=1e-6)
+    assert driver.all_to_all_latency_scale(cal, n) == pytest.approx(scale, rel=1e-6)
+    assert cal["exchange_efficiency"] == pytest.approx(x, rel=1e-6)
+    assert driver.cores_of(cal, n) == pytest.approx(1.7, rel=1e-9)
+    assert cal["transport_cpu_s_per_byte"] == pytest.approx(costs, rel=1e-6)
+    topology = driver.topology_of(cal, n)
+    assert topology.all_to_all_latency_scale == pytest.approx(scale, rel=1e-6)
+    assert (topology.exchange_efficiency, topology.all_to_all_efficiency) == pytest.approx((x, e), rel=1e-6)
