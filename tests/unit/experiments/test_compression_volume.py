@@ -3,25 +3,16 @@ payloads equal the cost model's for every compressor the planner prices."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import pathlib
-import sys
 
 import pytest
 
 from zensync import compress
 
-EXPERIMENTS = pathlib.Path(__file__).resolve().parents[3] / "experiments"
-
 
 @pytest.fixture(scope="module")
-def driver():
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        yield importlib.import_module("compression_volume")
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+def driver(experiment_module):
+    return experiment_module("compression_volume")
 
 
 def test_onebit_allreduce_bytes_by_hand(driver) -> None:

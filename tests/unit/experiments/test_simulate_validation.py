@@ -4,22 +4,12 @@ scale, the exchange efficiency, the cores and each collective's transport CPU pe
 
 from __future__ import annotations
 
-import importlib
-import pathlib
-import sys
-
 import pytest
-
-EXPERIMENTS = pathlib.Path(__file__).resolve().parents[3] / "experiments"
 
 
 @pytest.fixture(scope="module")
-def driver():
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        yield importlib.import_module("simulate_validation")
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+def driver(experiment_module):
+    return experiment_module("simulate_validation")
 
 
 @pytest.mark.parametrize("n", [4, 16])

@@ -3,23 +3,15 @@ report's parts, and a rerun served from the cache."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import pathlib
-import sys
 
 import pytest
 
-EXPERIMENTS = pathlib.Path(__file__).resolve().parents[3] / "experiments"
-
 
 @pytest.fixture(scope="module")
-def driver():
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        yield importlib.import_module("zen_scaling")
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+def driver(experiment_module):
+    return experiment_module("zen_scaling")
 
 
 def _shrink(driver, monkeypatch) -> None:
@@ -31,9 +23,11 @@ def _shrink(driver, monkeypatch) -> None:
     monkeypatch.setattr(driver, "STATS_RANKS", 8)
 
 
-def test_tiny_run_reports_every_part_and_resumes(driver, tmp_path: pathlib.Path, monkeypatch) -> None:
+def test_tiny_run_reports_every_part_and_resumes(
+    driver, experiment_module, tmp_path: pathlib.Path, monkeypatch
+) -> None:
     _shrink(driver, monkeypatch)
-    report_module = importlib.import_module("_zen_scaling_report")
+    report_module = experiment_module("_zen_scaling_report")
     monkeypatch.setattr(report_module, "_figure", lambda data, path: False)  # matplotlib: the slow test below
     prefix = tmp_path / "zs"
     assert driver.main(["--tiny", "-o", str(prefix)]) == 0
