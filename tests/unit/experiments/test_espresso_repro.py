@@ -2,7 +2,8 @@
 
 Checks real values under the planner's own model: the plan is never slower than FP32 or FP16 and
 never faster than the upper bound; the restricted planners that are subsets of the full search
-(GPU-only, no fusion) are never faster than it; a rerun reuses every finished point.
+(GPU-only, no fusion) are never faster than it; the selection-time workload is the batch the rule
+(``selection_batch``) picks; a rerun reuses every finished point.
 """
 
 from __future__ import annotations
@@ -78,7 +79,34 @@ def test_algorithm1_as_stated_beside_table_5(result) -> None:
     assert r["simulations"] == 1 + r["tensors_tried"] * r["gpu_options"] and 0 < r["tensors_tried"] <= 10
     assert r["as_stated_ms"] > 0 and r["max_plus_ms"] > 0
     text = (out / "espresso_repro_test.md").read_text()
-    assert "Algorithm 1 as the paper states it" in text and "| lstm | 10 / 10 | 10 |" in text
+    assert "on section 1's workload and on one of Table 6's size" in text and "| lstm | 10 / 10 | 10 |" in text
+
+
+def test_selection_batch_rule(driver) -> None:
+    """The count closest to the target wins; ties go to the batch nearest the anchor, then the larger."""
+    assert driver.selection_batch({1: 20, 2: 9, 3: 13, 4: 0}, target=11, anchor=4) == 3
+    assert driver.selection_batch({1: 20, 2: 9, 3: 13, 4: 0}, target=11, anchor=1) == 2
+    assert driver.selection_batch({1: 5, 2: 5, 3: 5, 4: 5}, target=5, anchor=2) == 2
+    assert driver.selection_batch({1: 4, 2: 6, 3: 6}, target=5, anchor=2) == 2  # 2 is the anchor
+    assert driver.selection_batch({1: 4, 3: 6}, target=5, anchor=2) == 3  # equally near: the larger
+    assert driver.selection_batch({1: 90, 2: 60, 3: 40}, target=54, anchor=3) == 2  # |60 - 54| < |40 - 54|
+
+
+def test_selection_workload_follows_the_rule(result) -> None:
+    """LSTM: the scan covers 1 .. 2 x section 1's batch, the batch it picks has the count closest to Table
+    6's (5 tensors), the selection timings are of that workload and its plan compresses that count."""
+    out, doc = result
+    anchor = int(doc["batches"]["lstm"].split()[0])
+    rule = doc["points"][f"selbatch|lstm|{anchor}"]
+    counts = {int(b): c for b, c in rule["counts"].items()}
+    assert rule["target"] == 5 and sorted(counts) == list(range(1, 2 * anchor + 1))
+    assert abs(counts[rule["batch"]] - 5) == min(abs(c - 5) for c in counts.values())
+    assert doc["selection_batches"]["lstm"].startswith(f"{rule['batch']} x ")
+    select = doc["points"][f"select-w|lstm|{rule['batch']}|1"]
+    assert select["compressed_full"] == counts[rule["batch"]]
+    assert doc["points"][f"alg1-w|lstm|{rule['batch']}|1"]["tensors"] == 10
+    text = (out / "espresso_repro_test.md").read_text()
+    assert f"/ 5 | {counts.get(rule['batch'] - 1, '-')}, {counts[rule['batch']]}," in text
 
 
 def test_rerun_reuses_finished_points(driver, result, monkeypatch) -> None:
@@ -87,7 +115,14 @@ def test_rerun_reuses_finished_points(driver, result, monkeypatch) -> None:
     def fail(*args, **kwargs):
         raise AssertionError("a finished point was recomputed")
 
-    for name in ("iteration_point", "selection_point", "algorithm1_point", "ablation_point", "_calibrated"):
+    for name in (
+        "iteration_point",
+        "selection_point",
+        "algorithm1_point",
+        "ablation_point",
+        "compressed_tensors",
+        "_calibrated",
+    ):
         monkeypatch.setattr(driver, name, fail)
     assert driver.main([*ARGS, "--out", str(out)]) == 0
     assert json.loads((out / "espresso_repro_test.json").read_text())["points"] == before["points"]
