@@ -104,9 +104,11 @@ def test_selection_workload_follows_the_rule(result) -> None:
     assert doc["selection_batches"]["lstm"].startswith(f"{rule['batch']} x ")
     select = doc["points"][f"select-w|lstm|{rule['batch']}|1"]
     assert select["compressed_full"] == counts[rule["batch"]]
-    assert doc["points"][f"alg1-w|lstm|{rule['batch']}|1"]["tensors"] == 10
+    alg1, alg1_before = doc["points"][f"alg1-w|lstm|{rule['batch']}|1"], doc["points"]["alg1|lstm|64|1"]
+    assert alg1["tensors"] == 10
     text = (out / "espresso_repro_test.md").read_text()
-    assert f"/ 5 | {counts.get(rule['batch'] - 1, '-')}, {counts[rule['batch']]}," in text
+    near = ", ".join(str(counts.get(rule["batch"] + step, "-")) for step in (-1, 0, 1))
+    assert f"/ 5 | {alg1_before['compressed']} -> {alg1['compressed']} | {near} |" in text
 
 
 def test_rerun_reuses_finished_points(driver, result, monkeypatch) -> None:
