@@ -8,26 +8,18 @@ never faster than the upper bound; the restricted planners that are subsets of t
 
 from __future__ import annotations
 
-import importlib
 import json
-import pathlib
-import sys
 
 import pytest
 
-EXPERIMENTS = pathlib.Path(__file__).resolve().parents[3] / "experiments"
 ARGS = ["--models", "lstm", "--gpus", "16", "64", "--repeats", "1", "--date", "test", "--no-plot"]
 EPS_S = 1e-9
 """Float noise of the simulator's sums, in milliseconds here (far below any real difference)."""
 
 
 @pytest.fixture(scope="module")
-def driver():
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-        yield importlib.import_module("espresso_repro")
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+def driver(experiment_module):
+    return experiment_module("espresso_repro")
 
 
 @pytest.fixture(scope="module")
