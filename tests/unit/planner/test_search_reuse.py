@@ -13,46 +13,30 @@ Profiles are synthetic and compressor models explicit (as in test_search.py).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
 
 import numpy as np
 import pytest
 
+from tests.unit.planner.cases import random_case
 from zensync.cost import AffineCost, CompressorModel
 from zensync.planner._pricing import PricedOptions
 from zensync.planner.cluster import ClusterSpec
-from zensync.planner.profile import ModelProfile, TensorProfile
+from zensync.planner.profile import ModelProfile
 from zensync.planner.search import _gpu_pass, _search, _SimulatedVariants, espresso_algorithm1, plan
 from zensync.planner.simulator import Strategy, simulate
 
-MODELS = {
-    "dgc": CompressorModel.family("dgc", bits_per_element=0.64, allreduce_compatible=False, spec="dgc:0.01"),
-    "randomk": CompressorModel.family("randomk", bits_per_element=0.32, allreduce_compatible=True, spec="randomk:0.01"),
-    "efsignsgd": CompressorModel.family(
-        "efsignsgd", bits_per_element=1.0, fixed_payload_bytes=4, allreduce_compatible=False
-    ),
-}
 CHEAP_CPU = AffineCost(fixed_s=1e-5, per_element_s=2e-10)
 """CPU compression cheap enough that the CPU-only space sometimes wins (its branch is exercised)."""
 
 
 def _random_case(rng: random.Random, max_tensors: int = 8) -> tuple[ModelProfile, ClusterSpec, CompressorModel]:
-    n = rng.randint(2, max_tensors)
-    numels = [rng.choice([2**10, 2**14, 2**18, 2**20, 2**22]) for _ in range(n)]
-    ready = list(itertools.accumulate(rng.choice([0.0, rng.uniform(0, 0.004)]) for _ in range(n)))
-    tensors = tuple(
-        TensorProfile(name=f"t{i}", shape=(s,), ready_s=r) for i, (s, r) in enumerate(zip(numels, ready, strict=True))
-    )
-    profile = ModelProfile(model="r", tensors=tensors, forward_s=0.003, backward_s=ready[-1] + rng.uniform(0, 0.005))
-    cluster = ClusterSpec.from_strings(
-        nodes=rng.choice([1, 2, 4]),
-        gpus_per_node=rng.choice([1, 2, 4]),
-        inter=rng.choice(["10Gbit", "25Gbit", "100Gbit"]),
-        intra=rng.choice(["pcie", "nvlink"]),
-        cpu_workers=rng.choice([1, 2]),
-    )
-    model = MODELS[rng.choice(sorted(MODELS))]
+    """2 to ``max_tensors`` tensors, some ready together; half the time CPU compression cheap enough
+    that the CPU-only space can win."""
+    profile, cluster, model = random_case(
+        rng, counts=range(2, max_tensors + 1), sizes=[2**10, 2**14, 2**18, 2**20, 2**22],
+        gap=lambda r: r.choice([0.0, r.uniform(0, 0.004)]), forward_s=0.003, cpu_workers=[1, 2],
+    )  # fmt: skip
     if rng.random() < 0.5:
         model = dataclasses.replace(model, cpu_compress=CHEAP_CPU, cpu_decompress=CHEAP_CPU)
     return profile, cluster, model
