@@ -108,6 +108,33 @@ def _ablation_table(points: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _rank_table(points: list[dict[str, Any]]) -> list[str]:
+    """For the points outside the tolerance: per rank and phase, the seconds inside the phase's
+    collectives (waits for peers included), simulated (the step alone) / measured (median over steps)."""
+    rows = [p for p in points if abs(p["error"]) > TOLERANCE and p.get("measured_rank_phase_comm_s")]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Inside the collectives, per rank (points outside 15 %)",
+        "",
+        "Per rank and phase, seconds from the call's start to its end (waits for the other members included), "
+        "simulated (the step alone) / measured (each host's median over its steps).",
+        "",
+        "| rate | n | scheme | phase | per rank: simulated / measured (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for p in rows:
+        simulated, measured = p["step_rank_call_s"], p["measured_rank_phase_comm_s"]
+        for phase in sorted(measured[0]):
+            cells = ", ".join(
+                f"{r}: {sim.get(phase, 0.0):.3f} / {meas.get(phase, 0.0):.3f}"
+                for r, (sim, meas) in enumerate(zip(simulated, measured, strict=True))
+            )
+            lines.append(f"| {p['rate']} | {p['n']} | {p['scheme']} | {phase} | {cells} |")
+    return lines
+
+
 def markdown(
     meta: dict[str, Any], cache: dict[str, Any], rates: list[str], hosts: list[int], schemes: list[str]
 ) -> str:
@@ -170,6 +197,7 @@ def markdown(
         "simulated ranks sent the same payload bytes (max and mean over ranks) as the emulated ones.",
     ]
     lines += _ablation_table(points)
+    lines += _rank_table(points)
     if meta.get("notes"):
         lines += ["", "## Findings", "", meta["notes"].rstrip()]
     return "\n".join(lines) + "\n"

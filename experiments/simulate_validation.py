@@ -257,6 +257,13 @@ def summarize_measured(ranks: list[dict[str, Any]], topology: Topology) -> dict[
             phase: statistics.median(max(r["phase_comm_s"][i].get(phase, 0.0) for r in ranks) for i in range(steps))
             for phase in ranks[0]["phase_comm_s"][0]
         },
+        "measured_rank_phase_comm_s": [
+            {
+                phase: statistics.median(step.get(phase, 0.0) for step in r["phase_comm_s"])
+                for phase in r["phase_comm_s"][0]
+            }
+            for r in ranks
+        ],
         "local_cpu_s_max": max(sum(c.compute_s for c in per_rank) for per_rank in calls),
         "network_only_s": price(network_calls(calls), topology, compute_scale=0.0).seconds,
         "collectives_per_rank": len([c for c in calls[0] if c.op != "local"]),
@@ -396,6 +403,7 @@ def predict(scheme: str, n: int, workload: ZipfWorkload, topology: Topology, cal
         "step_compute_s": step.priced.compute_seconds,
         "step_phase_s": step.priced.phase_seconds,
         "step_network_s": price(network_calls(step.calls), topology, compute_scale=0.0).seconds,
+        "step_rank_call_s": list(step.priced.rank_call_seconds),
         "ablation_s": ablation(step.calls, topology, cal, n),
     }
 

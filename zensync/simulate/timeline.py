@@ -61,6 +61,10 @@ class Priced:
     compute_seconds: float = 0.0
     """The largest, over ranks, of the seconds its clock spent on local work (``compute_s`` times
     the scale, stretched by the cores' sharing when ``price`` was given ``cores``)."""
+    rank_call_seconds: tuple[dict[str, float], ...] = ()
+    """Per rank, per phase: the seconds from each call's start (its local work done) to its end:
+    the waits for the group's other members and the call itself (what a rank times inside its
+    collectives)."""
 
 
 _SIZE_BYTES = 8
@@ -180,6 +184,8 @@ class _Replay:
         self.work_began = [0.0] * ranks
         self.computed = [0.0] * ranks
         self.spent: list[dict[str, float]] = [collections.defaultdict(float) for _ in range(ranks)]
+        self.in_calls: list[dict[str, float]] = [collections.defaultdict(float) for _ in range(ranks)]
+        self.call_began = [0.0] * ranks
         self.waiting: dict[tuple[int, ...], list[int]] = collections.defaultdict(list)
         self.inbox: dict[tuple[int, int], collections.deque[tuple[float, int]]] = collections.defaultdict(
             collections.deque
@@ -205,6 +211,7 @@ class _Replay:
             phase_seconds={p: max(per_rank.get(p, 0.0) for per_rank in self.spent) for p in phases},
             calls=self.priced,
             compute_seconds=max(self.computed, default=0.0),
+            rank_call_seconds=tuple(dict(per_rank) for per_rank in self.in_calls),
         )
 
     # -- the processor-sharing CPU -------------------------------------------------------------------------
@@ -283,6 +290,8 @@ class _Replay:
         """Rank r's head call ends at ``end``: its span goes to the call's phase; its next call begins."""
         call = self.calls[r][self.heads[r]]
         self.spent[r][call.phase] += end - self.began[r]
+        if call.op != "local":
+            self.in_calls[r][call.phase] += end - self.call_began[r]
         self.began[r] = end
         self.heads[r] += 1
         self._next(r)
@@ -294,6 +303,7 @@ class _Replay:
     def _start(self, r: int) -> None:
         """Rank r's local work is done: start its head call, or wait for what the call needs."""
         call = self.calls[r][self.heads[r]]
+        self.call_began[r] = self.now
         if call.op == "local":
             self._finish(r, self.now)
         elif call.op == "send_recv":

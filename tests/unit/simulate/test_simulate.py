@@ -196,6 +196,9 @@ def test_priced_local_work_by_hand() -> None:
     assert priced.compute_seconds == pytest.approx(2.25, rel=1e-12)
     # Phase a: rank 0's 1.0 s of work and the call; rank 1 waits for it (0.75 s) too.
     assert priced.phase_seconds == pytest.approx({"a": 1.0 + net, "b": 2.0}, rel=1e-12)
+    # Inside the calls: rank 0 the all-reduce alone, rank 1 its 0.75 s wait for rank 0 too.
+    assert priced.rank_call_seconds[0] == pytest.approx({"a": net}, rel=1e-12)
+    assert priced.rank_call_seconds[1] == pytest.approx({"a": 0.75 + net}, rel=1e-12)
     with pytest.raises(ValueError, match="compute_scale"):
         price(calls, topo, compute_scale=-1.0)
 
