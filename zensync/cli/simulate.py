@@ -275,7 +275,8 @@ def _report(
 
 def _transport_cpu(text: str) -> dict[str, float]:
     """``OP=NS,...`` (nanoseconds per byte) as ``price``'s ``transport_cpu`` (seconds per byte)."""
-    ops = ("all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "all_to_all_v", "broadcast", "send_recv")
+    from zensync.simulate.timeline import TRANSPORT_CPU_OPS
+
     costs = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
         op, _, value = item.partition("=")
@@ -283,8 +284,10 @@ def _transport_cpu(text: str) -> dict[str, float]:
             ns = float(value)
         except ValueError:
             ns = float("nan")
-        if op not in ops or not 0 <= ns < float("inf"):
-            raise ValueError(f"--transport-cpu: {item!r} must be OP=NS with NS >= 0 and OP one of {', '.join(ops)}")
+        if op not in TRANSPORT_CPU_OPS or not 0 <= ns < float("inf"):
+            raise ValueError(
+                f"--transport-cpu: {item!r} must be OP=NS with NS >= 0 and OP one of {', '.join(TRANSPORT_CPU_OPS)}"
+            )
         costs[op] = ns * 1e-9
     return costs
 

@@ -380,8 +380,7 @@ def plan(
     if cpu_offload and gpu_compression:
         cpu_strategy, cpu_s, _ = baselines.fallback(*_search(priced.without_gpu_compression(), True, fusion))
         if cpu_s < plan_s - _EPS:
-            groups = cpu_strategy.groups if cpu_strategy.groups is not None else tuple(range(len(profile.tensors)))
-            strategy, plan_s = Strategy(options=cpu_strategy.options, groups=groups), cpu_s
+            strategy, plan_s = cpu_strategy, cpu_s
     # Step 5: baselines, upper bound, fallback.
     return _finish(priced, strategy, plan_s, baselines, started, cpu_offload, two_level, fusion)
 

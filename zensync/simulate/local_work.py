@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from zensync.simulate.record import Call, sent_bytes
+from zensync.simulate.record import Call, received_bytes, sent_bytes
 
 __all__ = ["CALIBRATION_RANKS", "LocalWorkFit", "bytes_moved", "calibrate", "calibration_rows", "charge", "fit"]
 
@@ -60,9 +60,8 @@ def bytes_moved(calls: Sequence[Sequence[Call]]) -> list[tuple[int, int]]:
     """Per rank (indexed by global rank), the payload bytes it sends and receives in ``calls``.
 
     The k-th call a rank makes on a group is matched with its members' k-th (SPMD order, as the
-    timeline matches them). Sent: ``record.sent_bytes``. Received: all_to_all_v what each
-    peer sends it; all_gather(_v) every peer's tensor; send_recv nothing counted here (its sender
-    counts it); the ring collectives what they send; broadcast the tensor.
+    timeline matches them). Sent: ``record.sent_bytes``; received: ``record.received_bytes`` (a
+    send_recv's message counts for its sender only).
     """
     moved = [[0, 0] for _ in calls]
     by_group: dict[tuple[tuple[int, ...], int], dict[int, Call]] = collections.defaultdict(dict)
@@ -75,14 +74,9 @@ def bytes_moved(calls: Sequence[Sequence[Call]]) -> list[tuple[int, int]]:
             by_group[(call.group, seen[call.group])][rank] = call
             seen[call.group] += 1
     for (group, _), members in by_group.items():
-        for rank, call in members.items():
-            if call.op == "all_to_all_v":
-                me = group.index(rank)
-                moved[rank][1] += sum(other.sent[me] for src, other in members.items() if src != rank)
-            elif call.op in ("all_gather", "all_gather_v"):
-                moved[rank][1] += sum(other.nbytes for src, other in members.items() if src != rank)
-            elif call.op in ("all_reduce", "reduce_scatter", "broadcast"):
-                moved[rank][1] += sent_bytes(call, rank)  # the ring receives what it sends; a broadcast the tensor
+        ordered = [members[rank] for rank in group]
+        for index, rank in enumerate(group):
+            moved[rank][1] += received_bytes(ordered, index)
     return [(sent, received) for sent, received in moved]
 
 

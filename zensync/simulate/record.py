@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ import torch
 from zensync.transport.base import Transport
 from zensync.transport.handle import Handle
 
-__all__ = ["Call", "RecordingTransport", "network_calls", "sent_bytes"]
+__all__ = ["Call", "RecordingTransport", "network_calls", "received_bytes", "sent_bytes"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,6 +93,21 @@ def sent_bytes(call: Call, rank: int) -> int:
         return 2 * (n - 1) * call.nbytes // n
     if call.op == "reduce_scatter":
         return (n - 1) * call.nbytes // n
+    return 0
+
+
+def received_bytes(members: Sequence[Call], index: int) -> int:
+    """Payload bytes group member ``index`` receives in one collective, from its group's calls
+    (``members``, in group order): all-to-all what each peer sends it, all-gather every peer's tensor,
+    the ring all-reduce and reduce-scatter what they send, broadcast the tensor; a send_recv's message
+    is not in its receiver's call (0)."""
+    call = members[index]
+    if call.op == "all_to_all_v":
+        return sum(other.sent[index] for j, other in enumerate(members) if j != index)
+    if call.op in ("all_gather", "all_gather_v"):
+        return sum(other.nbytes for j, other in enumerate(members) if j != index)
+    if call.op in ("all_reduce", "reduce_scatter", "broadcast"):
+        return sent_bytes(call, call.group[index])
     return 0
 
 

@@ -43,9 +43,9 @@ import math
 from collections.abc import Mapping, Sequence
 
 from zensync.cost.topology import Topology
-from zensync.simulate.record import Call, sent_bytes
+from zensync.simulate.record import Call, received_bytes, sent_bytes
 
-__all__ = ["Priced", "price"]
+__all__ = ["TRANSPORT_CPU_OPS", "Priced", "price"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,6 +67,10 @@ class Priced:
     collectives)."""
 
 
+TRANSPORT_CPU_OPS = (
+    "all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "all_to_all_v", "broadcast", "send_recv",
+)  # fmt: skip
+"""The calls that move payload bytes: the ops ``price``'s ``transport_cpu`` can charge."""
 _SIZE_BYTES = 8
 """One int64 size per peer in a size exchange."""
 
@@ -125,17 +129,10 @@ def price(
     return _Replay(calls, topology, compute_scale, cores, costs).run()
 
 
-def _moved_bytes(op: str, members: Sequence[Call]) -> list[int]:
-    """Per member of a collective, the bytes it sends plus the bytes it receives (``record.sent_bytes``'s
-    model for what it sends)."""
-    group = members[0].group
-    sent = [sent_bytes(c, rank) for c, rank in zip(members, group, strict=True)]
-    if op == "all_to_all_v":
-        return [s + sum(c.sent[i] for j, c in enumerate(members) if j != i) for i, s in enumerate(sent)]
-    if op in ("all_gather", "all_gather_v"):
-        total = sum(c.nbytes for c in members)
-        return [s + total - c.nbytes for s, c in zip(sent, members, strict=True)]
-    return [2 * s for s in sent]  # all-reduce, reduce-scatter, broadcast: as much in as out
+def _moved_bytes(members: Sequence[Call]) -> list[int]:
+    """Per member of a collective (its group's calls in group order), the bytes it sends plus the
+    bytes it receives (``record.sent_bytes``, ``record.received_bytes``)."""
+    return [sent_bytes(c, c.group[i]) + received_bytes(members, i) for i, c in enumerate(members)]
 
 
 class _Join:
@@ -327,7 +324,7 @@ class _Replay:
         join = _Join(list(call.group), 1)
         cost = self.costs.get(call.op, 0.0)
         if cost:
-            for m, moved in zip(call.group, _moved_bytes(call.op, members), strict=True):
+            for m, moved in zip(call.group, _moved_bytes(members), strict=True):
                 if moved:
                     join.pending += 1
                     self.join_of[m] = join
