@@ -53,13 +53,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import pathlib
 import platform
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 
 import numpy
@@ -67,7 +67,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from espresso_like import WORKLOADS, _calibrated
-from plan_bench import _timed
+from plan_bench import _timed, best_of
 
 import zensync
 from zensync.cost import CompressorModel, compressor_model
@@ -270,11 +270,8 @@ def algorithm1_point(profile: ModelProfile, model_name: str, gpus: int, repeats:
     cluster, model = cluster_spec("nvlink-100gbit", gpus), compressor_model(PAPER_SETUP[model_name][0])
     runs = {}
     for label, full_timeline in (("as_stated", True), ("max_plus", False)):
-        best_s = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            strategy, simulations = espresso_algorithm1(profile, cluster, model, full_timeline=full_timeline)
-            best_s = min(best_s, time.perf_counter() - started)
+        run = functools.partial(espresso_algorithm1, profile, cluster, model, full_timeline=full_timeline)
+        (strategy, simulations), best_s = best_of(run, repeats)
         runs[label] = (strategy, simulations, best_s)
     (stated, simulations, stated_s), (fast, _, fast_s) = runs["as_stated"], runs["max_plus"]
     gpu_options = len(candidate_options(cluster, model))

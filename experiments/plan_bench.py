@@ -46,14 +46,19 @@ _CLUSTERS = {
 _VARIANTS = {"default": {}, "no-fusion": {"fusion": False}, "cpu-offload": {"cpu_offload": True}}
 
 
-def _timed(profile, cluster, model, repeats: int, flags: dict) -> tuple[Plan, float]:
+def best_of(fn, repeats: int):  # type: ignore[no-untyped-def]
+    """``fn()``'s last result and its fastest wall time over ``repeats`` calls (seconds)."""
     best, result = float("inf"), None
     for _ in range(repeats):
         started = time.perf_counter()
-        result = plan(profile, cluster, model, **flags)
+        result = fn()
         best = min(best, time.perf_counter() - started)
     assert result is not None
     return result, best
+
+
+def _timed(profile, cluster, model, repeats: int, flags: dict) -> tuple[Plan, float]:
+    return best_of(lambda: plan(profile, cluster, model, **flags), repeats)
 
 
 def _row(model_name: str, cluster_name: str, spec: str, variant: str, result: Plan, selection_s: float) -> dict:

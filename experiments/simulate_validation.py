@@ -222,6 +222,7 @@ def topology_of(cal: dict[str, Any], n: int) -> Topology:
 def repredict(cache: dict[str, Any]) -> None:
     """Every cached point's predictions again, with the current model and the point's own cached
     calibration (no cluster: measurements and calibrations stay as they were)."""
+    git = _git()
     for key, row in sorted(cache["points"].items()):
         rate, n_text, scheme = key.split("/")
         n, cal = int(n_text), cache["calibration"][f"{rate}/{n_text}"]
@@ -230,7 +231,7 @@ def repredict(cache: dict[str, Any]) -> None:
         row.update(predict(scheme, n, workload_for(parse_rate(rate)), topology, cal))
         row["error"] = row["predicted_s"] / row["measured_s"] - 1
         row["step_error"] = row["step_predicted_s"] / row["measured_s"] - 1
-        row["repredicted"] = {"utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}", **_git()}
+        row["repredicted"] = {"utc": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}", **git}
 
 
 # -- measurement -----------------------------------------------------------------------------------
@@ -456,13 +457,12 @@ def _git() -> dict[str, str]:
 
 
 def _meta(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                            check=False).stdout  # fmt: skip
     return {
         "date": datetime.date.today().isoformat(),
         "command": " ".join(["python", "experiments/simulate_validation.py", *argv]),
-        "git_sha": sha.stdout.strip(),
+        "git_sha": _git()["git_sha"],
         "git_tracked_changes": [line[3:] for line in dirty.splitlines()],
         "torch": torch.__version__,
         "python": platform.python_version(),
