@@ -11,11 +11,13 @@ Per (rate, n), on one ``EmulatedCluster`` of n hosts (``zensync.testbed``: a nam
 link tbf-shaped to the rate each way):
 
 1. Calibration, in its own processes on its own data (experiments/_validation_worker.py
-   ``calibrate``): alpha and beta from ring all-reduces at four sizes (T = 2(n-1) alpha + 2(n-1)/n B /
-   beta: beta from the least-squares slope over the three bandwidth-bound sizes, alpha from the 4 KiB
-   one); the all-to-all efficiency e from equal-block all-to-alls at those three sizes (T = a + S /
-   (e beta), S the bytes a rank sends: e = 1 / (beta * slope), at most 1) and its latency scale (the
-   4 KiB all-to-all over its n - 1 latencies); the exchange efficiency (one connection busy both ways
+   ``calibrate``): alpha and beta from ring all-reduces at four sizes, on links with the testbed's
+   token bucket (``Link.burst_bytes``: the tbf's bucket, ``zensync.testbed.shaping.burst_bytes``; the
+   ring's 2(n-1) steps pay alpha + chunk / beta each, less what the bucket sends at once:
+   ``Link.ring_s``; ``network_fit``: beta from the least-squares slope over the three
+   bandwidth-bound sizes, alpha from the 4 KiB one); the all-to-all efficiency e from equal-block
+   all-to-alls at those three sizes (T = a + S / (e beta), S the bytes a rank sends: e = 1 / (beta *
+   slope), at most 1) and its latency scale (the 4 KiB all-to-all over its n - 1 latencies); the exchange efficiency (one connection busy both ways
    vs one way); the transport CPU per byte moved of each collective the schemes run (all-reduce,
    all-to-all, point-to-point exchange, zensync's uneven ring all_gather_v: the hosts' processes' CPU
    seconds over bytes sent plus received); the local-work contention factor c = wall seconds of a
@@ -26,7 +28,7 @@ link tbf-shaped to the rate each way):
    warm-up of the max over ranks; wire bytes per host from eth0's tx counter vs the engine's count.
 3. Prediction (in this process, after the cluster is gone): ``simulate_step(scheme, n, workload,
    topology, mode="full", cores=n / c, transport_cpu=...)`` with ``topology = Topology.flat(Link(alpha,
-   beta), all_to_all_efficiency=e, exchange_efficiency=x, all_to_all_latency_scale=...)``: the
+   beta, burst), all_to_all_efficiency=e, exchange_efficiency=x, all_to_all_latency_scale=...)``: the
    simulated ranks' local work and the collectives' transport CPU share the n / c cores (processor
    sharing, ``zensync.simulate.timeline``), and the same step on inputs built beforehand
    (``zensync.simulate.simulate``; ``predict``), the quantity the hosts time. Before b6a0b31
@@ -68,6 +70,7 @@ from zensync.simulate.timeline import price
 from zensync.sync.base import SyncOptions, item_view
 from zensync.sync.run import run_agreed
 from zensync.testbed import EmulatedCluster, WorkerError, parse_rate
+from zensync.testbed.shaping import burst_bytes
 from zensync.types import SyncStats
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -125,11 +128,8 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
     """alpha, beta, all-to-all efficiency and contention factor from the ranks' calibration files."""
     r0 = ranks[0]  # every rank holds the max over ranks of each rep
     ar = {int(b): statistics.median(s) for b, s in r0["allreduce_s"].items()}
-    small, *large = sorted(ar)
-    # beta: the slope over the bandwidth-bound sizes; alpha: what the latency-bound size leaves.
-    slope = fit_affine(large, [ar[b] for b in large])[1]
-    beta = 2 * (n - 1) / n / slope
-    alpha = max(1e-7, (ar[small] - 2 * (n - 1) / n * small / beta) / (2 * (n - 1)))
+    network = network_fit(ar, n, rate_bits)
+    beta = network["beta_bytes_per_s"]
     a2a = {int(b): statistics.median(s) for b, s in r0["all_to_all_s"].items()}
     a2a_large = sorted(a2a)[1:]
     a2a_intercept, a2a_slope = fit_affine(a2a_large, [a2a[b] for b in a2a_large])
@@ -145,9 +145,7 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
     gather = {int(b): statistics.median(s) for b, s in r0["all_gather_v_s"].items()}
     busy = {key: statistics.median(s) for key, s in r0["transport_cpu_s"].items()}
     return {
-        "alpha_s": alpha,
-        "beta_bytes_per_s": beta,
-        "beta_over_rate": beta * 8 / rate_bits,
+        **network,
         "allreduce_median_s": ar,
         "all_to_all_median_s": a2a,
         "all_to_all_intercept_s": a2a_intercept,
@@ -175,6 +173,35 @@ MOVED_PER_SIZE = {
 """Per calibrated op: the bytes all ranks together send plus receive in one collective of that size."""
 
 
+def network_fit(allreduce_s: dict[int, float], n: int, rate_bits: int) -> dict[str, float]:
+    """alpha and beta from the all-reduces' median seconds per size, on links that hold the testbed's
+    token bucket (``burst_bytes``; ``Link.ring_s``): beta from the least-squares slope over the
+    bandwidth-bound sizes once the bytes the buckets sent at once are added back (what the ring would
+    take without them: affine in the size), alpha such that the model's ring of the latency-bound size
+    (4 KiB) takes what it measured (bisection: the ring's time increases with alpha). The free bytes
+    depend on alpha and beta, so the two are fitted in turn until they settle."""
+    small, *large = sorted(allreduce_s)
+    steps, burst = 2 * (n - 1), float(burst_bytes(rate_bits))
+
+    def alpha_for(beta: float) -> float:
+        low, high = 0.0, allreduce_s[small] / steps
+        for _ in range(60):
+            mid = (low + high) / 2
+            low, high = (mid, high) if Link(mid, beta, burst).ring_s(steps, small / n) < allreduce_s[small] else (low, mid)
+        return high
+
+    alpha, beta = allreduce_s[small] / steps, steps / n / fit_affine(large, [allreduce_s[b] for b in large])[1]
+    for _ in range(100):
+        link = Link(alpha, beta, burst)
+        unbucketed = [allreduce_s[b] + steps * (alpha + b / n / beta) - link.ring_s(steps, b / n) for b in large]
+        beta = steps / n / fit_affine(large, unbucketed)[1]
+        settled = abs(beta / link.bandwidth_bytes_per_s - 1) < 1e-12
+        alpha = alpha_for(beta)
+        if settled and abs(alpha - link.latency_s) <= 1e-12 * max(alpha, 1e-9):
+            break
+    return {"alpha_s": max(1e-7, alpha), "beta_bytes_per_s": beta, "beta_over_rate": beta * 8 / rate_bits, "burst_bytes": burst}
+
+
 def transport_cpu_fit(busy: dict[str, float], n: int) -> dict[str, float]:
     """Per op, the ranks' processes' CPU seconds per byte moved (sent + received, all ranks): the least-
     squares slope over the calibration's sizes but the smallest (latency-bound), at least 0."""
@@ -192,7 +219,8 @@ def all_to_all_latency_scale(cal: dict[str, Any], n: int) -> float:
     overlap in part (``Topology.all_to_all_latency_scale``)."""
     a2a = {int(b): t for b, t in cal["all_to_all_median_s"].items()}
     small = min(a2a)
-    byte_s = small / (cal["all_to_all_efficiency"] * cal["beta_bytes_per_s"])  # small: bytes each rank sends
+    # small: the bytes each rank sends (and receives); the bucket sends up to burst_bytes of them at once
+    byte_s = max(0.0, small - cal["burst_bytes"]) / (cal["all_to_all_efficiency"] * cal["beta_bytes_per_s"])
     return min(1.0, max(1e-3, (a2a[small] - byte_s) / ((n - 1) * cal["alpha_s"])))
 
 
@@ -210,7 +238,7 @@ def transport_cpu_of(cal: dict[str, Any]) -> dict[str, float] | None:
 def topology_of(cal: dict[str, Any], n: int) -> Topology:
     """The calibrated network: alpha-beta, all-to-all efficiency and latency scale, and the exchange
     efficiency (a send_recv that sends and receives over one pair; SparCML's recursive doubling)."""
-    link = Link(cal["alpha_s"], cal["beta_bytes_per_s"])
+    link = Link(cal["alpha_s"], cal["beta_bytes_per_s"], cal["burst_bytes"])
     return Topology.flat(
         link,
         all_to_all_efficiency=cal["all_to_all_efficiency"],
@@ -226,6 +254,8 @@ def repredict(cache: dict[str, Any]) -> None:
     for key, row in sorted(cache["points"].items()):
         rate, n_text, scheme = key.split("/")
         n, cal = int(n_text), cache["calibration"][f"{rate}/{n_text}"]
+        medians = {int(b): s for b, s in cal["allreduce_median_s"].items()}
+        cal.update(network_fit(medians, n, parse_rate(rate)))  # the current fit, on the cached medians
         topology = topology_of(cal, n)
         _log(f"{key}: predicting again")
         row.update(predict(scheme, n, workload_for(parse_rate(rate)), topology, cal))

@@ -30,6 +30,18 @@ alpha per sequential message (a ring allreduce pays ``2 (n-1)`` of them), becaus
 - broadcast: pipelined chain, ``M`` over the slowest hop after ``ceil(log2 n)`` latencies;
 - barrier: ``ceil(log2 n)`` latencies (dissemination).
 
+A link may hold a token bucket (``Link.burst_bytes``, 0 by default: a NIC sends at its rate and
+no faster): a tbf-shaped link, as the emulated hosts of ``zensync.testbed`` have, sends the first
+``burst_bytes`` after an idle spell at once and the rest at its rate, and its bucket refills at the
+rate while it idles. Every call finds its links' buckets full (the ranks computed before it); inside
+a ring a link idles for the latency between its messages, so each later step gets
+``min(burst, latency x rate)`` bytes free: while ``latency x rate`` fits the bucket, a
+bandwidth-bound ring pays no latency at all, and a ring that moves one large block along idle links
+(a skewed all-gather) gets a full bucket at every hop. The calibration of
+experiments/simulate_validation.py shows both: the large all-reduces' intercept is about
+``2 (n-1) max(0, alpha - burst / rate)``, not ``2 (n-1) alpha``. An all-to-all, a broadcast and a
+point-to-point message get the bucket once per endpoint and direction.
+
 The slowest hop of a ring that spans several nodes is the node boundary: one ring crosses each NIC
 once each way, so ``inter`` bounds it whatever the number of rings (k rings carry M/k each over the
 same NIC). With one node, everything runs on ``intra``.
@@ -58,12 +70,29 @@ class Link:
 
     latency_s: float
     bandwidth_bytes_per_s: float
+    burst_bytes: float = 0.0
+    """Token-bucket depth: what the link sends at once after idling (module docstring; 0: none)."""
 
     def __post_init__(self) -> None:
         if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
             raise ValueError(f"Link: latency_s={self.latency_s} must be finite and >= 0")
         if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):
             raise ValueError(f"Link: bandwidth_bytes_per_s={self.bandwidth_bytes_per_s} must be finite and > 0")
+        if not (self.burst_bytes >= 0 and math.isfinite(self.burst_bytes)):
+            raise ValueError(f"Link: burst_bytes={self.burst_bytes} must be finite and >= 0")
+
+    def free_bytes(self, nbytes: float) -> float:
+        """Of a message of ``nbytes`` sent on this link after it idled, the bytes its bucket sends at once."""
+        return min(self.burst_bytes, nbytes)
+
+    def ring_s(self, steps: int, chunk: float) -> float:
+        """``steps`` messages of ``chunk`` bytes one after another, each after a latency: the first
+        finds the bucket full, each later one what refilled during its latency (module docstring)."""
+        if steps <= 0:
+            return 0.0
+        refilled = min(self.burst_bytes, self.latency_s * self.bandwidth_bytes_per_s, chunk)
+        free = self.free_bytes(chunk) + (steps - 1) * refilled
+        return steps * (self.latency_s + chunk / self.bandwidth_bytes_per_s) - free / self.bandwidth_bytes_per_s
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,22 +160,18 @@ class Topology:
         """The slowest hop of a ring over the group: the node boundary when it spans nodes."""
         if not self._spans(ranks, members):
             return self.intra
-        return Link(
-            max(self.intra.latency_s, self.inter.latency_s),
-            min(self.intra.bandwidth_bytes_per_s, self.inter.bandwidth_bytes_per_s),
-        )
+        slow = min((self.intra, self.inter), key=lambda link: link.bandwidth_bytes_per_s)
+        return Link(max(self.intra.latency_s, self.inter.latency_s), slow.bandwidth_bytes_per_s, slow.burst_bytes)
 
     def all_reduce_s(self, ranks: int, nbytes: float, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
             return 0.0
-        hop = self._hop(ranks, members)
-        return 2 * (ranks - 1) * hop.latency_s + 2 * (ranks - 1) / ranks * nbytes / hop.bandwidth_bytes_per_s
+        return self._hop(ranks, members).ring_s(2 * (ranks - 1), nbytes / ranks)
 
     def reduce_scatter_s(self, ranks: int, nbytes: float, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
             return 0.0
-        hop = self._hop(ranks, members)
-        return (ranks - 1) * hop.latency_s + (ranks - 1) / ranks * nbytes / hop.bandwidth_bytes_per_s
+        return self._hop(ranks, members).ring_s(ranks - 1, nbytes / ranks)
 
     def all_gather_s(self, block_bytes: Sequence[float], members: Sequence[int] | None = None) -> float:
         """Ring all-gather of rank r's ``block_bytes[r]`` (equal or not)."""
@@ -154,13 +179,15 @@ class Topology:
         if ranks <= 1:
             return 0.0
         hop = self._hop(ranks, members)
-        return (ranks - 1) * (hop.latency_s + max(block_bytes) / hop.bandwidth_bytes_per_s)
+        if hop.burst_bytes == 0 or min(block_bytes) == max(block_bytes):
+            return hop.ring_s(ranks - 1, max(block_bytes))
+        return _uneven_ring_s(hop, np.asarray(block_bytes, dtype=np.float64))
 
     def broadcast_s(self, ranks: int, nbytes: float, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
             return 0.0
         hop = self._hop(ranks, members)
-        return math.ceil(math.log2(ranks)) * hop.latency_s + nbytes / hop.bandwidth_bytes_per_s
+        return math.ceil(math.log2(ranks)) * hop.latency_s + (nbytes - hop.free_bytes(nbytes)) / hop.bandwidth_bytes_per_s
 
     def barrier_s(self, ranks: int, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
@@ -196,6 +223,7 @@ class Topology:
         """The slowest endpoint's seconds to send ``out`` and receive ``into`` bytes at once over ``link``:
         one-way bytes at its rate, bytes both ways at ``all_to_all_efficiency`` of it (module docstring)."""
         sent, received = np.asarray(out, dtype=np.float64), np.asarray(into, dtype=np.float64)
+        sent, received = sent - np.minimum(sent, link.burst_bytes), received - np.minimum(received, link.burst_bytes)
         both = np.minimum(sent, received)
         seconds = (np.maximum(sent, received) - both + both / self.all_to_all_efficiency) / link.bandwidth_bytes_per_s
         return float(seconds.max())
@@ -205,6 +233,23 @@ class Topology:
         return self.link(src, dst).latency_s + self.send_s(src, dst, nbytes, exchange=exchange)
 
     def send_s(self, src: int, dst: int, nbytes: float, *, exchange: bool = False) -> float:
-        """The seconds ``nbytes`` take to leave ``src`` for ``dst`` (no latency)."""
-        rate = self.link(src, dst).bandwidth_bytes_per_s * (self.exchange_efficiency if exchange else 1.0)
-        return nbytes / rate
+        """The seconds ``nbytes`` take to leave ``src`` for ``dst`` (no latency; the bucket's bytes at once)."""
+        link = self.link(src, dst)
+        rate = link.bandwidth_bytes_per_s * (self.exchange_efficiency if exchange else 1.0)
+        return (nbytes - link.free_bytes(nbytes)) / rate
+
+
+def _uneven_ring_s(hop: Link, blocks: npt.NDArray[np.float64]) -> float:
+    """Ring all-gather of uneven ``blocks`` on links with a bucket: step j sends block ``r - j`` on
+    link r (r to r + 1) after a latency; a step lasts its slowest link's send, and every link refills
+    for the part of the step it idled (the latency, and the wait for the slowest link)."""
+    n, rate, burst = len(blocks), hop.bandwidth_bytes_per_s, hop.burst_bytes
+    tokens = np.full(n, burst)  # the call finds every bucket full
+    total = 0.0
+    for step in range(n - 1):
+        carried = np.roll(blocks, step)  # link r carries block r - step
+        send = np.maximum(0.0, carried - tokens) / rate
+        step_s = hop.latency_s + float(send.max())
+        tokens = np.minimum(burst, np.maximum(0.0, tokens - carried) + (step_s - send) * rate)
+        total += step_s
+    return total

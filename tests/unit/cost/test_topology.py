@@ -89,3 +89,85 @@ def test_bad_descriptions_are_refused() -> None:
         Topology.flat(GBIT).all_to_all_s([[1.0, 2.0]])
     assert Topology.flat(GBIT).send_recv_s(0, 1, 125e6) == pytest.approx(1 + 50e-6)
     assert Topology(2, NVLINK, GBIT).send_recv_s(0, 1, 150e9) == pytest.approx(1 + 5e-6)
+
+
+# -- a link with a token bucket (tbf-shaped emulated hosts) ----------------------------------------------
+
+TBF = Link(2e-3, 12.5e6, 65536.0)
+"""100 Mbit/s, 2 ms per message, a 64 KiB bucket: a latency refills 25 kB of it."""
+
+
+def test_a_ring_with_a_bucket_gets_the_bucket_once_and_the_latencys_refill_at_every_later_step() -> None:
+    # 2 ms of latency refills 25 kB per step; the first step finds the whole bucket.
+    n, nbytes = 8, 8e6
+    chunk, steps, refill = nbytes / n, 2 * (n - 1), 2e-3 * 12.5e6
+    expected = steps * (2e-3 + chunk / 12.5e6) - (65536 + (steps - 1) * refill) / 12.5e6
+    assert Topology.flat(TBF).all_reduce_s(n, nbytes) == pytest.approx(expected, rel=1e-12)
+    # The refill covers the latency exactly: a bandwidth-bound ring pays one latency in all.
+    assert expected == pytest.approx(2e-3 + 2 * (n - 1) / n * nbytes / 12.5e6 - 65536 / 12.5e6, rel=1e-12)
+    assert Topology.flat(TBF).reduce_scatter_s(n, nbytes) == pytest.approx(
+        (n - 1) * (2e-3 + chunk / 12.5e6) - (65536 + (n - 2) * refill) / 12.5e6, rel=1e-12
+    )
+
+
+def test_a_latency_longer_than_the_bucket_leaves_the_rest_of_it_on_every_step() -> None:
+    slow = Link(10e-3, 12.5e6, 65536.0)  # 10 ms refills 125 kB: the bucket caps it at 64 KiB
+    n, nbytes = 4, 4e6
+    expected = 2 * (n - 1) * (10e-3 + (nbytes / n - 65536) / 12.5e6)
+    assert Topology.flat(slow).all_reduce_s(n, nbytes) == pytest.approx(expected, rel=1e-12)
+
+
+def test_small_chunks_pass_inside_the_bucket_and_cost_their_latency_only() -> None:
+    assert Topology.flat(TBF).all_reduce_s(8, 4096) == pytest.approx(14 * 2e-3, rel=1e-12)
+    assert TBF.ring_s(0, 1e6) == 0.0
+
+
+def test_one_large_block_carried_along_idle_links_finds_a_full_bucket_at_every_hop() -> None:
+    n, hot = 8, 750_000.0
+    blocks = [hot] + [0.0] * (n - 1)
+    assert Topology.flat(TBF).all_gather_s(blocks) == pytest.approx((n - 1) * (2e-3 + (hot - 65536) / 12.5e6), rel=1e-12)
+    # Without the bucket, the same blocks cost the old ring: n - 1 steps of the largest block.
+    plain = Link(2e-3, 12.5e6)
+    assert Topology.flat(plain).all_gather_s(blocks) == pytest.approx((n - 1) * (2e-3 + hot / 12.5e6), rel=1e-12)
+
+
+@given(
+    st.lists(st.floats(0, 4e6), min_size=2, max_size=12),
+    st.floats(0, 5e-3),
+    st.floats(0, 2e5),
+)
+@settings(max_examples=examples(100), deadline=None)
+def test_an_uneven_ring_with_a_bucket_lies_between_the_bucketless_ring_and_its_wire_bound(
+    blocks: list[float], latency: float, burst: float
+) -> None:
+    link = Link(latency, 12.5e6, burst)
+    with_bucket = Topology.flat(link).all_gather_s(blocks)
+    without = Topology.flat(Link(latency, 12.5e6)).all_gather_s(blocks)
+    n = len(blocks)
+    assert with_bucket <= without + 1e-12
+    # Each step still pays its latency, and the largest block's excess over a full bucket at every hop.
+    assert with_bucket >= (n - 1) * (latency + max(0.0, max(blocks) - burst) / 12.5e6) - 1e-12
+    # Equal blocks: the uneven recursion and the closed form agree.
+    equal = Topology.flat(link).all_gather_s([max(blocks)] * n)
+    assert equal == pytest.approx(link.ring_s(n - 1, max(blocks)), rel=1e-12, abs=1e-15)
+
+
+def test_an_all_to_all_broadcast_and_message_get_the_bucket_once_per_endpoint() -> None:
+    topo = Topology.flat(TBF)
+    n, each = 4, 300_000.0
+    sent = [[0.0 if s == d else each for d in range(n)] for s in range(n)]
+    assert topo.all_to_all_s(sent) == pytest.approx(3 * 2e-3 + (3 * each - 65536) / 12.5e6, rel=1e-12)
+    assert topo.broadcast_s(8, 1e6) == pytest.approx(3 * 2e-3 + (1e6 - 65536) / 12.5e6, rel=1e-12)
+    assert topo.send_s(0, 1, 1e6) == pytest.approx((1e6 - 65536) / 12.5e6, rel=1e-12)
+    assert topo.send_s(0, 1, 1000) == 0.0
+
+
+def test_a_hierarchical_ring_takes_the_slow_hops_bucket() -> None:
+    topo = Topology(2, Link(1e-6, 1e11), TBF)
+    assert topo.all_reduce_s(4, 8e6) == pytest.approx(Topology.flat(TBF).all_reduce_s(4, 8e6), rel=1e-12)
+
+
+@pytest.mark.parametrize("burst", [-1.0, math.nan, math.inf])
+def test_a_bad_bucket_is_refused(burst: float) -> None:
+    with pytest.raises(ValueError, match="burst_bytes"):
+        Link(1e-3, 1e6, burst)

@@ -1,10 +1,13 @@
 """experiments/simulate_validation.py's calibration fit: synthetic rank files made from a known
 network and host model give that model back (alpha, beta, the all-to-all's efficiency and latency
-scale, the exchange efficiency, the cores and each collective's transport CPU per byte)."""
+scale, the exchange efficiency, the cores and each collective's transport CPU per byte), on links
+that hold the testbed's token bucket."""
 
 from __future__ import annotations
 
 import pytest
+
+from zensync.cost.topology import Link
 
 
 @pytest.fixture(scope="module")
@@ -17,10 +20,11 @@ def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n:
     alpha, beta, e, scale, x, c = 2e-3, 1.1e7, 0.7, 0.5, 0.5, n / 1.7
     costs = {"all_reduce": 0.6e-9, "all_to_all_v": 0.9e-9, "send_recv": 1.3e-9, "all_gather_v": 1.6e-9}
     sizes = driver._sizes(100 * 10**6)
-    reps = 3
+    reps, burst = 3, driver.burst_bytes(100 * 10**6)  # the testbed's token bucket at 100 Mbit/s
+    link = Link(alpha, beta, burst)
     r0 = {
-        "allreduce_s": {b: [2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta] * reps for b in sizes},
-        "all_to_all_s": {b: [scale * (n - 1) * alpha + b / (e * beta)] * reps for b in sizes},
+        "allreduce_s": {b: [link.ring_s(2 * (n - 1), b / n)] * reps for b in sizes},
+        "all_to_all_s": {b: [scale * (n - 1) * alpha + max(0, b - burst) / (e * beta)] * reps for b in sizes},
         "one_way_s": {b: [b / 1.2e7] * reps for b in sizes[1:]},
         "exchange_s": {b: [b / (x * 1.2e7)] * reps for b in sizes[1:]},
         "all_gather_v_s": {b: [0.1] * reps for b in sizes},
@@ -35,6 +39,7 @@ def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n:
     cal = driver.fit_calibration([r0], n, 100 * 10**6)
     assert cal["alpha_s"] == pytest.approx(alpha, rel=1e-6)
     assert cal["beta_bytes_per_s"] == pytest.approx(beta, rel=1e-6)
+    assert cal["burst_bytes"] == burst
     assert cal["all_to_all_efficiency"] == pytest.approx(e, rel=1e-6)
     assert driver.all_to_all_latency_scale(cal, n) == pytest.approx(scale, rel=1e-6)
     assert cal["exchange_efficiency"] == pytest.approx(x, rel=1e-6)
