@@ -13,9 +13,12 @@ alpha per sequential message (a ring allreduce pays ``2 (n-1)`` of them), becaus
 
 - all_reduce: ring, ``2 (n-1)/n M`` per rank over the slowest hop;
 - reduce_scatter: ring, ``(n-1)/n M``;
-- all_gather (equal or uneven blocks): ring; step ``j`` moves every rank's block ``r - j`` one hop, so
-  a step lasts as long as the largest block: ``(n-1) max_r b_r`` over the slowest hop (this is why a
-  skewed sparse all-gather pays its largest rank's size n-1 times);
+- all_gather (equal or uneven blocks): ring; step ``j`` moves every rank's block ``r - j`` one hop.
+  Equal blocks: ``(n-1) b`` over the slowest hop. Uneven blocks: the ranks are not in lockstep (each
+  message leaves when both its ends reach its step), so the largest block passes hop by hop and the
+  last rank ends after ``n-1`` hops of it, at most ``(n-1) max_r b_r`` over the slowest hop (this is
+  why a skewed sparse all-gather pays its largest rank's size n-1 times), while the ranks it has
+  passed end earlier (``all_gather_ends``);
 - all_to_all_v: direct; each rank's bytes to its node's peers over ``intra``, each node's bytes to and
   from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies times
   ``all_to_all_latency_scale`` (default 1: one message after another; a backend that posts its
@@ -174,14 +177,26 @@ class Topology:
         return self._hop(ranks, members).ring_s(ranks - 1, nbytes / ranks)
 
     def all_gather_s(self, block_bytes: Sequence[float], members: Sequence[int] | None = None) -> float:
-        """Ring all-gather of rank r's ``block_bytes[r]`` (equal or not)."""
-        ranks = len(block_bytes)
+        """Ring all-gather of rank r's ``block_bytes[r]`` (equal or not): when its last rank is done."""
+        return float(self.all_gather_ends(block_bytes, members).max(initial=0.0))
+
+    def all_gather_ends(self, block_bytes: Sequence[float], members: Sequence[int] | None = None) -> npt.NDArray[np.float64]:
+        """Per rank (group order), the seconds after the start at which its part of a ring all-gather
+        of uneven blocks ends: the ring is not in lockstep, each rank's step ``j`` (send block
+        ``r - j`` to ``r + 1``, receive block ``r - j - 1`` from ``r - 1``) starts when its step
+        ``j - 1`` is done and each message leaves once both its ends have reached that step, after a
+        latency. A large block therefore passes along the ring hop by hop while the ranks it has
+        passed finish early (zensync's uneven ring of point-to-point steps runs so,
+        ``zensync.transport.torch_dist``). Equal blocks: every rank ends after ``n - 1`` steps of the
+        block (``Link.ring_s``)."""
+        blocks = np.asarray(block_bytes, dtype=np.float64)
+        ranks = len(blocks)
         if ranks <= 1:
-            return 0.0
+            return np.zeros(ranks)
         hop = self._hop(ranks, members)
-        if hop.burst_bytes == 0 or min(block_bytes) == max(block_bytes):
-            return hop.ring_s(ranks - 1, max(block_bytes))
-        return _uneven_ring_s(hop, np.asarray(block_bytes, dtype=np.float64))
+        if blocks.min() == blocks.max():
+            return np.full(ranks, hop.ring_s(ranks - 1, float(blocks[0])))
+        return _ring_ends(hop, blocks)
 
     def broadcast_s(self, ranks: int, nbytes: float, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:
@@ -239,17 +254,21 @@ class Topology:
         return (nbytes - link.free_bytes(nbytes)) / rate
 
 
-def _uneven_ring_s(hop: Link, blocks: npt.NDArray[np.float64]) -> float:
-    """Ring all-gather of uneven ``blocks`` on links with a bucket: step j sends block ``r - j`` on
-    link r (r to r + 1) after a latency; a step lasts its slowest link's send, and every link refills
-    for the part of the step it idled (the latency, and the wait for the slowest link)."""
-    n, rate, burst = len(blocks), hop.bandwidth_bytes_per_s, hop.burst_bytes
-    tokens = np.full(n, burst)  # the call finds every bucket full
-    total = 0.0
-    for step in range(n - 1):
+def _ring_ends(hop: Link, blocks: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``Topology.all_gather_ends`` for uneven blocks: link r carries rank r's messages to r + 1; its
+    bucket starts full and refills at the link's rate while the link idles. An empty block is no
+    message: the step of a rank that neither sends nor receives one is over at once."""
+    rate, burst = hop.bandwidth_bytes_per_s, hop.burst_bytes
+    step_end = np.zeros(len(blocks))  # per rank: when its previous step ended
+    tokens = np.full(len(blocks), burst)
+    link_free = np.zeros(len(blocks))  # per link: when its previous message arrived
+    for step in range(len(blocks) - 1):
         carried = np.roll(blocks, step)  # link r carries block r - step
-        send = np.maximum(0.0, carried - tokens) / rate
-        step_s = hop.latency_s + float(send.max())
-        tokens = np.minimum(burst, np.maximum(0.0, tokens - carried) + (step_s - send) * rate)
-        total += step_s
-    return total
+        sent = carried > 0
+        begins = np.maximum(step_end, np.roll(step_end, -1)) + hop.latency_s  # sender and receiver both there
+        tokens = np.where(sent, np.minimum(burst, tokens + (begins - link_free) * rate), tokens)
+        arrives = np.where(sent, begins + np.maximum(0.0, carried - tokens) / rate, -np.inf)
+        link_free = np.where(sent, arrives, link_free)
+        tokens = np.where(sent, np.maximum(0.0, tokens - carried), tokens)
+        step_end = np.maximum(step_end, np.maximum(arrives, np.roll(arrives, 1)))  # its send and its receive
+    return step_end

@@ -4,7 +4,8 @@
 events in time:
 
 - A collective of a group starts when the last of its members reaches it and ends ``topology``'s
-  time for it later, for every member: the k-th call a rank made on a group is the k-th call of every
+  time for it later, for every member (a ring all-gather: for each member when its own last step
+  ends, ``Topology.all_gather_ends``; a member's transport CPU then holds back only its own end): the k-th call a rank made on a group is the k-th call of every
   member on that group (SPMD order; a mismatch is an error, which the real run would have been too).
   Collectives of disjoint groups (the nodes' intra-node steps of a two-level scheme) therefore run
   side by side.
@@ -26,8 +27,10 @@ events in time:
   a backend's copies and the kernel's network stack work on the same cores. A call then also gives
   each member that much CPU work for the bytes it moves (sent + received), shared with everyone's
   local work, and the call ends, for all its members, when its network time has passed and every
-  member's work for it is done: a collective of many ranks on few cores is CPU-bound (emulated
-  hosts at 1 Gbit/s on one 2-core machine).
+  member's work for it is done (a ring all-gather: each member when its own part and its own work
+  are done): a collective of many ranks on few cores is CPU-bound (emulated hosts at 1 Gbit/s on one
+  2-core machine). An equal-block all_gather_v is charged the ``all_gather`` cost where one is
+  given (``TRANSPORT_CPU_OPS``).
 
 The result: the time at which the last rank finishes; per phase the longest any rank spent in that
 phase (its calls, its waits for the group's last member and its local work); and the largest local
@@ -70,26 +73,45 @@ class Priced:
 TRANSPORT_CPU_OPS = (
     "all_reduce", "reduce_scatter", "all_gather", "all_gather_v", "all_to_all_v", "broadcast", "send_recv",
 )  # fmt: skip
-"""The calls that move payload bytes: the ops ``price``'s ``transport_cpu`` can charge."""
+"""The calls that move payload bytes: the ops ``price``'s ``transport_cpu`` can charge. An
+``all_gather_v`` whose blocks are all equal is charged the ``all_gather`` cost where one is given:
+the torch transport runs it as the backend's own all-gather, not as its ring of point-to-point steps
+(``zensync.transport.torch_dist``), and the two cost different CPU per byte."""
+
+
+def _cost_key(op: str, members: Sequence[Call]) -> str:
+    if op == "all_gather_v" and len({c.nbytes for c in members}) == 1:
+        return "all_gather"
+    return op
 _SIZE_BYTES = 8
 """One int64 size per peer in a size exchange."""
 
 
-def _collective_s(topology: Topology, op: str, members: Sequence[Call]) -> float:
+def _collective_ends(topology: Topology, op: str, members: Sequence[Call]) -> list[float]:
+    """Per member, the seconds after the collective's start at which its part ends: the ring
+    all-gathers' ranks end one by one (``Topology.all_gather_ends``), every other collective's
+    members together."""
     group = members[0].group
     n = len(group)
     if members[0].sizes_first:  # the backend's size round, then the payload
         first = dataclasses.replace(members[0], sizes_first=False)
         if op == "all_gather_v":
-            return topology.all_gather_s([_SIZE_BYTES] * n, group) + _collective_s(topology, op, [first, *members[1:]])
-        sizes = [[_SIZE_BYTES] * n] * n
-        return topology.all_to_all_s(sizes, group) + _collective_s(topology, op, [first, *members[1:]])
+            sizes_s = topology.all_gather_s([_SIZE_BYTES] * n, group)
+        else:
+            sizes_s = topology.all_to_all_s([[_SIZE_BYTES] * n] * n, group)
+        return [sizes_s + s for s in _collective_ends(topology, op, [first, *members[1:]])]
+    if op in ("all_gather", "all_gather_v"):
+        return [float(s) for s in topology.all_gather_ends([c.nbytes for c in members], group)]
+    return [_collective_s(topology, op, members)] * n
+
+
+def _collective_s(topology: Topology, op: str, members: Sequence[Call]) -> float:
+    group = members[0].group
+    n = len(group)
     if op == "all_reduce":
         return topology.all_reduce_s(n, members[0].nbytes, group)
     if op == "reduce_scatter":
         return topology.reduce_scatter_s(n, members[0].nbytes, group)
-    if op in ("all_gather", "all_gather_v"):
-        return topology.all_gather_s([c.nbytes for c in members], group)
     if op == "broadcast":
         return topology.broadcast_s(n, members[0].nbytes, group)
     if op == "barrier":
@@ -321,17 +343,18 @@ class _Replay:
                 f"price: the next call of group {call.group} is {sorted(ops)} on its members: "
                 "the ranks issued different collectives"
             )
-        join = _Join(list(call.group), 1)
-        cost = self.costs.get(call.op, 0.0)
-        if cost:
-            for m, moved in zip(call.group, _moved_bytes(members), strict=True):
-                if moved:
-                    join.pending += 1
-                    self.join_of[m] = join
-                    self._job(m, cost * moved)
-        for m in call.group:
+        ends = _collective_ends(self.topology, call.op, members)
+        together = min(ends) == max(ends)
+        joins = [_Join(list(call.group), 1)] * len(ends) if together else [_Join([m], 1) for m in call.group]
+        cost = self.costs.get(_cost_key(call.op, members), self.costs.get(call.op, 0.0))
+        for m, join, moved in zip(call.group, joins, _moved_bytes(members), strict=True):
             self.join_of[m] = join
-        self._network_ends(self.now + _collective_s(self.topology, call.op, members), join)
+            if cost and moved:
+                join.pending += 1
+                self._job(m, cost * moved)
+        for i, join in enumerate(joins):
+            if not together or i == 0:
+                self._network_ends(self.now + ends[i], join)
         self.priced += 1
 
     def _p2p(self, r: int, call: Call) -> None:

@@ -171,3 +171,23 @@ def test_a_hierarchical_ring_takes_the_slow_hops_bucket() -> None:
 def test_a_bad_bucket_is_refused(burst: float) -> None:
     with pytest.raises(ValueError, match="burst_bytes"):
         Link(1e-3, 1e6, burst)
+
+
+def test_a_hot_block_passes_the_ring_hop_by_hop_and_the_ranks_it_has_passed_end_early() -> None:
+    """Rank 0 holds 1 MB, the others nothing (no message): rank r receives it at step r - 1 and
+    forwards it at step r, so it is done after r + 1 hops, the last rank after n - 1."""
+    hop = 1e-3 + 1e6 / 1e8
+    ends = Topology.flat(Link(1e-3, 1e8)).all_gather_ends([1e6, 0, 0, 0])
+    assert ends.tolist() == pytest.approx([hop, 2 * hop, 3 * hop, 3 * hop], rel=1e-12)
+    # With a bucket each hop finds it full (its link idled): the bucket's bytes leave at once.
+    bucket_hop = 1e-3 + (1e6 - 65536) / 1e8
+    ends = Topology.flat(Link(1e-3, 1e8, 65536.0)).all_gather_ends([1e6, 0, 0, 0])
+    assert ends.tolist() == pytest.approx([bucket_hop, 2 * bucket_hop, 3 * bucket_hop, 3 * bucket_hop], rel=1e-12)
+    assert Topology.flat(Link(1e-3, 1e8)).all_gather_s([1e6, 0, 0, 0]) == pytest.approx(3 * hop, rel=1e-12)
+
+
+def test_small_blocks_behind_a_large_one_wait_for_their_neighbours() -> None:
+    """Two ranks with 1 MB and 0.5 MB: one step, both messages at once; each rank ends when its send
+    and its receive are done, i.e. both at the larger message."""
+    ends = Topology.flat(Link(1e-3, 1e8)).all_gather_ends([1e6, 5e5])
+    assert ends.tolist() == pytest.approx([1e-3 + 0.01, 1e-3 + 0.01], rel=1e-12)

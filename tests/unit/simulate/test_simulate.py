@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import zensync
 from zensync.simulate import Call, Link, Topology, price, simulate
+from zensync.simulate.record import received_bytes, sent_bytes
 from zensync.transport import Transport
 
 GBIT = Link(50e-6, 125e6)
@@ -404,3 +405,34 @@ def test_repeats_that_issue_different_calls_are_refused() -> None:
 
     with pytest.raises(ValueError, match="different calls on repeats"):
         zensync.simulate.record(body, 2, repeats=2)
+
+
+def test_the_ranks_of_an_uneven_ring_all_gather_leave_it_one_by_one() -> None:
+    """Rank 0 gathers 1 MB to three peers that hold nothing; each rank's time in the call is its own
+    end (Topology.all_gather_ends), and with transport CPU a rank waits for its own work only."""
+    link, group = Link(1e-3, 1e8), (0, 1, 2, 3)
+    topo = Topology.flat(link)
+    calls = [[Call("all_gather_v", group, "pull", 10**6 if r == 0 else 0)] for r in range(4)]
+    priced = price(calls, topo)
+    hop = 1e-3 + 0.01
+    assert [rank["pull"] for rank in priced.rank_call_seconds] == pytest.approx([hop, 2 * hop, 3 * hop, 3 * hop])
+    assert priced.seconds == pytest.approx(3 * hop, rel=1e-12)
+    # 10 ns per byte moved, on cores of their own: rank 0 sends 3 MB (30 ms of CPU, past its 11 ms on
+    # the wire), each other rank receives 1 MB (10 ms, within its time on the wire): only rank 0 waits.
+    moved = [sent_bytes(c[0], r) + received_bytes([c[0] for c in calls], r) for r, c in enumerate(calls)]
+    assert moved == [3 * 10**6, 10**6, 10**6, 10**6]
+    cpu = price(calls, topo, transport_cpu={"all_gather_v": 1e-8})
+    assert [rank["pull"] for rank in cpu.rank_call_seconds] == pytest.approx([0.03, 2 * hop, 3 * hop, 3 * hop])
+
+
+def test_an_equal_block_all_gather_v_is_charged_the_backends_all_gather_cost() -> None:
+    """The torch transport runs equal blocks as gloo's own all-gather: its calibrated cost applies;
+    without one, the all_gather_v cost does; uneven blocks always take the all_gather_v cost."""
+    group, topo = (0, 1), Topology.flat(Link(0.0, 1e12))
+    equal = [[Call("all_gather_v", group, "g", 10**6)] for _ in range(2)]
+    uneven = [[Call("all_gather_v", group, "g", 10**6 + r)] for r in range(2)]
+    costs = {"all_gather_v": 1e-9, "all_gather": 1e-8}
+    # Each rank moves 2 MB (1 MB sent, 1 MB received): 20 ms at the all-gather's cost, 2 ms at the ring's.
+    assert price(equal, topo, transport_cpu=costs).seconds == pytest.approx(0.02, rel=1e-6)
+    assert price(equal, topo, transport_cpu={"all_gather_v": 1e-9}).seconds == pytest.approx(0.002, rel=1e-6)
+    assert price(uneven, topo, transport_cpu=costs).seconds == pytest.approx((2 * 10**6 + 1) * 1e-9, rel=1e-6)
