@@ -9,7 +9,7 @@ import json
 import pathlib
 from typing import Any
 
-MOVED_OPS = ("all_reduce", "all_to_all_v", "send_recv", "all_gather_v")
+MOVED_OPS = ("all_reduce", "all_to_all_v", "send_recv", "all_gather_v", "all_gather")
 """The collectives whose transport CPU the calibration measures, in the table's order."""
 TOLERANCE = 0.15
 """Issue 16 item 3's target: |predicted / measured - 1| <= 15 % for every scheme at n <= 16."""
@@ -27,7 +27,8 @@ def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]
     lines = [
         "| rate | n | alpha (us) | beta (MB/s) | beta / rate | all-to-all efficiency e (raw fit) "
         "| all-to-all latency scale | exchange efficiency (one-way MB/s) | contention c | cores n / c "
-        "| transport CPU (ns per byte moved): all_reduce, all_to_all_v, send_recv, all_gather_v | load (1 min) "
+        "| transport CPU (ns per byte moved, the machine's): all_reduce, all_to_all_v, send_recv, all_gather_v, "
+        "all_gather | load (1 min) "
         "| cores busy before |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -37,7 +38,10 @@ def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]
             if c is None:
                 continue
             transport = c.get("transport_cpu_s_per_byte")
-            cpu = "not measured" if transport is None else ", ".join(f"{transport[op] * 1e9:.2f}" for op in MOVED_OPS)
+            cpu = "not measured" if transport is None else ", ".join(_ns(transport.get(op)) for op in MOVED_OPS)
+            process = c.get("transport_cpu_process_s_per_byte")
+            if process is not None:
+                cpu += " (processes: " + ", ".join(_ns(process.get(op)) for op in MOVED_OPS) + ")"
             lines.append(
                 f"| {rate} | {n} | {c['alpha_s'] * 1e6:.0f} | {c['beta_bytes_per_s'] / _MB:.2f} | "
                 f"{c['beta_over_rate']:.3f} | {c['all_to_all_efficiency']:.3f} "
@@ -47,6 +51,10 @@ def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]
                 f"{cpu} | {c['load_avg_1m']:.2f} | {c.get('machine_busy_before', float('nan')):.0%} |"
             )
     return lines
+
+
+def _ns(seconds_per_byte: float | None) -> str:
+    return "-" if seconds_per_byte is None else f"{seconds_per_byte * 1e9:.2f}"
 
 
 def _phases(p: dict[str, Any]) -> str:
@@ -170,8 +178,11 @@ def markdown(
         "(S bytes sent per rank; e capped at 1); all-to-all latency scale: the 4 KiB all-to-all's time, its "
         "bytes' share taken off, over (n - 1) alpha; c: wall of a fixed job on all n ranks at once / its "
         "thread-CPU seconds alone, so the n hosts share n / c cores; x: the exchange efficiency (one pair, both "
-        "ways at once, over one way); transport CPU: the hosts' processes' CPU seconds (all threads, user and "
-        "system) per byte sent plus received, the slope over each collective's three larger calibration sizes. "
+        "ways at once, over one way); transport CPU: the whole machine's busy CPU seconds (`/proc/stat`: the "
+        "hosts' processes and the kernel's network work no process is charged for) per byte sent plus "
+        "received, the slope over each collective's three larger calibration sizes (in brackets: the hosts' "
+        "processes' CPU alone); all_gather is zensync's all_gather_v with equal blocks, which runs as gloo's "
+        "own all-gather (AGsparse's blocks), all_gather_v its uneven ring of point-to-point steps. "
         "The prediction uses `Topology.flat(Link(alpha, beta, burst), all_to_all_efficiency=e, exchange_efficiency=x, "
         "all_to_all_latency_scale=...)`, `cores=n / c` and `transport_cpu=...` (`zensync.simulate.timeline`: "
         "local work and transport CPU share the cores; a collective ends when its wire time and its members' "

@@ -11,7 +11,9 @@ with torch.distributed's env:// variables, one torch/numba thread (the simulated
 3. pairs of ranks (r, r xor 1) on one connection: data one way, then both ways at once (an
    exchange, as SparCML's recursive doubling sends), at the all-reduce's larger sizes;
 4. zensync's all_gather_v with uneven blocks (rank r's block (0.5 + r / (n - 1)) / n of the
-   all-reduce's size: the ring of point-to-point steps the schemes' pulls and AGsparse run on gloo);
+   all-reduce's size: the ring of point-to-point steps the schemes' pulls run on gloo), and with
+   equal blocks (1 / n of it each: gloo's own all-gather, which AGsparse's equal-size blocks take;
+   2-3x the CPU per byte of the ring on this machine's loopback);
 5. a fixed local job (``_job``: the schemes' kind of work on the workload's shape, other data): its
    thread-CPU seconds on rank 0 alone (the others wait at a barrier), then its wall seconds on every
    rank at once.
@@ -19,8 +21,9 @@ with torch.distributed's env:// variables, one torch/numba thread (the simulated
 Each timing is the max over ranks of one repetition (every rank times from the same barrier), median
 over ``reps``. Around each repetition of steps 1-4 every rank also reads its process's CPU seconds
 (all threads: gloo's, the transport's, and the kernel's network work done in its system calls), summed
-over ranks: the transport CPU the collective cost (other users' processes are not in it). Writes
-``calibrate_rank<r>.json``.
+over ranks; rank 0 also reads the whole machine's busy CPU seconds (``machine_cpu``) around each
+collective's warm-up and repetitions: the transport CPU the collective cost, with the kernel's network
+work that runs outside any process (softirq on an idle core) in it. Writes ``calibrate_rank<r>.json``.
 
 ``measure``: for each scheme, the workload's rank-r tensor through ``run_agreed`` (the path
 ``zensync.simulate.sweep.simulate_step`` runs, same options and seed, so the collectives are the
@@ -69,9 +72,11 @@ def _barrier_timed(fn: Callable[[], object], reps: int) -> list[float]:
     return barrier_timed(fn, reps)
 
 
-def _timed_with_cpu(fn: Callable[[], object], reps: int) -> tuple[list[float], list[float]]:
+def _timed_with_cpu(fn: Callable[[], object], reps: int) -> tuple[list[float], list[float], float]:
     """Per rep, the max over ranks of the seconds for ``fn`` after a barrier, and the sum over ranks of
-    the CPU seconds their processes spent in it (all threads, user and system; warm-up call first)."""
+    the CPU seconds their processes spent in it (all threads, user and system; warm-up call first);
+    and the whole machine's busy CPU seconds per call over the warm-up and the reps (``machine_cpu``:
+    the kernel's network work that no process is charged for included; barriers too)."""
     cpu: list[float] = []
 
     def run() -> None:
@@ -79,10 +84,14 @@ def _timed_with_cpu(fn: Callable[[], object], reps: int) -> tuple[list[float], l
         fn()
         cpu.append(cpu_seconds() - before)
 
+    dist.barrier()
+    machine_before = machine_cpu()[0]
     seconds = _barrier_timed(run, reps)
+    dist.barrier()
+    machine_s = (machine_cpu()[0] - machine_before) / (reps + 1)
     summed = torch.tensor(cpu[1:], dtype=torch.float64)
     dist.all_reduce(summed)
-    return _max_over_ranks(seconds), summed.tolist()
+    return _max_over_ranks(seconds), summed.tolist(), machine_s
 
 
 def _max_over_ranks(seconds: list[float]) -> list[float]:
@@ -123,10 +132,15 @@ def calibrate(config: dict[str, Any], out: pathlib.Path) -> None:
     n, rank, reps = dist.get_world_size(), dist.get_rank(), config["reps"]
     result: dict[str, Any] = {"rank": rank}
     # Step 1: ring all-reduce (gloo's allreduce on CPU tensors).
-    allreduce, cpu = {}, {}
+    allreduce, cpu, machine = {}, {}, {}
+
+    def timed(key: str, fn: Callable[[], object]) -> list[float]:
+        seconds, cpu[key], machine[key] = _timed_with_cpu(fn, reps)
+        return seconds
+
     for nbytes in config["allreduce_bytes"]:
         x = torch.ones(nbytes // 4)
-        allreduce[nbytes], cpu[f"all_reduce/{nbytes}"] = _timed_with_cpu(lambda x=x: dist.all_reduce(x), reps)
+        allreduce[nbytes] = timed(f"all_reduce/{nbytes}", lambda x=x: dist.all_reduce(x))
     result["allreduce_s"] = allreduce
     # Step 2: direct all-to-all, equal blocks (what the schemes' all_to_all_v runs on gloo).
     a2a = {}
@@ -134,25 +148,27 @@ def calibrate(config: dict[str, Any], out: pathlib.Path) -> None:
         block = max(1, sent_bytes // 4 // (n - 1))
         send, recv = torch.ones(block * n), torch.empty(block * n)
         sent = block * 4 * (n - 1)
-        a2a[sent], cpu[f"all_to_all_v/{sent}"] = _timed_with_cpu(
-            lambda s=send, r=recv: dist.all_to_all_single(r, s), reps
-        )
+        a2a[sent] = timed(f"all_to_all_v/{sent}", lambda s=send, r=recv: dist.all_to_all_single(r, s))
     result["all_to_all_s"] = a2a
     # Step 3: one TCP connection, data one way (even rank to odd) vs both ways at once (an exchange).
     partner, one_way, exchange = rank ^ 1, {}, {}
     for nbytes in config["allreduce_bytes"][1:]:
         x, y = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
         one_way[nbytes] = _max_over_ranks(_barrier_timed(lambda x=x, y=y: _one_way(x, y, rank, partner), reps))
-        exchange[nbytes], cpu[f"send_recv/{nbytes}"] = _timed_with_cpu(lambda x=x, y=y: _exchange(x, y, partner), reps)
+        exchange[nbytes] = timed(f"send_recv/{nbytes}", lambda x=x, y=y: _exchange(x, y, partner))
     result.update(one_way_s=one_way, exchange_s=exchange)
-    # Step 4: zensync's uneven all_gather_v (a ring of point-to-point steps on gloo).
-    transport, gather = transport_for_group(None), {}
+    # Step 4: zensync's uneven all_gather_v (a ring of point-to-point steps on gloo), and its equal-block
+    # one (gloo's own all-gather: another code path, with its own CPU cost).
+    transport, gather, equal = transport_for_group(None), {}, {}
     for nbytes in config["allreduce_bytes"]:
         blocks = [max(1, int(nbytes / 4 / n * (0.5 + r / (n - 1)))) for r in range(n)]
         x = torch.ones(blocks[rank])
         total = 4 * sum(blocks)
-        gather[total], cpu[f"all_gather_v/{total}"] = _timed_with_cpu(lambda x=x: transport.all_gather_v(x), reps)
-    result.update(all_gather_v_s=gather, transport_cpu_s=cpu)
+        gather[total] = timed(f"all_gather_v/{total}", lambda x=x: transport.all_gather_v(x))
+        block = max(1, nbytes // 4 // n)
+        x = torch.ones(block)
+        equal[4 * block * n] = timed(f"all_gather/{4 * block * n}", lambda x=x: transport.all_gather_v(x))
+    result.update(all_gather_v_s=gather, all_gather_s=equal, transport_cpu_s=cpu, transport_machine_cpu_s=machine)
     # Step 5: local-work contention: rank 0 alone (thread CPU), then every rank at once (wall).
     job = functools.partial(_job, config["job_rows"], config["job_dim"], config["job_reps"])
     _job(config["job_rows"], config["job_dim"], 1)

@@ -144,6 +144,7 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
     concurrent = statistics.median(r0["job_concurrent_wall_s"])
     gather = {int(b): statistics.median(s) for b, s in r0["all_gather_v_s"].items()}
     busy = {key: statistics.median(s) for key, s in r0["transport_cpu_s"].items()}
+    machine = r0.get("transport_machine_cpu_s")
     return {
         **network,
         "allreduce_median_s": ar,
@@ -160,7 +161,10 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
         "contention": concurrent / solo,
         "all_gather_v_median_s": gather,
         "transport_cpu_median_s": busy,
-        "transport_cpu_s_per_byte": transport_cpu_fit(busy, n),
+        "transport_machine_cpu_s": machine,
+        "transport_cpu_process_s_per_byte": transport_cpu_fit(busy, n),
+        # What the model charges: the machine's CPU per byte (the processes' where not measured).
+        "transport_cpu_s_per_byte": transport_cpu_fit(machine or busy, n),
     }
 
 
@@ -169,6 +173,7 @@ MOVED_PER_SIZE = {
     "all_to_all_v": lambda n, size: 2 * n * size,  # size: what each rank sends (and receives)
     "send_recv": lambda n, size: 2 * n * size,  # every rank exchanges size with its partner
     "all_gather_v": lambda n, size: 2 * (n - 1) * size,  # size: every block; each rank sends and gets n-1 of them
+    "all_gather": lambda n, size: 2 * (n - 1) * size,  # equal blocks: gloo's own all-gather
 }
 """Per calibrated op: the bytes all ranks together send plus receive in one collective of that size."""
 
@@ -203,11 +208,14 @@ def network_fit(allreduce_s: dict[int, float], n: int, rate_bits: int) -> dict[s
 
 
 def transport_cpu_fit(busy: dict[str, float], n: int) -> dict[str, float]:
-    """Per op, the ranks' processes' CPU seconds per byte moved (sent + received, all ranks): the least-
-    squares slope over the calibration's sizes but the smallest (latency-bound), at least 0."""
+    """Per op, the CPU seconds (``busy``: per "op/size", the processes' or the machine's) per byte moved
+    (sent + received, all ranks): the least-squares slope over the calibration's sizes but the smallest
+    (latency-bound), at least 0. Ops the calibration did not run are left out."""
     out = {}
     for op, moved in MOVED_PER_SIZE.items():
         points = sorted((int(key.split("/")[1]), s) for key, s in busy.items() if key.split("/")[0] == op)[-3:]
+        if not points:
+            continue
         slope = fit_affine([moved(n, size) for size, _ in points], [s for _, s in points])[1]
         out[op] = max(0.0, slope)
     return out

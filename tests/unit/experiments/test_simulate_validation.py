@@ -18,7 +18,7 @@ def driver(experiment_module):
 @pytest.mark.parametrize("n", [4, 16])
 def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n: int) -> None:
     alpha, beta, e, scale, x, c = 2e-3, 1.1e7, 0.7, 0.5, 0.5, n / 1.7
-    costs = {"all_reduce": 0.6e-9, "all_to_all_v": 0.9e-9, "send_recv": 1.3e-9, "all_gather_v": 1.6e-9}
+    costs = {"all_reduce": 0.6e-9, "all_to_all_v": 0.9e-9, "send_recv": 1.3e-9, "all_gather_v": 1.6e-9, "all_gather": 2e-9}
     sizes = driver._sizes(100 * 10**6)
     reps, burst = 3, driver.burst_bytes(100 * 10**6)  # the testbed's token bucket at 100 Mbit/s
     link = Link(alpha, beta, burst)
@@ -35,6 +35,10 @@ def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n:
             for op, cost in costs.items()
             for b in sizes
         },
+        # The whole machine: the processes' CPU plus the kernel's uncharged network work (half again).
+        "transport_machine_cpu_s": {
+            f"{op}/{b}": 0.01 + 1.5 * cost * driver.MOVED_PER_SIZE[op](n, b) for op, cost in costs.items() for b in sizes
+        },
     }
     cal = driver.fit_calibration([r0], n, 100 * 10**6)
     assert cal["alpha_s"] == pytest.approx(alpha, rel=1e-6)
@@ -44,7 +48,10 @@ def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n:
     assert driver.all_to_all_latency_scale(cal, n) == pytest.approx(scale, rel=1e-6)
     assert cal["exchange_efficiency"] == pytest.approx(x, rel=1e-6)
     assert driver.cores_of(cal, n) == pytest.approx(1.7, rel=1e-9)
-    assert cal["transport_cpu_s_per_byte"] == pytest.approx(costs, rel=1e-6)
+    assert cal["transport_cpu_process_s_per_byte"] == pytest.approx(costs, rel=1e-6)
+    assert cal["transport_cpu_s_per_byte"] == pytest.approx({op: 1.5 * c for op, c in costs.items()}, rel=1e-6)
+    del r0["transport_machine_cpu_s"]  # a calibration from before the machine's CPU was read: the processes'
+    assert driver.fit_calibration([r0], n, 100 * 10**6)["transport_cpu_s_per_byte"] == pytest.approx(costs, rel=1e-6)
     topology = driver.topology_of(cal, n)
     assert topology.all_to_all_latency_scale == pytest.approx(scale, rel=1e-6)
     assert (topology.exchange_efficiency, topology.all_to_all_efficiency) == pytest.approx((x, e), rel=1e-6)
