@@ -3,7 +3,8 @@
     zensync simulate [--schemes zen,sparse_ps,agsparse,dense] [--ranks 2,4,8,...,1024]
                      [--items 10000000] [--dim 1] [--density 0.01] [--skew 1.1] [--overlap 0.0] [--seed 0]
                      [--ranks-per-node 8] [--intra nvlink] [--inter 25Gbit] [--intra-latency-us 5]
-                     [--inter-latency-us 10] [--mode auto] [--memory-gb 4] [--compute-scale 1] [--cores K]
+                     [--inter-latency-us 10] [--inter-burst-kib 0] [--mode auto] [--memory-gb 4]
+                     [--compute-scale 1] [--cores K]
                      [--transport-cpu all_reduce=0.5,all_to_all_v=0.8,...]
                      [--stats FILE | --lm-batch B | --model NAME [--compressor dgc:0.01]] [-o PREFIX] [--png]
 
@@ -61,7 +62,7 @@ __all__ = ["SIMULATE_FLAGS", "add_simulate", "format_report"]
 
 SIMULATE_FLAGS = (
     "--schemes", "--ranks", "--items", "--dim", "--density", "--skew", "--overlap", "--seed",
-    "--ranks-per-node", "--intra", "--inter", "--intra-latency-us", "--inter-latency-us", "--mode",
+    "--ranks-per-node", "--intra", "--inter", "--intra-latency-us", "--inter-latency-us", "--inter-burst-kib", "--mode",
     "--memory-gb", "--compute-scale", "--cores", "--transport-cpu", "--stats", "--lm-batch", "--model", "--compressor",
     "--output", "--png",
 )  # fmt: skip
@@ -89,6 +90,12 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--inter", default="25Gbit", help="inter-node bandwidth per node, e.g. 25Gbit, 100Gbit")
     parser.add_argument("--intra-latency-us", type=float, default=5.0, help="intra-node latency per message")
     parser.add_argument("--inter-latency-us", type=float, default=10.0, help="inter-node latency per message")
+    parser.add_argument(
+        "--inter-burst-kib",
+        type=float,
+        default=0.0,
+        help="token bucket of each inter-node link in KiB (a tbf-shaped link, as zensync.testbed's; 0: a NIC's)",
+    )
     parser.add_argument("--mode", choices=("auto", "full", "counted"), default="auto", help="how each point runs")
     parser.add_argument("--memory-gb", type=float, default=4.0, help="auto: the largest full run, in dense tensors")
     parser.add_argument(
@@ -150,7 +157,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[
         topology = Topology(
             args.ranks_per_node,
             Link(args.intra_latency_us * 1e-6, parse_bandwidth(args.intra)),
-            Link(args.inter_latency_us * 1e-6, parse_bandwidth(args.inter)),
+            Link(args.inter_latency_us * 1e-6, parse_bandwidth(args.inter), args.inter_burst_kib * 1024),
         )
     except ValueError as err:
         parser.error(str(err))
@@ -348,7 +355,9 @@ def _title(document: dict[str, Any]) -> str:
         )
     else:
         what = f"{len(tensors)} Zipf tensors ({', '.join(tensors)}) synced in turn"
-    return f"{what}; {t['ranks_per_node']}/node, inter {t['inter']['bandwidth_bytes_per_s'] * 8 / 1e9:g} Gbit/s"
+    burst = t["inter"].get("burst_bytes", 0.0)
+    bucket = f", a {burst / 1024:g} KiB bucket" if burst else ""
+    return f"{what}; {t['ranks_per_node']}/node, inter {t['inter']['bandwidth_bytes_per_s'] * 8 / 1e9:g} Gbit/s{bucket}"
 
 
 def format_report(document: dict[str, Any]) -> str:

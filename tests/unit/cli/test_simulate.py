@@ -102,6 +102,7 @@ def test_cores_and_transport_cpu_reach_every_points_price(tmp_path: Path, monkey
         (["--ranks-per-node", "0"], "ranks_per_node"),
         (["--compute-scale", "-1"], "--compute-scale"),
         (["--cores", "0"], "--cores must be finite and > 0"),
+        (["--inter-burst-kib", "-1"], "burst_bytes"),
         (["--cores", "inf"], "--cores must be finite and > 0"),
         (["--transport-cpu", "all_reduce=-1"], "--transport-cpu: 'all_reduce=-1' must be OP=NS"),
         (["--transport-cpu", "gather=1"], "OP one of all_reduce"),
@@ -233,3 +234,23 @@ def test_the_lm_workload_is_the_rows_its_batches_touch(tmp_path: Path) -> None:
         counted = simulate_step(row["scheme"], row["ranks"], workload, topology, mode="counted", compute_scale=0)
         assert row["seconds"] == pytest.approx(counted["seconds"], rel=1e-12)
         assert row["max_sent_bytes"] == counted["max_sent_bytes"]
+
+
+def test_an_inter_burst_gives_the_inter_links_a_token_bucket(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--inter-burst-kib: the inter-node links hold a bucket (Link.burst_bytes); the points are priced with it."""
+    prefix = str(tmp_path / "sim")
+    argv = ["simulate", *ARGS, "--ranks", "4", "--schemes", "zen", "--compute-scale", "0", "--inter-burst-kib", "64"]
+    assert main([*argv, "-o", prefix]) == 0
+    document = json.loads(Path(prefix + ".json").read_text())
+    assert document["topology"]["inter"]["burst_bytes"] == 65536
+    workload = ZipfWorkload(num_items=3000, dim=4, density=0.05, skew=1.1, overlap=0.2, seed=3)
+    bucket = Topology(2, Link(2e-6, 50e9), Link(40e-6, 1e9 / 8, 65536))
+    (row,) = document["rows"]
+    again = simulate_step("zen", 4, workload, bucket, mode=row["mode"], compute_scale=0.0)
+    plain = simulate_step(
+        "zen", 4, workload, Topology(2, Link(2e-6, 50e9), Link(40e-6, 1e9 / 8)), mode=row["mode"], compute_scale=0.0
+    )
+    assert row["seconds"] == pytest.approx(again["seconds"], rel=1e-12) and row["seconds"] < plain["seconds"]
+    assert "a 64 KiB bucket" in capsys.readouterr().out
