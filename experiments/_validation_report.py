@@ -174,7 +174,8 @@ def markdown(
         "",
         "alpha, beta: ring all-reduce fit on links with the tbf's token bucket (`Link.burst_bytes`: 64 KiB at "
         "100 Mbit/s, 125 kB at 1 Gbit/s; each ring step's latency refills it, so bandwidth-bound all-reduces pay "
-        "about 2 (n - 1) max(0, alpha - burst / beta) of latency, not 2 (n - 1) alpha); e: equal-block `all_to_all_single` fit, T = a + S / (e beta) "
+        "about 2 (n - 1) max(0, alpha - burst / beta) of latency, not 2 (n - 1) alpha); e: equal-block "
+        "`all_to_all_single` fit, T = a + S / (e beta) "
         "(S bytes sent per rank; e capped at 1); all-to-all latency scale: the 4 KiB all-to-all's time, its "
         "bytes' share taken off, over (n - 1) alpha; c: wall of a fixed job on all n ranks at once / its "
         "thread-CPU seconds alone, so the n hosts share n / c cores; x: the exchange efficiency (one pair, both "

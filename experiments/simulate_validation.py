@@ -17,10 +17,12 @@ link tbf-shaped to the rate each way):
    ``Link.ring_s``; ``network_fit``: beta from the least-squares slope over the three
    bandwidth-bound sizes, alpha from the 4 KiB one); the all-to-all efficiency e from equal-block
    all-to-alls at those three sizes (T = a + S / (e beta), S the bytes a rank sends: e = 1 / (beta *
-   slope), at most 1) and its latency scale (the 4 KiB all-to-all over its n - 1 latencies); the exchange efficiency (one connection busy both ways
-   vs one way); the transport CPU per byte moved of each collective the schemes run (all-reduce,
-   all-to-all, point-to-point exchange, zensync's uneven ring all_gather_v: the hosts' processes' CPU
-   seconds over bytes sent plus received); the local-work contention factor c = wall seconds of a
+   slope), at most 1) and its latency scale (the 4 KiB all-to-all over its n - 1 latencies); the
+   exchange efficiency (one connection busy both ways vs one way); the transport CPU per byte moved
+   of each collective the schemes run (all-reduce, all-to-all, point-to-point exchange, zensync's
+   uneven ring all_gather_v and its equal-block all_gather_v, which is gloo's own all-gather: the
+   whole machine's busy CPU seconds over bytes sent plus received, the hosts' processes' alone kept
+   beside); the local-work contention factor c = wall seconds of a
    fixed job run by the n ranks at once / its thread-CPU seconds run alone, i.e. the n hosts share
    n / c cores.
 2. Measurement (``measure``): each scheme's ``run_agreed`` on the workload (rank r's tensor of
@@ -192,7 +194,9 @@ def network_fit(allreduce_s: dict[int, float], n: int, rate_bits: int) -> dict[s
         low, high = 0.0, allreduce_s[small] / steps
         for _ in range(60):
             mid = (low + high) / 2
-            low, high = (mid, high) if Link(mid, beta, burst).ring_s(steps, small / n) < allreduce_s[small] else (low, mid)
+            low, high = (
+                (mid, high) if Link(mid, beta, burst).ring_s(steps, small / n) < allreduce_s[small] else (low, mid)
+            )
         return high
 
     alpha, beta = allreduce_s[small] / steps, steps / n / fit_affine(large, [allreduce_s[b] for b in large])[1]
@@ -204,7 +208,12 @@ def network_fit(allreduce_s: dict[int, float], n: int, rate_bits: int) -> dict[s
         alpha = alpha_for(beta)
         if settled and abs(alpha - link.latency_s) <= 1e-12 * max(alpha, 1e-9):
             break
-    return {"alpha_s": max(1e-7, alpha), "beta_bytes_per_s": beta, "beta_over_rate": beta * 8 / rate_bits, "burst_bytes": burst}
+    return {
+        "alpha_s": max(1e-7, alpha),
+        "beta_bytes_per_s": beta,
+        "beta_over_rate": beta * 8 / rate_bits,
+        "burst_bytes": burst,
+    }
 
 
 def transport_cpu_fit(busy: dict[str, float], n: int) -> dict[str, float]:

@@ -180,7 +180,9 @@ class Topology:
         """Ring all-gather of rank r's ``block_bytes[r]`` (equal or not): when its last rank is done."""
         return float(self.all_gather_ends(block_bytes, members).max(initial=0.0))
 
-    def all_gather_ends(self, block_bytes: Sequence[float], members: Sequence[int] | None = None) -> npt.NDArray[np.float64]:
+    def all_gather_ends(
+        self, block_bytes: Sequence[float], members: Sequence[int] | None = None
+    ) -> npt.NDArray[np.float64]:
         """Per rank (group order), the seconds after the start at which its part of a ring all-gather
         of uneven blocks ends: the ring is not in lockstep, each rank's step ``j`` (send block
         ``r - j`` to ``r + 1``, receive block ``r - j - 1`` from ``r - 1``) starts when its step
@@ -202,7 +204,9 @@ class Topology:
         if ranks <= 1:
             return 0.0
         hop = self._hop(ranks, members)
-        return math.ceil(math.log2(ranks)) * hop.latency_s + (nbytes - hop.free_bytes(nbytes)) / hop.bandwidth_bytes_per_s
+        return (
+            math.ceil(math.log2(ranks)) * hop.latency_s + (nbytes - hop.free_bytes(nbytes)) / hop.bandwidth_bytes_per_s
+        )
 
     def barrier_s(self, ranks: int, members: Sequence[int] | None = None) -> float:
         if ranks <= 1:

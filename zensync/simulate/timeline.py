@@ -5,10 +5,10 @@ events in time:
 
 - A collective of a group starts when the last of its members reaches it and ends ``topology``'s
   time for it later, for every member (a ring all-gather: for each member when its own last step
-  ends, ``Topology.all_gather_ends``; a member's transport CPU then holds back only its own end): the k-th call a rank made on a group is the k-th call of every
-  member on that group (SPMD order; a mismatch is an error, which the real run would have been too).
-  Collectives of disjoint groups (the nodes' intra-node steps of a two-level scheme) therefore run
-  side by side.
+  ends, ``Topology.all_gather_ends``; a member's transport CPU then holds back only its own end):
+  the k-th call a rank made on a group is the k-th call of every member on that group (SPMD order;
+  a mismatch is an error, which the real run would have been too). Collectives of disjoint groups
+  (the nodes' intra-node steps of a two-level scheme) therefore run side by side.
 - A collective whose backend exchanges sizes first (all_gather_v, all_to_all_v without known
   receive counts) pays that round too: 8 bytes per peer.
 - A point-to-point call (send_recv) posts its message when the sender reaches it; the message
@@ -83,6 +83,8 @@ def _cost_key(op: str, members: Sequence[Call]) -> str:
     if op == "all_gather_v" and len({c.nbytes for c in members}) == 1:
         return "all_gather"
     return op
+
+
 _SIZE_BYTES = 8
 """One int64 size per peer in a size exchange."""
 

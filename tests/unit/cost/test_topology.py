@@ -125,7 +125,9 @@ def test_small_chunks_pass_inside_the_bucket_and_cost_their_latency_only() -> No
 def test_one_large_block_carried_along_idle_links_finds_a_full_bucket_at_every_hop() -> None:
     n, hot = 8, 750_000.0
     blocks = [hot] + [0.0] * (n - 1)
-    assert Topology.flat(TBF).all_gather_s(blocks) == pytest.approx((n - 1) * (2e-3 + (hot - 65536) / 12.5e6), rel=1e-12)
+    assert Topology.flat(TBF).all_gather_s(blocks) == pytest.approx(
+        (n - 1) * (2e-3 + (hot - 65536) / 12.5e6), rel=1e-12
+    )
     # Without the bucket, the same blocks cost the old ring: n - 1 steps of the largest block.
     plain = Link(2e-3, 12.5e6)
     assert Topology.flat(plain).all_gather_s(blocks) == pytest.approx((n - 1) * (2e-3 + hot / 12.5e6), rel=1e-12)

@@ -18,7 +18,13 @@ def driver(experiment_module):
 @pytest.mark.parametrize("n", [4, 16])
 def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n: int) -> None:
     alpha, beta, e, scale, x, c = 2e-3, 1.1e7, 0.7, 0.5, 0.5, n / 1.7
-    costs = {"all_reduce": 0.6e-9, "all_to_all_v": 0.9e-9, "send_recv": 1.3e-9, "all_gather_v": 1.6e-9, "all_gather": 2e-9}
+    costs = {
+        "all_reduce": 0.6e-9,
+        "all_to_all_v": 0.9e-9,
+        "send_recv": 1.3e-9,
+        "all_gather_v": 1.6e-9,
+        "all_gather": 2e-9,
+    }
     sizes = driver._sizes(100 * 10**6)
     reps, burst = 3, driver.burst_bytes(100 * 10**6)  # the testbed's token bucket at 100 Mbit/s
     link = Link(alpha, beta, burst)
@@ -37,7 +43,9 @@ def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n:
         },
         # The whole machine: the processes' CPU plus the kernel's uncharged network work (half again).
         "transport_machine_cpu_s": {
-            f"{op}/{b}": 0.01 + 1.5 * cost * driver.MOVED_PER_SIZE[op](n, b) for op, cost in costs.items() for b in sizes
+            f"{op}/{b}": 0.01 + 1.5 * cost * driver.MOVED_PER_SIZE[op](n, b)
+            for op, cost in costs.items()
+            for b in sizes
         },
     }
     cal = driver.fit_calibration([r0], n, 100 * 10**6)
