@@ -169,8 +169,11 @@ def _load_dense_worker(rank: int, world_size: int) -> dict[str, object]:
     # step-1 checkpoint when rank 0 is at step 2: its (last) bucket goes to DDP's group and rank
     # 0's to the lane. The check fails both; rank 1 must not wait for its unmatched allreduce.
     side = torch.distributed.new_group(backend="gloo")  # keeps rank 0 alive until rank 1 is done
+    # DDP syncs on a group of its own: rank 1's unmatched allreduce stays there, and the launcher's
+    # closing barrier on the default group does not pair with it and wait out the group's timeout.
+    ddp_group = torch.distributed.new_group(backend="gloo")
     torch.manual_seed(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4), process_group=ddp_group)
     state = zensync.register(
         ddp, strategy="auto", recheck_every=2, check_every=1, latency_s=1e-5, bandwidth_bytes_per_s=1e9
     )
