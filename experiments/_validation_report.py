@@ -26,11 +26,12 @@ def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]
 
     lines = [
         "| rate | n | alpha (us) | beta (MB/s) | beta / rate | all-to-all efficiency e (raw fit) "
-        "| all-to-all latency scale | exchange efficiency (one-way MB/s) | contention c | cores n / c "
-        "| transport CPU (ns per byte moved, the machine's): all_reduce, all_to_all_v, send_recv, all_gather_v, "
+        "| all-to-all latency scale | exchange efficiency (one-way MB/s) | all-gather efficiency g "
+        "| contention c | cores n / c "
+        "| transport CPU (ns per byte moved, the processes'): all_reduce, all_to_all_v, send_recv, all_gather_v, "
         "all_gather | load (1 min) "
         "| cores busy before |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rate in rates:
         for n in hosts:
@@ -39,14 +40,15 @@ def _calibration_table(cache: dict[str, Any], rates: list[str], hosts: list[int]
                 continue
             transport = c.get("transport_cpu_s_per_byte")
             cpu = "not measured" if transport is None else ", ".join(_ns(transport.get(op)) for op in MOVED_OPS)
-            process = c.get("transport_cpu_process_s_per_byte")
-            if process is not None:
-                cpu += " (processes: " + ", ".join(_ns(process.get(op)) for op in MOVED_OPS) + ")"
+            machine = c.get("transport_machine_cpu_s_per_byte")
+            if machine is not None:
+                cpu += " (machine: " + ", ".join(_ns(machine.get(op)) for op in MOVED_OPS) + ")"
             lines.append(
                 f"| {rate} | {n} | {c['alpha_s'] * 1e6:.0f} | {c['beta_bytes_per_s'] / _MB:.2f} | "
                 f"{c['beta_over_rate']:.3f} | {c['all_to_all_efficiency']:.3f} "
                 f"({c['all_to_all_efficiency_raw']:.3f}) | {all_to_all_latency_scale(c, n):.3f} | "
-                f"{c['exchange_efficiency']:.3f} ({c['one_way_bytes_per_s'] / _MB:.2f}) | {c['contention']:.2f} "
+                f"{c['exchange_efficiency']:.3f} ({c['one_way_bytes_per_s'] / _MB:.2f}) | "
+                f"{c.get('all_gather_efficiency', 1.0):.3f} | {c['contention']:.2f} "
                 f"({c['job_concurrent_wall_s']:.3f} / {c['job_solo_thread_cpu_s']:.3f} s) | {cores_of(c, n):.2f} | "
                 f"{cpu} | {c['load_avg_1m']:.2f} | {c.get('machine_busy_before', float('nan')):.0%} |"
             )
@@ -179,13 +181,16 @@ def markdown(
         "(S bytes sent per rank; e capped at 1); all-to-all latency scale: the 4 KiB all-to-all's time, its "
         "bytes' share taken off, over (n - 1) alpha; c: wall of a fixed job on all n ranks at once / its "
         "thread-CPU seconds alone, so the n hosts share n / c cores; x: the exchange efficiency (one pair, both "
-        "ways at once, over one way); transport CPU: the whole machine's busy CPU seconds (`/proc/stat`: the "
-        "hosts' processes and the kernel's network work no process is charged for) per byte sent plus "
-        "received, the slope over each collective's three larger calibration sizes (in brackets: the hosts' "
-        "processes' CPU alone); all_gather is zensync's all_gather_v with equal blocks, which runs as gloo's "
-        "own all-gather (AGsparse's blocks), all_gather_v its uneven ring of point-to-point steps. "
-        "The prediction uses `Topology.flat(Link(alpha, beta, burst), all_to_all_efficiency=e, exchange_efficiency=x, "
-        "all_to_all_latency_scale=...)`, `cores=n / c` and `transport_cpu=...` (`zensync.simulate.timeline`: "
+        "ways at once, over one way: the median over the sizes, as an exchange runs at about half the rate "
+        "each way or near all of it); transport CPU: the hosts' processes' CPU seconds (all threads, user and "
+        "system) per byte sent plus received, the slope over each collective's three larger calibration sizes "
+        "(in brackets: the whole machine's busy CPU, `/proc/stat`, with the kernel's network work no process "
+        "is charged for; not charged, see the findings); all_gather is zensync's all_gather_v with equal "
+        "blocks, which runs as gloo's own all-gather (AGsparse's blocks), all_gather_v its uneven ring of "
+        "point-to-point steps; g: that all-gather's rate over beta (its time's slope, as e). "
+        "The prediction uses `Topology.flat(Link(alpha, beta, burst), all_to_all_efficiency=e, "
+        "exchange_efficiency=x, all_to_all_latency_scale=..., all_gather_efficiency=g)`, `cores=n / c` and "
+        "`transport_cpu=...` (`zensync.simulate.timeline`: "
         "local work and transport CPU share the cores; a collective ends when its wire time and its members' "
         "CPU work are done).",
         "",

@@ -18,19 +18,21 @@ link tbf-shaped to the rate each way):
    bandwidth-bound sizes, alpha from the 4 KiB one); the all-to-all efficiency e from equal-block
    all-to-alls at those three sizes (T = a + S / (e beta), S the bytes a rank sends: e = 1 / (beta *
    slope), at most 1) and its latency scale (the 4 KiB all-to-all over its n - 1 latencies); the
-   exchange efficiency (one connection busy both ways vs one way); the transport CPU per byte moved
-   of each collective the schemes run (all-reduce, all-to-all, point-to-point exchange, zensync's
-   uneven ring all_gather_v and its equal-block all_gather_v, which is gloo's own all-gather: the
-   whole machine's busy CPU seconds over bytes sent plus received, the hosts' processes' alone kept
-   beside); the local-work contention factor c = wall seconds of a
-   fixed job run by the n ranks at once / its thread-CPU seconds run alone, i.e. the n hosts share
-   n / c cores.
+   exchange efficiency x (one connection busy both ways vs one way: the median over the sizes,
+   ``exchange_efficiency``); the equal-block all-gather's efficiency g (zensync's all_gather_v with
+   equal blocks runs as gloo's own all-gather: its time's slope over the ring's at beta); the
+   transport CPU per byte moved of each collective the schemes run (all-reduce, all-to-all,
+   point-to-point exchange, zensync's uneven ring all_gather_v and the equal-block all-gather: the
+   hosts' processes' CPU seconds over bytes sent plus received; the whole machine's busy CPU kept
+   beside, not charged); the local-work contention factor c = wall seconds of a fixed job run by the
+   n ranks at once / its thread-CPU seconds run alone, i.e. the n hosts share n / c cores.
 2. Measurement (``measure``): each scheme's ``run_agreed`` on the workload (rank r's tensor of
    ``ZipfWorkload``, the data and path ``simulate_step`` uses), median over ``--steps`` steps after a
    warm-up of the max over ranks; wire bytes per host from eth0's tx counter vs the engine's count.
 3. Prediction (in this process, after the cluster is gone): ``simulate_step(scheme, n, workload,
    topology, mode="full", cores=n / c, transport_cpu=...)`` with ``topology = Topology.flat(Link(alpha,
-   beta, burst), all_to_all_efficiency=e, exchange_efficiency=x, all_to_all_latency_scale=...)``: the
+   beta, burst), all_to_all_efficiency=e, exchange_efficiency=x, all_to_all_latency_scale=...,
+   all_gather_efficiency=g)``: the
    simulated ranks' local work and the collectives' transport CPU share the n / c cores (processor
    sharing, ``zensync.simulate.timeline``), and the same step on inputs built beforehand
    (``zensync.simulate.simulate``; ``predict``), the quantity the hosts time. Before b6a0b31
@@ -138,13 +140,11 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
     raw_efficiency = 1.0 / (beta * a2a_slope)
     one_way = {int(b): statistics.median(s) for b, s in r0["one_way_s"].items()}
     exchange = {int(b): statistics.median(s) for b, s in r0["exchange_s"].items()}
-    one_way_slope, exchange_slope = (
-        fit_affine(list(one_way), list(one_way.values()))[1],
-        fit_affine(list(exchange), list(exchange.values()))[1],
-    )
+    one_way_slope = fit_affine(list(one_way), list(one_way.values()))[1]
     solo = statistics.median(r0["job_solo_thread_cpu_s"])
     concurrent = statistics.median(r0["job_concurrent_wall_s"])
     gather = {int(b): statistics.median(s) for b, s in r0["all_gather_v_s"].items()}
+    equal = {int(b): statistics.median(s) for b, s in r0.get("all_gather_s", {}).items()}
     busy = {key: statistics.median(s) for key, s in r0["transport_cpu_s"].items()}
     machine = r0.get("transport_machine_cpu_s")
     return {
@@ -157,16 +157,18 @@ def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict
         "one_way_median_s": one_way,
         "exchange_median_s": exchange,
         "one_way_bytes_per_s": 1.0 / one_way_slope,
-        "exchange_efficiency": one_way_slope / exchange_slope,
+        "exchange_efficiency": exchange_efficiency(one_way, exchange),
         "job_solo_thread_cpu_s": solo,
         "job_concurrent_wall_s": concurrent,
         "contention": concurrent / solo,
         "all_gather_v_median_s": gather,
+        "all_gather_median_s": equal,
+        **({"all_gather_efficiency": all_gather_efficiency(equal, n, beta)} if equal else {}),
         "transport_cpu_median_s": busy,
         "transport_machine_cpu_s": machine,
-        "transport_cpu_process_s_per_byte": transport_cpu_fit(busy, n),
-        # What the model charges: the machine's CPU per byte (the processes' where not measured).
-        "transport_cpu_s_per_byte": transport_cpu_fit(machine or busy, n),
+        # What the model charges: the hosts' processes' CPU per byte; the whole machine's beside it.
+        "transport_cpu_s_per_byte": transport_cpu_fit(busy, n),
+        **({"transport_machine_cpu_s_per_byte": transport_cpu_fit(machine, n)} if machine else {}),
     }
 
 
@@ -216,6 +218,24 @@ def network_fit(allreduce_s: dict[int, float], n: int, rate_bits: int) -> dict[s
     }
 
 
+def all_gather_efficiency(equal: dict[int, float], n: int, beta: float) -> float:
+    """The backend's own all-gather (equal blocks; ``total`` bytes in all) over the ring at beta: its
+    time's least-squares slope over the bandwidth-bound sizes is (n - 1) / n / (g beta); g at most 1
+    (``Topology.all_gather_efficiency``)."""
+    large = sorted(equal)[1:]
+    slope = fit_affine(large, [equal[b] for b in large])[1]
+    return min(1.0, (n - 1) / n / (beta * slope))
+
+
+def exchange_efficiency(one_way: dict[int, float], exchange: dict[int, float]) -> float:
+    """The exchange's rate over one way's: the median over the sizes of one way's seconds over the
+    exchange's. Not the ratio of the two slopes: an exchange on the emulated hosts runs at one of two
+    rates (about half the link each way, or close to all of it, as TCP's acknowledgements queue behind
+    the data in the tbf or not), and one size in the other mode would tilt a slope (1 Gbit/s n = 4,
+    2026-12-05: 0.835 from the slopes, 0.504 from the median; the others 0.50-0.51 either way)."""
+    return statistics.median(one_way[b] / exchange[b] for b in exchange)
+
+
 def transport_cpu_fit(busy: dict[str, float], n: int) -> dict[str, float]:
     """Per op, the CPU seconds (``busy``: per "op/size", the processes' or the machine's) per byte moved
     (sent + received, all ranks): the least-squares slope over the calibration's sizes but the smallest
@@ -261,6 +281,7 @@ def topology_of(cal: dict[str, Any], n: int) -> Topology:
         all_to_all_efficiency=cal["all_to_all_efficiency"],
         exchange_efficiency=min(1.0, cal["exchange_efficiency"]),
         all_to_all_latency_scale=all_to_all_latency_scale(cal, n),
+        all_gather_efficiency=cal.get("all_gather_efficiency", 1.0),
     )
 
 
@@ -272,7 +293,11 @@ def repredict(cache: dict[str, Any]) -> None:
         rate, n_text, scheme = key.split("/")
         n, cal = int(n_text), cache["calibration"][f"{rate}/{n_text}"]
         medians = {int(b): s for b, s in cal["allreduce_median_s"].items()}
-        cal.update(network_fit(medians, n, parse_rate(rate)))  # the current fit, on the cached medians
+        cal.update(network_fit(medians, n, parse_rate(rate)))  # the current fits, on the cached medians
+        one_way, exchange = (
+            {int(b): s for b, s in cal[key].items()} for key in ("one_way_median_s", "exchange_median_s")
+        )
+        cal["exchange_efficiency"] = exchange_efficiency(one_way, exchange)
         topology = topology_of(cal, n)
         _log(f"{key}: predicting again")
         row.update(predict(scheme, n, workload_for(parse_rate(rate)), topology, cal))

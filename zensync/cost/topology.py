@@ -14,11 +14,12 @@ alpha per sequential message (a ring allreduce pays ``2 (n-1)`` of them), becaus
 - all_reduce: ring, ``2 (n-1)/n M`` per rank over the slowest hop;
 - reduce_scatter: ring, ``(n-1)/n M``;
 - all_gather (equal or uneven blocks): ring; step ``j`` moves every rank's block ``r - j`` one hop.
-  Equal blocks: ``(n-1) b`` over the slowest hop. Uneven blocks: the ranks are not in lockstep (each
-  message leaves when both its ends reach its step), so the largest block passes hop by hop and the
-  last rank ends after ``n-1`` hops of it, at most ``(n-1) max_r b_r`` over the slowest hop (this is
-  why a skewed sparse all-gather pays its largest rank's size n-1 times), while the ranks it has
-  passed end earlier (``all_gather_ends``);
+  Equal blocks: ``(n-1) b`` over the slowest hop, at ``all_gather_efficiency`` of its rate (the
+  backend's own all-gather). Uneven blocks: the ranks are not in lockstep (each message leaves when
+  both its ends reach its step), so the largest block passes hop by hop and the last rank ends after
+  ``n-1`` hops of it, at most ``(n-1) max_r b_r`` over the slowest hop (this is why a skewed sparse
+  all-gather pays its largest rank's size n-1 times), while the ranks it has passed end earlier
+  (``all_gather_ends``);
 - all_to_all_v: direct; each rank's bytes to its node's peers over ``intra``, each node's bytes to and
   from other nodes over its ``inter`` link, whichever takes longest, after ``n - 1`` latencies times
   ``all_to_all_latency_scale`` (default 1: one message after another; a backend that posts its
@@ -115,15 +116,20 @@ class Topology:
     all_to_all_latency_scale: float = 1.0
     """The factor on a direct all-to-all's ``n - 1`` latencies, > 0 (module docstring; 1: its messages
     one after another; below 1 where the backend overlaps them)."""
+    all_gather_efficiency: float = 1.0
+    """An all-gather of equal blocks, which zensync's torch transport hands to the backend's own
+    all-gather, moves its bytes at this fraction of the links' rate, in (0, 1] (1: a ring at the
+    rate; gloo's on the emulated hosts is slower than zensync's ring of point-to-point steps, which
+    uneven blocks take and which runs at the rate)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ranks_per_node, bool) or not isinstance(self.ranks_per_node, int) or self.ranks_per_node < 1:
             raise ValueError(f"Topology: ranks_per_node={self.ranks_per_node!r} must be an int >= 1")
-        for name in ("all_to_all_efficiency", "exchange_efficiency"):
+        for name in ("all_to_all_efficiency", "exchange_efficiency", "all_gather_efficiency"):
             if not 0 < getattr(self, name) <= 1:  # also rejects NaN
                 raise ValueError(
                     f"Topology: {name}={getattr(self, name)!r} must be in (0, 1]: the fraction of the links' rate "
-                    "bytes reach each way when both directions are busy"
+                    "the bytes reach"
                 )
         if not (self.all_to_all_latency_scale > 0 and math.isfinite(self.all_to_all_latency_scale)):
             raise ValueError(
@@ -139,9 +145,12 @@ class Topology:
         all_to_all_efficiency: float = 1.0,
         exchange_efficiency: float = 1.0,
         all_to_all_latency_scale: float = 1.0,
+        all_gather_efficiency: float = 1.0,
     ) -> Topology:
         """One rank per node: every pair of ranks talks over ``link`` (the Eq. 1 setting)."""
-        return cls(1, link, link, all_to_all_efficiency, exchange_efficiency, all_to_all_latency_scale)
+        return cls(
+            1, link, link, all_to_all_efficiency, exchange_efficiency, all_to_all_latency_scale, all_gather_efficiency
+        )
 
     def nodes(self, ranks: int) -> int:
         return -(-ranks // self.ranks_per_node)
@@ -190,14 +199,16 @@ class Topology:
         latency. A large block therefore passes along the ring hop by hop while the ranks it has
         passed finish early (zensync's uneven ring of point-to-point steps runs so,
         ``zensync.transport.torch_dist``). Equal blocks: every rank ends after ``n - 1`` steps of the
-        block (``Link.ring_s``)."""
+        block (``Link.ring_s``) at ``all_gather_efficiency`` of the rate (the backend's own all-gather)."""
         blocks = np.asarray(block_bytes, dtype=np.float64)
         ranks = len(blocks)
         if ranks <= 1:
             return np.zeros(ranks)
         hop = self._hop(ranks, members)
-        if blocks.min() == blocks.max():
-            return np.full(ranks, hop.ring_s(ranks - 1, float(blocks[0])))
+        if blocks.min() == blocks.max():  # the backend's own all-gather
+            rate = hop.bandwidth_bytes_per_s * self.all_gather_efficiency
+            backend = Link(hop.latency_s, rate, hop.burst_bytes)
+            return np.full(ranks, backend.ring_s(ranks - 1, float(blocks[0])))
         return _ring_ends(hop, blocks)
 
     def broadcast_s(self, ranks: int, nbytes: float, members: Sequence[int] | None = None) -> float:

@@ -193,3 +193,12 @@ def test_small_blocks_behind_a_large_one_wait_for_their_neighbours() -> None:
     and its receive are done, i.e. both at the larger message."""
     ends = Topology.flat(Link(1e-3, 1e8)).all_gather_ends([1e6, 5e5])
     assert ends.tolist() == pytest.approx([1e-3 + 0.01, 1e-3 + 0.01], rel=1e-12)
+
+
+def test_the_backends_all_gather_of_equal_blocks_runs_at_its_efficiency_and_the_uneven_ring_at_the_rate() -> None:
+    slow = Topology.flat(Link(1e-3, 1e8), all_gather_efficiency=0.5)
+    assert slow.all_gather_s([1e6] * 4) == pytest.approx(3 * (1e-3 + 1e6 / 5e7), rel=1e-12)
+    assert slow.all_gather_s([1e6, 0, 0, 0]) == pytest.approx(3 * (1e-3 + 1e6 / 1e8), rel=1e-12)
+    for bad in (0.0, 1.5, math.nan):
+        with pytest.raises(ValueError, match="all_gather_efficiency"):
+            Topology.flat(Link(1e-3, 1e8), all_gather_efficiency=bad)

@@ -17,7 +17,7 @@ def driver(experiment_module):
 
 @pytest.mark.parametrize("n", [4, 16])
 def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n: int) -> None:
-    alpha, beta, e, scale, x, c = 2e-3, 1.1e7, 0.7, 0.5, 0.5, n / 1.7
+    alpha, beta, e, scale, x, c, g = 2e-3, 1.1e7, 0.7, 0.5, 0.5, n / 1.7, 0.75
     costs = {
         "all_reduce": 0.6e-9,
         "all_to_all_v": 0.9e-9,
@@ -34,6 +34,7 @@ def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n:
         "one_way_s": {b: [b / 1.2e7] * reps for b in sizes[1:]},
         "exchange_s": {b: [b / (x * 1.2e7)] * reps for b in sizes[1:]},
         "all_gather_v_s": {b: [0.1] * reps for b in sizes},
+        "all_gather_s": {b: [(n - 1) * alpha + (n - 1) / n * b / (g * beta)] * reps for b in sizes},
         "job_solo_thread_cpu_s": [0.3] * reps,
         "job_concurrent_wall_s": [0.3 * c] * reps,
         "transport_cpu_s": {
@@ -56,10 +57,20 @@ def test_the_calibration_fit_recovers_the_model_that_made_the_timings(driver, n:
     assert driver.all_to_all_latency_scale(cal, n) == pytest.approx(scale, rel=1e-6)
     assert cal["exchange_efficiency"] == pytest.approx(x, rel=1e-6)
     assert driver.cores_of(cal, n) == pytest.approx(1.7, rel=1e-9)
-    assert cal["transport_cpu_process_s_per_byte"] == pytest.approx(costs, rel=1e-6)
-    assert cal["transport_cpu_s_per_byte"] == pytest.approx({op: 1.5 * c for op, c in costs.items()}, rel=1e-6)
-    del r0["transport_machine_cpu_s"]  # a calibration from before the machine's CPU was read: the processes'
-    assert driver.fit_calibration([r0], n, 100 * 10**6)["transport_cpu_s_per_byte"] == pytest.approx(costs, rel=1e-6)
+    assert cal["transport_cpu_s_per_byte"] == pytest.approx(costs, rel=1e-6)
+    machine = {op: 1.5 * c for op, c in costs.items()}
+    assert cal["transport_machine_cpu_s_per_byte"] == pytest.approx(machine, rel=1e-6)
+    assert cal["all_gather_efficiency"] == pytest.approx(g, rel=1e-6)
     topology = driver.topology_of(cal, n)
     assert topology.all_to_all_latency_scale == pytest.approx(scale, rel=1e-6)
     assert (topology.exchange_efficiency, topology.all_to_all_efficiency) == pytest.approx((x, e), rel=1e-6)
+    assert topology.all_gather_efficiency == pytest.approx(g, rel=1e-6)
+
+
+def test_one_exchange_size_at_the_other_rate_does_not_move_the_exchange_efficiency(driver) -> None:
+    """Exchanges on the emulated hosts run at about half the link each way or near all of it; the
+    median over the sizes keeps the rate most sizes ran at, where the slopes' ratio would not."""
+    one_way = {b: b / 1.2e8 for b in (6_250_000, 25_000_000, 75_000_000)}
+    exchange = {b: t / 0.5 for b, t in one_way.items()}
+    exchange[75_000_000] = one_way[75_000_000] / 0.76  # this size ran at the faster rate
+    assert driver.exchange_efficiency(one_way, exchange) == pytest.approx(0.5, rel=1e-12)
