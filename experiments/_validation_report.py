@@ -103,8 +103,10 @@ def _ablation_table(points: list[dict[str, Any]]) -> list[str]:
         "## Which model term does what",
         "",
         "The step alone's records (one recording per point) priced with the model's terms added one at a time: "
-        "the network alone; + local work, each rank on a core of its own times the contention c (the model "
-        "before this session); the n / c cores shared instead (processor sharing); + the all-to-all latency "
+        "the network alone (the whole network model: the bucket, the ring out of lockstep, the all-gather's "
+        "efficiency; the findings give what those changed); + local work, each rank on a core of its own times "
+        "the contention c (the model "
+        "before 2026-12-04); the n / c cores shared instead (processor sharing); + the all-to-all latency "
         "scale; + the transport CPU (the full model). Error against the measured step; within 15 %: "
         + "; ".join(f"{t} {within[t]} of {len(rows)}" for t in terms)
         + ".",
@@ -156,7 +158,7 @@ def markdown(
         "",
         'Validates the priced step of `zensync.simulate` (`simulate_step(..., mode="full")`: the schemes\' real '
         "collectives on `Topology.flat`, plus measured local work and transport CPU on the shared cores), the "
-        "model behind `zensync simulate` and experiments/results/simulate_zipf10M_25gbit_2026-12-04 (issue 16 item 3).",
+        "model behind `zensync simulate` and experiments/results/simulate_zipf10M_25gbit_2026-12-05 (issue 16 item 3).",
         "",
         f"{'Report written by' if meta.get('report_only') else 'Command'}: `{meta['command']}`; git "
         f"{meta['git_sha']} (tracked files changed in the shared checkout "
