@@ -129,45 +129,55 @@ def _sizes(rate_bits: int) -> list[int]:
 
 
 def fit_calibration(ranks: list[dict[str, Any]], n: int, rate_bits: int) -> dict[str, Any]:
-    """alpha, beta, all-to-all efficiency and contention factor from the ranks' calibration files."""
+    """The calibration from the ranks' files: each timing's median over its reps, and the model's
+    terms fitted to them (``calibration_fits``)."""
     r0 = ranks[0]  # every rank holds the max over ranks of each rep
-    ar = {int(b): statistics.median(s) for b, s in r0["allreduce_s"].items()}
-    network = network_fit(ar, n, rate_bits)
+
+    def medians(key: str) -> dict[Any, float]:
+        return {b: statistics.median(s) for b, s in r0.get(key, {}).items()}
+
+    measured = {
+        "allreduce_median_s": medians("allreduce_s"),
+        "all_to_all_median_s": medians("all_to_all_s"),
+        "one_way_median_s": medians("one_way_s"),
+        "exchange_median_s": medians("exchange_s"),
+        "job_solo_thread_cpu_s": statistics.median(r0["job_solo_thread_cpu_s"]),
+        "job_concurrent_wall_s": statistics.median(r0["job_concurrent_wall_s"]),
+        "all_gather_v_median_s": medians("all_gather_v_s"),
+        "all_gather_median_s": medians("all_gather_s"),
+        "transport_cpu_median_s": medians("transport_cpu_s"),
+        "transport_machine_cpu_s": r0.get("transport_machine_cpu_s"),
+    }
+    return {**measured, **calibration_fits(measured, n, rate_bits)}
+
+
+def calibration_fits(cal: dict[str, Any], n: int, rate_bits: int) -> dict[str, Any]:
+    """The model's terms from a calibration's medians (``fit_calibration``'s, or a cached one's, whose
+    sizes JSON made strings): alpha, beta and the bucket, the all-to-all and exchange efficiencies,
+    the equal-block all-gather's efficiency, the contention factor and the transport CPU per byte."""
+
+    def sizes(key: str) -> dict[int, float]:
+        return {int(b): s for b, s in (cal.get(key) or {}).items()}
+
+    network = network_fit(sizes("allreduce_median_s"), n, rate_bits)
     beta = network["beta_bytes_per_s"]
-    a2a = {int(b): statistics.median(s) for b, s in r0["all_to_all_s"].items()}
+    a2a = sizes("all_to_all_median_s")
     a2a_large = sorted(a2a)[1:]
     a2a_intercept, a2a_slope = fit_affine(a2a_large, [a2a[b] for b in a2a_large])
     raw_efficiency = 1.0 / (beta * a2a_slope)
-    one_way = {int(b): statistics.median(s) for b, s in r0["one_way_s"].items()}
-    exchange = {int(b): statistics.median(s) for b, s in r0["exchange_s"].items()}
-    one_way_slope = fit_affine(list(one_way), list(one_way.values()))[1]
-    solo = statistics.median(r0["job_solo_thread_cpu_s"])
-    concurrent = statistics.median(r0["job_concurrent_wall_s"])
-    gather = {int(b): statistics.median(s) for b, s in r0["all_gather_v_s"].items()}
-    equal = {int(b): statistics.median(s) for b, s in r0.get("all_gather_s", {}).items()}
-    busy = {key: statistics.median(s) for key, s in r0["transport_cpu_s"].items()}
-    machine = r0.get("transport_machine_cpu_s")
+    one_way, exchange, equal = sizes("one_way_median_s"), sizes("exchange_median_s"), sizes("all_gather_median_s")
+    machine = cal.get("transport_machine_cpu_s")
     return {
         **network,
-        "allreduce_median_s": ar,
-        "all_to_all_median_s": a2a,
         "all_to_all_intercept_s": a2a_intercept,
         "all_to_all_efficiency_raw": raw_efficiency,
         "all_to_all_efficiency": min(1.0, raw_efficiency),
-        "one_way_median_s": one_way,
-        "exchange_median_s": exchange,
-        "one_way_bytes_per_s": 1.0 / one_way_slope,
+        "one_way_bytes_per_s": 1.0 / fit_affine(list(one_way), list(one_way.values()))[1],
         "exchange_efficiency": exchange_efficiency(one_way, exchange),
-        "job_solo_thread_cpu_s": solo,
-        "job_concurrent_wall_s": concurrent,
-        "contention": concurrent / solo,
-        "all_gather_v_median_s": gather,
-        "all_gather_median_s": equal,
+        "contention": cal["job_concurrent_wall_s"] / cal["job_solo_thread_cpu_s"],
         **({"all_gather_efficiency": all_gather_efficiency(equal, n, beta)} if equal else {}),
-        "transport_cpu_median_s": busy,
-        "transport_machine_cpu_s": machine,
         # What the model charges: the hosts' processes' CPU per byte; the whole machine's beside it.
-        "transport_cpu_s_per_byte": transport_cpu_fit(busy, n),
+        "transport_cpu_s_per_byte": transport_cpu_fit(cal["transport_cpu_median_s"], n),
         **({"transport_machine_cpu_s_per_byte": transport_cpu_fit(machine, n)} if machine else {}),
     }
 
@@ -289,15 +299,12 @@ def repredict(cache: dict[str, Any]) -> None:
     """Every cached point's predictions again, with the current model and the point's own cached
     calibration (no cluster: measurements and calibrations stay as they were)."""
     git = _git()
+    for cal_key, cal in cache["calibration"].items():  # the current fits, on the cached medians
+        rate, n_text = cal_key.split("/")
+        cal.update(calibration_fits(cal, int(n_text), parse_rate(rate)))
     for key, row in sorted(cache["points"].items()):
         rate, n_text, scheme = key.split("/")
         n, cal = int(n_text), cache["calibration"][f"{rate}/{n_text}"]
-        medians = {int(b): s for b, s in cal["allreduce_median_s"].items()}
-        cal.update(network_fit(medians, n, parse_rate(rate)))  # the current fits, on the cached medians
-        one_way, exchange = (
-            {int(b): s for b, s in cal[key].items()} for key in ("one_way_median_s", "exchange_median_s")
-        )
-        cal["exchange_efficiency"] = exchange_efficiency(one_way, exchange)
         topology = topology_of(cal, n)
         _log(f"{key}: predicting again")
         row.update(predict(scheme, n, workload_for(parse_rate(rate)), topology, cal))

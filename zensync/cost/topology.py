@@ -65,7 +65,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Link", "Topology"]
+__all__ = ["Link", "Topology", "backend_all_gather"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -205,7 +205,7 @@ class Topology:
         if ranks <= 1:
             return np.zeros(ranks)
         hop = self._hop(ranks, members)
-        if blocks.min() == blocks.max():  # the backend's own all-gather
+        if backend_all_gather(blocks):
             rate = hop.bandwidth_bytes_per_s * self.all_gather_efficiency
             backend = Link(hop.latency_s, rate, hop.burst_bytes)
             return np.full(ranks, backend.ring_s(ranks - 1, float(blocks[0])))
@@ -267,6 +267,13 @@ class Topology:
         link = self.link(src, dst)
         rate = link.bandwidth_bytes_per_s * (self.exchange_efficiency if exchange else 1.0)
         return (nbytes - link.free_bytes(nbytes)) / rate
+
+
+def backend_all_gather(block_bytes: Sequence[float] | npt.NDArray[np.float64]) -> bool:
+    """Whether an all-gather of these blocks runs as the backend's own all-gather: zensync's torch
+    transport hands it equal blocks (``Topology.all_gather_efficiency``) and runs uneven ones as its
+    ring of point-to-point steps (``zensync.transport.torch_dist``)."""
+    return min(block_bytes) == max(block_bytes)
 
 
 def _ring_ends(hop: Link, blocks: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -45,7 +45,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 
-from zensync.cost.topology import Topology
+from zensync.cost.topology import Topology, backend_all_gather
 from zensync.simulate.record import Call, received_bytes, sent_bytes
 
 __all__ = ["TRANSPORT_CPU_OPS", "Priced", "price"]
@@ -80,7 +80,7 @@ the torch transport runs it as the backend's own all-gather, not as its ring of 
 
 
 def _cost_key(op: str, members: Sequence[Call]) -> str:
-    if op == "all_gather_v" and len({c.nbytes for c in members}) == 1:
+    if op == "all_gather_v" and backend_all_gather([c.nbytes for c in members]):
         return "all_gather"
     return op
 
@@ -354,9 +354,8 @@ class _Replay:
             if cost and moved:
                 join.pending += 1
                 self._job(m, cost * moved)
-        for i, join in enumerate(joins):
-            if not together or i == 0:
-                self._network_ends(self.now + ends[i], join)
+        for join, end in dict(zip(joins, ends, strict=True)).items():  # each distinct join once
+            self._network_ends(self.now + end, join)
         self.priced += 1
 
     def _p2p(self, r: int, call: Call) -> None:
