@@ -96,7 +96,13 @@ processes on 2 cores, small collectives pay scheduling delays that are not affin
 JOB_BYTES = 4e8
 """The contention job processes about this many bytes of the workload's shape (0.3-0.5 s of one core here)."""
 REPEATS = 5
-"""Recorded steps per prediction (the local work of each call: their median), as the hosts time 5 steps."""
+"""Recorded steps per prediction (the local work of each call: their median), as the hosts' time is a
+median of steps."""
+MEASURED_STEPS = 11
+"""``--steps``'s default. On 16 hosts the first steps after the warm-up can still run 10-100 % slow (zen
+at 1 Gbit/s n = 16, 2026-12-05 07:41: 1.64, 2.49, 1.29, 1.27, then 1.16-1.36 s): a median of 5 steps
+was then a transient's (1.294 s at 01:24 against 1.206 s over 11), and the same point measured on four
+cluster starts spread by 27 %."""
 IDLE_SAMPLE_S = 5.0
 """Before each cluster: how long to sample how busy the cores are with other users' work."""
 _PORTS = {"calibrate": 29561, "measure": 29562}
@@ -345,6 +351,8 @@ def summarize_measured(ranks: list[dict[str, Any]], topology: Topology) -> dict[
             for r in ranks
         ],
         "local_cpu_s_max": max(sum(c.compute_s for c in per_rank) for per_rank in calls),
+        "rank_local_cpu_s": [sum(c.compute_s for c in per_rank) for per_rank in calls],
+        "rank_process_cpu_s": [statistics.median(r["process_cpu_s"]) for r in ranks],
         "network_only_s": price(network_calls(calls), topology, compute_scale=0.0).seconds,
         "collectives_per_rank": len([c for c in calls[0] if c.op != "local"]),
         "wire_tx_per_host": wire,
@@ -484,6 +492,7 @@ def predict(scheme: str, n: int, workload: ZipfWorkload, topology: Topology, cal
         "step_phase_s": step.priced.phase_seconds,
         "step_network_s": price(network_calls(step.calls), topology, compute_scale=0.0).seconds,
         "step_rank_call_s": list(step.priced.rank_call_seconds),
+        "step_rank_local_cpu_s": [sum(c.compute_s for c in per_rank) for per_rank in step.calls],
         "ablation_s": ablation(step.calls, topology, cal, n),
     }
 
@@ -561,7 +570,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", default="100mbit,1gbit", help="comma-separated link rates")
     p.add_argument("--hosts", default="4,8,16", help="comma-separated host counts")
     p.add_argument("--schemes", default=",".join(SCHEMES))
-    p.add_argument("--steps", type=int, default=5, help="timed steps per scheme (after one warm-up)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=MEASURED_STEPS,
+        help="timed steps per scheme after one warm-up (their median is the measured time; MEASURED_STEPS)",
+    )
     p.add_argument("--reps", type=int, default=5, help="repetitions of each calibration timing")
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--results-dir", default=str(pathlib.Path(__file__).parent / "results"))
