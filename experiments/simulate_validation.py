@@ -98,6 +98,12 @@ JOB_BYTES = 4e8
 REPEATS = 5
 """Recorded steps per prediction (the local work of each call: their median), as the hosts' time is a
 median of steps."""
+STARTS = 3
+"""``--starts``'s default: each (rate, n) runs on this many cluster starts, each with its own calibration,
+measurement and prediction; a point's measured and predicted times are the medians over its starts
+(``combined``). One start's measurement of a CPU-bound point moves by up to 27 % between starts, and
+its prediction (a calibration's contention and transport CPU, the simulation's local work) by up to
+10 %: at n = 16 on 2 cores one start decides a 15 % tolerance by chance."""
 MEASURED_STEPS = 11
 """``--steps``'s default. On 16 hosts the first steps after the warm-up can still run 10-100 % slow (zen
 at 1 Gbit/s n = 16, 2026-12-05 07:41: 1.64, 2.49, 1.29, 1.27, then 1.16-1.36 s): a median of 5 steps
@@ -306,11 +312,12 @@ def repredict(cache: dict[str, Any]) -> None:
     calibration (no cluster: measurements and calibrations stay as they were)."""
     git = _git()
     for cal_key, cal in cache["calibration"].items():  # the current fits, on the cached medians
-        rate, n_text = cal_key.split("/")
-        cal.update(calibration_fits(cal, int(n_text), parse_rate(rate)))
+        rate, n, _ = split_cluster(cal_key)
+        cal.update(calibration_fits(cal, n, parse_rate(rate)))
     for key, row in sorted(cache["points"].items()):
-        rate, n_text, scheme = key.split("/")
-        n, cal = int(n_text), cache["calibration"][f"{rate}/{n_text}"]
+        cal_key, scheme = key.rsplit("/", 1)
+        rate, n, _ = split_cluster(cal_key)
+        cal = cache["calibration"][cal_key]
         topology = topology_of(cal, n)
         _log(f"{key}: predicting again")
         row.update(predict(scheme, n, workload_for(parse_rate(rate)), topology, cal))
@@ -352,6 +359,7 @@ def summarize_measured(ranks: list[dict[str, Any]], topology: Topology) -> dict[
         ],
         "local_cpu_s_max": max(sum(c.compute_s for c in per_rank) for per_rank in calls),
         "rank_local_cpu_s": [sum(c.compute_s for c in per_rank) for per_rank in calls],
+        "rank_call_local_cpu_s": [[c.compute_s for c in per_rank] for per_rank in calls],
         "rank_process_cpu_s": [statistics.median(r["process_cpu_s"]) for r in ranks],
         "network_only_s": price(network_calls(calls), topology, compute_scale=0.0).seconds,
         "collectives_per_rank": len([c for c in calls[0] if c.op != "local"]),
@@ -396,11 +404,25 @@ def _read(folder: pathlib.Path, stem: str, n: int) -> list[dict[str, Any]]:
     return [json.loads((folder / f"{stem}_rank{r}.json").read_text()) for r in range(n)]
 
 
-def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args: argparse.Namespace) -> None:
-    """Calibrate (unless cached) and measure ``todo`` on one cluster, then predict them; fills ``cache``."""
+def cluster_key(rate: str, n: int, start: int) -> str:
+    """The cache's key of one cluster start: calibrations under it, points under ``<key>/<scheme>``."""
+    return f"{rate}/{n}@{start}"
+
+
+def split_cluster(key: str) -> tuple[str, int, int]:
+    """``cluster_key``'s inverse: (rate, n, start)."""
+    rate, rest = key.split("/")
+    n, start = rest.split("@")
+    return rate, int(n), int(start)
+
+
+def run_cluster(
+    rate: str, n: int, start: int, todo: list[str], cache: dict[str, Any], args: argparse.Namespace
+) -> None:
+    """Calibrate (unless cached) and measure ``todo`` on one cluster start, then predict them; fills ``cache``."""
     rate_bits = parse_rate(rate)
     workload = workload_for(rate_bits)
-    cal_key = f"{rate}/{n}"
+    cal_key = cluster_key(rate, n, start)
     loads = [os.getloadavg()[0]]
     busy_before = _machine_busy(IDLE_SAMPLE_S)
     _log(f"{cal_key}: both cores {busy_before:.0%} busy before the cluster starts (other users' work)")
@@ -438,7 +460,7 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
     for scheme in todo:
         row = summarize_measured(measured[scheme], topology)
         _log(f"{cal_key}: predicting {scheme}")
-        row.update(rate=rate, n=n, scheme=scheme, load_avg_1m=loads, machine_busy_before=busy_before)
+        row.update(rate=rate, n=n, start=start, scheme=scheme, load_avg_1m=loads, machine_busy_before=busy_before)
         row.update(predict(scheme, n, workload, topology, cal))
         row["calls_match"] = (
             row["predicted_max_sent_bytes"] == max(row["recorded_payload_per_host"])
@@ -446,7 +468,7 @@ def run_cluster(rate: str, n: int, todo: list[str], cache: dict[str, Any], args:
         )
         row["error"] = row["predicted_s"] / row["measured_s"] - 1
         row["step_error"] = row["step_predicted_s"] / row["measured_s"] - 1
-        cache["points"][f"{rate}/{n}/{scheme}"] = row
+        cache["points"][f"{cal_key}/{scheme}"] = row
         _save(args.cache, cache)
         _log(
             f"{cal_key}/{scheme}: measured {row['measured_s']:.3f} s; simulate_step {row['predicted_s']:.3f} s "
@@ -493,6 +515,7 @@ def predict(scheme: str, n: int, workload: ZipfWorkload, topology: Topology, cal
         "step_network_s": price(network_calls(step.calls), topology, compute_scale=0.0).seconds,
         "step_rank_call_s": list(step.priced.rank_call_seconds),
         "step_rank_local_cpu_s": [sum(c.compute_s for c in per_rank) for per_rank in step.calls],
+        "step_rank_call_local_cpu_s": [[c.compute_s for c in per_rank] for per_rank in step.calls],
         "ablation_s": ablation(step.calls, topology, cal, n),
     }
 
@@ -517,8 +540,8 @@ def ablation(calls: list[list[Call]], topology: Topology, cal: dict[str, Any], n
 
 def _config_key(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows_per_mbit": ROWS_PER_MBIT, "dim": DIM, "density": DENSITY, "skew": SKEW, "seed": SEED,
-            "h0_seed": H0_SEED, "steps": args.steps, "reps": args.reps, "calibration_link_s": CALIBRATION_LINK_S,
-            "job_bytes": JOB_BYTES}  # fmt: skip
+            "h0_seed": H0_SEED, "steps": args.steps, "reps": args.reps, "starts": args.starts,
+            "calibration_link_s": CALIBRATION_LINK_S, "job_bytes": JOB_BYTES}  # fmt: skip
 
 
 def _load(path: pathlib.Path, key: dict[str, Any]) -> dict[str, Any]:
@@ -558,6 +581,7 @@ def _meta(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "kernel": platform.release(),
         "schemes": args.schemes,
         "steps": args.steps,
+        "starts": args.starts,
         "reps": args.reps,
         "seeds": {"workload": SEED, "h0": H0_SEED, "contention_job": 77},
         "workload": {"rows_per_mbit": ROWS_PER_MBIT, "dim": DIM, "density": DENSITY, "skew": SKEW},
@@ -577,6 +601,9 @@ def main(argv: list[str] | None = None) -> int:
         help="timed steps per scheme after one warm-up (their median is the measured time; MEASURED_STEPS)",
     )
     p.add_argument("--reps", type=int, default=5, help="repetitions of each calibration timing")
+    p.add_argument(
+        "--starts", type=int, default=STARTS, help="cluster starts per (rate, n); medians over them (STARTS)"
+    )
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--results-dir", default=str(pathlib.Path(__file__).parent / "results"))
     p.add_argument(
@@ -601,26 +628,30 @@ def main(argv: list[str] | None = None) -> int:
     cache = _load(args.cache, _config_key(args))
     rates, hosts = args.rates.split(","), [int(h) for h in args.hosts.split(",")]
     for key in filter(None, args.redo.split(",")):
-        cache["calibration"].pop(key, None)
-        for scheme in SCHEMES:
-            cache["points"].pop(f"{key}/{scheme}", None)
+        for start in range(1, args.starts + 1):
+            cache["calibration"].pop(f"{key}@{start}", None)
+            for scheme in SCHEMES:
+                cache["points"].pop(f"{key}@{start}/{scheme}", None)
     started = time.perf_counter()
     if args.repredict:
         repredict(cache)
         _save(args.cache, cache)
-    for rate in [] if args.report_only else rates:
-        for n in hosts:
-            todo = [s for s in args.schemes if f"{rate}/{n}/{s}" not in cache["points"]]
-            if todo:
-                run_cluster(rate, n, todo, cache, args)
-            else:
-                _log(f"{rate}/{n}: all schemes cached")
+    # Start 1 of every (rate, n), then start 2 of every one, ...: a drift of the machine's speed over
+    # the run falls on every point alike.
+    clusters = [(rate, n, start) for start in range(1, args.starts + 1) for rate in rates for n in hosts]
+    for rate, n, start in [] if args.report_only else clusters:
+        key = cluster_key(rate, n, start)
+        todo = [s for s in args.schemes if f"{key}/{s}" not in cache["points"]]
+        if todo:
+            run_cluster(rate, n, start, todo, cache, args)
+        else:
+            _log(f"{key}: all schemes cached")
     meta = _meta(args, argv)
     meta["wall_s"] = time.perf_counter() - started
     meta["notes"] = pathlib.Path(args.notes).read_text() if args.notes else ""
     meta["report_only"] = args.report_only
     stem = results / f"simulate_validation_{args.label + '_' if args.label else ''}{meta['date']}"
-    write_report(stem, meta, cache, rates, hosts, args.schemes)
+    write_report(stem, meta, cache, rates, hosts, args.schemes, args.starts)
     _log(f"wrote {stem}.md")
     return 0
 

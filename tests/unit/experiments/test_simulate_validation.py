@@ -74,3 +74,33 @@ def test_one_exchange_size_at_the_other_rate_does_not_move_the_exchange_efficien
     exchange = {b: t / 0.5 for b, t in one_way.items()}
     exchange[75_000_000] = one_way[75_000_000] / 0.76  # this size ran at the faster rate
     assert driver.exchange_efficiency(one_way, exchange) == pytest.approx(0.5, rel=1e-12)
+
+
+def test_a_point_over_its_cluster_starts_takes_the_medians_and_the_median_starts_details(
+    experiment_module,
+) -> None:
+    report = experiment_module("_validation_report")
+    driver = experiment_module("simulate_validation")
+
+    def row(start: int, measured: float, predicted: float, step: float) -> dict:
+        return {"start": start, "measured_s": measured, "predicted_s": predicted, "step_predicted_s": step,
+                "step_error": step / measured - 1, "detail": f"start {start}"}  # fmt: skip
+
+    cache = {"points": {
+        "1gbit/16@1/zen": row(1, 1.30, 1.00, 1.10),
+        "1gbit/16@2/zen": row(2, 1.10, 1.20, 1.30),
+        "1gbit/16@3/zen": row(3, 1.20, 0.90, 1.00),
+    }}  # fmt: skip
+    point = report.combined(cache, "1gbit/16", "zen", 3)
+    assert (point["measured_s"], point["predicted_s"], point["step_predicted_s"]) == (1.20, 1.00, 1.10)
+    assert point["error"] == pytest.approx(1.00 / 1.20 - 1)
+    assert point["step_error"] == pytest.approx(1.10 / 1.20 - 1)
+    assert point["detail"] == "start 3"  # the start whose measured time is the median
+    assert [s["start"] for s in point["starts"]] == [1, 2, 3]
+    # Two starts cached of three: medians of two, details of the lower middle one; none: no point.
+    del cache["points"]["1gbit/16@3/zen"]
+    point = report.combined(cache, "1gbit/16", "zen", 3)
+    assert point["measured_s"] == pytest.approx(1.20) and point["step_predicted_s"] == pytest.approx(1.20)
+    assert point["detail"] == "start 2"
+    assert report.combined(cache, "1gbit/16", "dense", 3) is None
+    assert driver.split_cluster(driver.cluster_key("100mbit", 8, 2)) == ("100mbit", 8, 2)
