@@ -32,7 +32,8 @@ def _block(marker: str) -> str:
 def test_every_python_block_is_tested() -> None:
     markers = (
         "SimulatedWorld(",
-        "init_process_group(",
+        'torch.save(state.state_dict(), f"zensync-rank',
+        "register_fsdp(",
         'strategy="plan.json"',
         "profile_group(",
         "init_torch_distributed(",
@@ -51,7 +52,7 @@ def test_simulated_world_snippet_runs(capsys: pytest.CaptureFixture[str]) -> Non
 # strategy on gloo (hooks/test_ddp_compress.py); this checks the README's program text itself.
 @pytest.mark.slow
 def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
-    program = _block("init_process_group(")
+    program = _block('torch.save(state.state_dict(), f"zensync-rank')
     register_lines = [line for line in _block('strategy="plan.json"').splitlines() if line.startswith("state = ")]
     original = next(line for line in program.splitlines() if line.startswith("state = zensync.register"))
     cli = [sys.executable, "-c", "import sys; from zensync.cli import main; sys.exit(main())"]
@@ -85,6 +86,19 @@ def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
         for rank in range(2):
             assert (tmp_path / f"ran-{i}-rank{rank}").exists(), done.stdout[-4000:]
     assert (tmp_path / "zensync-rank1.pt").exists()
+
+
+def test_fsdp_program_runs_under_torchrun(tmp_path: Path) -> None:
+    """The FSDP program as written, under torchrun on 2 ranks: the embedding took the rows path."""
+    (tmp_path / "train_fsdp.py").write_text(_block("register_fsdp("))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+         "train_fsdp.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(README.parent)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("'path': 'rows'") == 2, done.stdout[-2000:]
 
 
 def test_mpi_program_runs_under_mpiexec(tmp_path: Path) -> None:

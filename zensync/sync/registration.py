@@ -45,6 +45,7 @@ def agree(
     failure: BaseException | None,
     seed: int | None,
     device: torch.device | None = None,
+    caller: str = "zensync.register",
 ) -> int:
     """Check that every rank set up without error and identically; return the agreed hash seed.
 
@@ -59,6 +60,7 @@ def agree(
             called ``torch.cuda.set_device`` would otherwise use GPU 0); None, or another device
             type than the transport's control device: the control device (every rank must use
             the same type, a failing rank included).
+        caller: The function the errors name ("zensync.register", "zensync.register_fsdp").
 
     Returns:
         Rank 0's seed proposal.
@@ -66,7 +68,7 @@ def agree(
     Raises:
         ValueError: On every rank, when any rank failed its local checks or differs from rank 0.
     """
-    return transport.run(agree_async(transport, description, failure, seed, device))
+    return transport.run(agree_async(transport, description, failure, seed, device, caller))
 
 
 async def agree_async(
@@ -75,6 +77,7 @@ async def agree_async(
     failure: BaseException | None,
     seed: int | None,
     device: torch.device | None = None,
+    caller: str = "zensync.register",
 ) -> int:
     """``agree`` as a coroutine of non-blocking collectives (same arguments, result and errors)."""
     control = transport.control_device
@@ -89,12 +92,12 @@ async def agree_async(
         # Step 2: the failing ranks' messages, quoted on every rank.
         messages = await gather_messages_async(transport, message, phase=_PHASE, device=device)
         told = "; ".join(f"rank {rank}: {messages[rank]}" for rank in failing)
-        raise ValueError(f"zensync.register failed on rank(s) {failing}: {told}") from failure
+        raise ValueError(f"{caller} failed on rank(s) {failing}: {told}") from failure
     # Step 3: identical setups, or the same error on every rank.
     differing = differing_from_rank0([row[_F_FINGERPRINT] for row in gathered])
     if differing:
         raise ValueError(
-            f"zensync.register: ranks {differing} differ from rank 0 in their hook options or in their "
+            f"{caller}: ranks {differing} differ from rank 0 in their hook options or in their "
             f"model's parameters (names, shapes, dtypes); every rank must register the same model with "
             f"the same options"
         )

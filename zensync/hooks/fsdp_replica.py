@@ -1,0 +1,77 @@
+"""HSDP's replica sync through zensync: the all-reduce of the reduce-scattered shards over the replicas.
+
+torch's HSDP (``fully_shard`` on a 2-D mesh) all-reduces every shard over the replicate group with
+its own ``dist.all_reduce`` inside ``foreach_reduce``, and its all-reduce hook runs after that
+all-reduce: the native replica all-reduce cannot be replaced. zensync's HSDP therefore shards the
+model on the mesh's shard dimension (``fully_shard(model, mesh=mesh["shard"])``) and syncs the
+replicas itself, over ``mesh["replicate"]``, right after each reduce-scatter
+(``zensync.register_fsdp(model, mesh=mesh)``). Per segment of the shard:
+
+    rows      the strategy's sparse scheme (Zen unless another is named) over the replicas: only
+              the shard's non-zero rows move (``zensync.sparse_allreduce``); lossless
+    compress  the strategy's or the plan's compressor (``CompressedSync``, error feedback per
+              parameter, PowerSGD on the parameter's matrix)
+    dense     one all-reduce of every dense segment of the call together
+
+Then the shard is divided by the number of replicas (FSDP averaged over its shard group only),
+unless the user set a gradient divide factor: FSDP's factor is then the whole division.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zensync.api import sparse_allreduce
+from zensync.compress import CompressedSync
+from zensync.transport import Transport
+from zensync.transport.fsdp import Segment
+
+__all__ = ["ReplicaSync"]
+
+
+class ReplicaSync:
+    """The replica all-reduce of one HSDP model's shards (one per ``register_fsdp``)."""
+
+    def __init__(self, transport: Transport, sparse_scheme: str, *, average: bool) -> None:
+        self.transport, self.sparse_scheme, self.average = transport, sparse_scheme, average
+        self._compressed: dict[str, CompressedSync] = {}
+
+    def rows(self, shard: torch.Tensor, segment: Segment) -> None:
+        """A row-sparse segment of the shard, summed over the replicas in place."""
+        view = shard[segment.offset : segment.offset + segment.numel].view(segment.rows, segment.width)
+        sparse_allreduce(view, self.transport, scheme=self.sparse_scheme, granularity="row", out=view)
+
+    def dense(self, shard: torch.Tensor, segments: list[Segment]) -> None:
+        """The dense segments of the shard, summed over the replicas in one all-reduce, in place."""
+        if not segments:
+            return
+        parts = [shard[s.offset : s.offset + s.numel] for s in segments]
+        summed = self.transport.all_reduce(torch.cat(parts))
+        offset = 0
+        for part in parts:
+            part.copy_(summed[offset : offset + part.numel()])
+            offset += part.numel()
+
+    def compressed(self, shard: torch.Tensor, segment: Segment, spec: str, step: int) -> int:
+        """A segment summed over the replicas through ``spec``, in place; returns its payload bytes per replica."""
+        sync = self._compressed.get(spec)
+        if sync is None:
+            sync = self._compressed[spec] = CompressedSync(spec)
+        part = shard[segment.offset : segment.offset + segment.numel]
+        # The shard of a matrix is a block of its rows: PowerSGD factors it as one.
+        x = part.view(segment.rows, segment.width) if segment.rows and len(segment.shape) >= 2 else part
+        part.copy_(sync.sync(x, self.transport, name=segment.name, step=step).reshape(-1))
+        return sync.compressor.payload_bytes(part.numel(), part.dtype)
+
+    def finish(self, shard: torch.Tensor) -> None:
+        """The average over the replicas (see the module docstring)."""
+        if self.average and self.transport.world_size > 1:
+            shard.div_(self.transport.world_size)
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Worker and server residuals of each compressed sync, by spec."""
+        out = {}
+        for spec, sync in self._compressed.items():
+            out[f"{spec}/worker"] = sync.worker_memory.state_dict()
+            out[f"{spec}/server"] = sync.server_memory.state_dict()
+        return out
