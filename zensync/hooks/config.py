@@ -232,8 +232,17 @@ class HookConfig:
     @classmethod
     def from_options(cls, strategy: str, options: dict[str, Any]) -> HookConfig:
         """Build from ``register``'s keyword options, naming any unknown option."""
-        valid = [f.name for f in dataclasses.fields(cls) if f.name != "strategy"]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown zensync.register option(s) {unknown} (valid: {', '.join(valid)})")
+        check_options(cls, options, "zensync.register")
         return cls(strategy=strategy, **options)
+
+
+def check_options(config: type, options: dict[str, Any], caller: str) -> None:
+    """Refuse keyword options that are not fields of the dataclass ``config`` (its strategy aside), naming them.
+
+    Raises:
+        ValueError: Naming the unknown options and the valid ones.
+    """
+    valid = [f.name for f in dataclasses.fields(config) if f.name != "strategy"]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown {caller} option(s) {unknown} (valid: {', '.join(valid)})")

@@ -43,6 +43,7 @@ import torch
 from zensync.compress import Compressor, build
 from zensync.compress.collectives.reduce_scatter import compressed_reduce_scatter
 from zensync.compress.error_feedback import ErrorFeedback
+from zensync.hooks.config import check_options
 from zensync.hooks.fsdp_replica import ReplicaSync
 from zensync.hooks.strategy import Strategy, resolve_strategy
 from zensync.sync import SCHEMES
@@ -98,10 +99,7 @@ class FSDPConfig:
     @classmethod
     def from_options(cls, strategy: str, options: dict[str, Any]) -> FSDPConfig:
         """Build from ``register_fsdp``'s keyword options, naming any unknown option."""
-        valid = [f.name for f in dataclasses.fields(cls) if f.name != "strategy"]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown zensync.register_fsdp option(s) {unknown} (valid: {', '.join(valid)})")
+        check_options(cls, options, "zensync.register_fsdp")
         return cls(strategy=strategy, **options)
 
 
