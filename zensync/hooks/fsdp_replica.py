@@ -67,11 +67,3 @@ class ReplicaSync:
         """The average over the replicas (see the module docstring)."""
         if self.average and self.transport.world_size > 1:
             shard.div_(self.transport.world_size)
-
-    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Worker and server residuals of each compressed sync, by spec."""
-        out = {}
-        for spec, sync in self._compressed.items():
-            out[f"{spec}/worker"] = sync.worker_memory.state_dict()
-            out[f"{spec}/server"] = sync.server_memory.state_dict()
-        return out
