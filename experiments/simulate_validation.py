@@ -340,6 +340,7 @@ def summarize_measured(ranks: list[dict[str, Any]], topology: Topology) -> dict[
     wire = [r["wire_tx_per_step"] for r in ranks]
     steps = len(ranks[0]["seconds"])
     recorded = [payload_sent(c, rank) for rank, c in enumerate(calls)]
+    local = [sum(c.compute_s for c in per_rank) for per_rank in calls]
     return {
         "measured_s": statistics.median(ranks[0]["max_seconds"]),
         "measured_steps_s": ranks[0]["max_seconds"],
@@ -357,8 +358,8 @@ def summarize_measured(ranks: list[dict[str, Any]], topology: Topology) -> dict[
             }
             for r in ranks
         ],
-        "local_cpu_s_max": max(sum(c.compute_s for c in per_rank) for per_rank in calls),
-        "rank_local_cpu_s": [sum(c.compute_s for c in per_rank) for per_rank in calls],
+        "local_cpu_s_max": max(local),
+        "rank_local_cpu_s": local,
         "rank_call_local_cpu_s": [[c.compute_s for c in per_rank] for per_rank in calls],
         "rank_process_cpu_s": [statistics.median(r["process_cpu_s"]) for r in ranks],
         "network_only_s": price(network_calls(calls), topology, compute_scale=0.0).seconds,

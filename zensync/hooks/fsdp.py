@@ -45,6 +45,7 @@ from zensync.compress.collectives.reduce_scatter import compressed_reduce_scatte
 from zensync.compress.error_feedback import ErrorFeedback
 from zensync.hooks.config import check_options
 from zensync.hooks.fsdp_replica import ReplicaSync
+from zensync.hooks.hints import EMBEDDING_MODULES
 from zensync.hooks.strategy import Strategy, resolve_strategy
 from zensync.sync import SCHEMES
 from zensync.sync.registration import agree
@@ -56,14 +57,14 @@ from zensync.transport.fsdp import (
     Segment,
     broadcast_shards,
     fsdp_groups,
+    gather_segments,
     replicate_group,
+    scatter_segments,
 )
 
 __all__ = ["FSDPConfig", "FSDPSyncState", "Path", "register_fsdp"]
 
 logger = logging.getLogger(__name__)
-
-_ROW_SPARSE_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 
 class Path(enum.Enum):
@@ -202,16 +203,8 @@ class FSDPSyncState:
 
     def _dense(self, call: ReduceScatterCall, segments: list[Segment], records: dict[str, dict[str, Any]]) -> None:
         n = call.transport.world_size
-        whole = len(segments) == len(call.segments)
-        x = call.input if whole else torch.cat([call.input[:, s.offset : s.offset + s.numel] for s in segments], 1)
-        shard = call.transport.reduce_scatter(x.reshape(-1))
-        if whole:
-            call.output.copy_(shard)
-        else:
-            offset = 0
-            for s in segments:
-                call.output[s.offset : s.offset + s.numel].copy_(shard[offset : offset + s.numel])
-                offset += s.numel
+        shard = call.transport.reduce_scatter(gather_segments(call.input, segments).reshape(-1))
+        scatter_segments(shard, call.output, segments)
         for s in segments:
             records[s.name] = {"path": "dense", "bytes_sent": (n - 1) * s.numel * call.input.element_size()}
 
@@ -243,21 +236,22 @@ class FSDPSyncState:
             "bytes_sent": (n - 1) * compressor.payload_bytes(segment.numel, x.dtype),
         }
 
-    def _close_step(self) -> None:
+    def _open_record(self) -> dict[str, Any]:
+        """The step in progress: every module's records so far, by parameter name."""
         params: dict[str, Any] = {}
         for records in self._open.values():
             params.update(records)
-        self.history.append({"step": self.step, "params": params})
+        return {"step": self.step, "params": params}
+
+    def _close_step(self) -> None:
+        self.history.append(self._open_record())
         self._open = {}
         self.step += 1
 
     def last_step(self) -> dict[str, Any] | None:
         """The records of the step in progress or just finished (None before the first reduce-scatter)."""
         if self._open:
-            params: dict[str, Any] = {}
-            for records in self._open.values():
-                params.update(records)
-            return {"step": self.step, "params": params}
+            return self._open_record()
         return self.history[-1] if self.history else None
 
     def describe(self) -> str:
@@ -349,7 +343,7 @@ def _row_sparse_names(model: torch.nn.Module, config: FSDPConfig) -> frozenset[s
     """The weights of the model's embeddings, plus ``config.sparse_params``."""
     names = set(config.sparse_params)
     for module_name, module in model.named_modules():
-        if isinstance(module, _ROW_SPARSE_MODULES):
+        if isinstance(module, EMBEDDING_MODULES):
             names.add(f"{module_name}.weight" if module_name else "weight")
     return frozenset(names)
 

@@ -24,7 +24,7 @@ import torch
 from zensync.api import sparse_allreduce
 from zensync.compress import CompressedSync
 from zensync.transport import Transport
-from zensync.transport.fsdp import Segment
+from zensync.transport.fsdp import Segment, gather_segments, scatter_segments
 
 __all__ = ["ReplicaSync"]
 
@@ -43,14 +43,9 @@ class ReplicaSync:
 
     def dense(self, shard: torch.Tensor, segments: list[Segment]) -> None:
         """The dense segments of the shard, summed over the replicas in one all-reduce, in place."""
-        if not segments:
-            return
-        parts = [shard[s.offset : s.offset + s.numel] for s in segments]
-        summed = self.transport.all_reduce(torch.cat(parts))
-        offset = 0
-        for part in parts:
-            part.copy_(summed[offset : offset + part.numel()])
-            offset += part.numel()
+        if segments:
+            summed = self.transport.all_reduce(gather_segments(shard, segments))
+            scatter_segments(summed, shard, segments)
 
     def compressed(self, shard: torch.Tensor, segment: Segment, spec: str, step: int) -> int:
         """A segment summed over the replicas through ``spec``, in place; returns its payload bytes per replica."""

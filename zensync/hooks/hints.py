@@ -36,7 +36,10 @@ import torch
 
 from zensync import kernels
 
-__all__ = ["RowHints"]
+__all__ = ["EMBEDDING_MODULES", "RowHints"]
+
+EMBEDDING_MODULES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+"""Modules whose weight gradient is row-sparse: each step touches the rows its lookups read."""
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ class RowHints:
         self._handles: list[Any] = []
         self._lock = threading.Lock()
         for _, module in modules:
-            if not isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) or module.sparse:
+            if not isinstance(module, EMBEDDING_MODULES) or module.sparse:
                 continue
             weight = module.weight
             if not isinstance(weight, torch.nn.Parameter) or not weight.requires_grad:

@@ -5,7 +5,8 @@ FSDP shards a parameter by contiguous rows (``fully_shard``'s Shard(0)): owner j
 rows per step, so a dense reduce-scatter ships (n - 1) / n of a tensor that is mostly zeros. Here,
 rank r of n holds ``x`` of shape (n, R, w), row block j being its contribution to owner j's shard:
 
-1. Find the non-zero rows of every block (one pass: ``kernels.nonzero_items``).
+1. Find the non-zero rows of every block (``kernels.nonzero_items`` per block: ``x`` may be a
+   strided view of FSDP's flat input, whose blocks are contiguous but not adjacent; nothing is copied).
 2. Push. One ``all_to_all_v`` of bytes: to owner j, the local row indices (int32) of block j's
    non-zero rows, then those rows' values (``transport.packing`` order).
 3. Aggregate. Owner r adds each sender's rows into a zero (R, w) shard, senders in rank order
@@ -70,16 +71,12 @@ def row_reduce_scatter(x: torch.Tensor, transport: Transport) -> RowScatter:
     rows, width = x.shape[1], x.shape[2]
     if rows >= 2**31:
         raise ValueError(f"row_reduce_scatter: {rows} rows per shard do not fit the int32 row index")
-    flat = x.reshape(n * rows, width)
-    # Step 1: the non-zero rows, ascending, hence grouped by owner.
-    items = kernels.nonzero_items(flat)
-    owners = torch.div(items, max(rows, 1), rounding_mode="floor")
-    counts = torch.bincount(owners, minlength=n).tolist()
-    local = (items - owners * rows).to(torch.int32)
-    values = flat.index_select(0, items)
+    # Step 1: each block's non-zero rows, ascending.
+    items = [kernels.nonzero_items(block) for block in x]
+    counts = [int(i.numel()) for i in items]
     # Step 2: push, one byte payload per owner.
     row_bytes = INDEX_BYTES + width * x.element_size()
-    buffers = [pack(i, v) for i, v in zip(local.split(counts), values.split(counts), strict=True)]
+    buffers = [pack(i.to(torch.int32), block.index_select(0, i)) for i, block in zip(items, x, strict=True)]
     send_counts = [k * row_bytes for k in counts]
     received, recv_counts = transport.all_to_all_v(torch.cat(buffers), send_counts)
     # Step 3: aggregate in rank order.

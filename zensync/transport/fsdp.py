@@ -47,8 +47,10 @@ __all__ = [
     "ZenReduceScatter",
     "broadcast_shards",
     "fsdp_groups",
+    "gather_segments",
     "reduce_op_scale",
     "replicate_group",
+    "scatter_segments",
 ]
 
 
@@ -89,6 +91,22 @@ class ReduceScatterCall:
 
 
 Handler = Callable[[ReduceScatterCall], None]
+
+
+def gather_segments(t: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+    """``segments``' elements of the last dimension of ``t`` (a row (S,) or the input (n, S)), back to
+    back: ``t`` itself (no copy) when they are all of it."""
+    if sum(s.numel for s in segments) == t.shape[-1]:
+        return t
+    return torch.cat([t[..., s.offset : s.offset + s.numel] for s in segments], -1)
+
+
+def scatter_segments(flat: torch.Tensor, out: torch.Tensor, segments: list[Segment]) -> None:
+    """``gather_segments``' inverse on a row: ``flat``'s pieces copied to their segments of ``out`` (S,)."""
+    offset = 0
+    for s in segments:
+        out[s.offset : s.offset + s.numel].copy_(flat[offset : offset + s.numel])
+        offset += s.numel
 
 
 def reduce_op_scale(op: Any, world_size: int) -> float:
