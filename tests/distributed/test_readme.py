@@ -89,7 +89,7 @@ def test_ddp_program_runs_with_every_register_line(tmp_path: Path) -> None:
 
 
 def test_fsdp_program_runs_under_torchrun(tmp_path: Path) -> None:
-    """The FSDP program as written, under torchrun on 2 ranks: the embedding took the rows path."""
+    """The FSDP program as written, under torchrun on 2 ranks: the embedding took the rows path, DCP saved."""
     (tmp_path / "train_fsdp.py").write_text(_block("register_fsdp("))
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
@@ -99,6 +99,7 @@ def test_fsdp_program_runs_under_torchrun(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("'path': 'rows'") == 2, done.stdout[-2000:]
+    assert (tmp_path / "checkpoint" / ".metadata").exists()  # DCP's checkpoint of the model and zensync
 
 
 def test_mpi_program_runs_under_mpiexec(tmp_path: Path) -> None:

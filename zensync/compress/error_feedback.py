@@ -257,6 +257,16 @@ class ErrorFeedback:
                 logger.debug("error feedback for %s: non-finite residual not stored", name)
                 self._spares[name] = residual
 
+    def replace(self, name: str, residual: torch.Tensor | None) -> None:
+        """Make ``residual`` (a tensor the memory keeps from now on; None: no residual) ``name``'s
+        residual, outside a step (a checkpoint's residual put back, or one moved between ranks)."""
+        with self._lock:
+            self._spares.pop(name, None)
+            if residual is None:
+                self._residuals.pop(name, None)
+            else:
+                self._residuals[name] = residual
+
     def residual(self, name: str) -> torch.Tensor | None:
         """A copy of the stored residual of ``name`` (None before its first update); the stored
         tensor itself becomes a work buffer at a later step."""

@@ -133,6 +133,10 @@ class PowerSGDCompressor(Compressor):
         """The Q (m, r) kept for each name, in the compute dtype (the tensors themselves: read, do not modify)."""
         return {name: q for name, (_, q) in self._q_memory.items()}
 
+    def restore_warm_start(self, name: str, shape: torch.Size, q: torch.Tensor) -> None:
+        """Keep ``q`` (m, r) as the warm start of ``name``'s tensors of ``shape`` (a checkpoint's), outside a step."""
+        self._q_memory[name] = (torch.Size(shape), q)
+
     def clear(self) -> None:
         """Forget every warm-start Q (the next step draws the initial ones again)."""
         self._q_memory.clear()

@@ -21,6 +21,10 @@ The ranks agree at registration (``zensync.sync.registration.agree``): a rank wh
 strategy fail its local checks fails every rank with the same ValueError quoting it, and ranks that
 differ are named, instead of hanging in the first reduce-scatter.
 
+``state_dict()`` / ``load_state_dict()`` checkpoint what a step hands the next (error-feedback
+residuals, PowerSGD's Qs, Zen's seed, the decisions, the step) through torch.distributed.checkpoint,
+resharded to another world or mesh (``zensync.hooks.fsdp_checkpoint``).
+
 Example::
 
     fully_shard(model.layers[0])
@@ -44,13 +48,13 @@ from zensync.compress import Compressor, build
 from zensync.compress.collectives.reduce_scatter import compressed_reduce_scatter
 from zensync.compress.error_feedback import ErrorFeedback
 from zensync.hooks.config import check_options
-from zensync.hooks.fsdp_replica import ReplicaSync
+from zensync.hooks.fsdp_replica import ReplicaSync, matrix_shape
 from zensync.hooks.hints import EMBEDDING_MODULES
 from zensync.hooks.strategy import Strategy, resolve_strategy
 from zensync.sync import SCHEMES
 from zensync.sync.registration import agree
 from zensync.sync.row_reduce_scatter import row_reduce_scatter
-from zensync.transport import transport_for_group
+from zensync.transport import Transport, transport_for_group
 from zensync.transport.fsdp import (
     FSDPGroup,
     ReduceScatterCall,
@@ -105,6 +109,24 @@ class FSDPConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Binding:
+    """The model a state serves: its parameters and their segments by name, FSDP's group."""
+
+    segments: dict[str, Segment]
+    params: dict[str, torch.Tensor]
+    """The sharded parameters (DTensors) by fully-qualified name."""
+    process_group: Any
+    transport: Transport
+    """FSDP's group's transport (the shard dimension)."""
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, groups: list[FSDPGroup]) -> Binding:
+        segments = {s.name: s for g in groups for s in g.layout()}
+        group = groups[0].process_group
+        return cls(segments, dict(model.named_parameters()), group, transport_for_group(group))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SegmentPlan:
     """One parameter's paths: in the reduce-scatter, and over the replicas (HSDP)."""
 
@@ -119,16 +141,27 @@ class FSDPSyncState:
     memory and the per-step records. Built by ``register_fsdp``."""
 
     def __init__(
-        self, config: FSDPConfig, strategy: Strategy, row_sparse: frozenset[str], replicas: ReplicaSync | None = None
+        self,
+        config: FSDPConfig,
+        strategy: Strategy,
+        row_sparse: frozenset[str],
+        binding: Binding,
+        replicas: ReplicaSync | None = None,
     ) -> None:
         # configuration
         self.config, self.strategy, self._row_sparse = config, strategy, row_sparse
+        self.binding = binding
         self.replicas = replicas
         """HSDP: the replica sync after each reduce-scatter (None: FSDP alone)."""
         self._compressors: dict[str, Compressor] = {}
         self._plans: dict[str, SegmentPlan] = {}
         # memory
         self.memory = ErrorFeedback()
+        self._owed: dict[str, torch.Tensor] = {}
+        """Per compressed parameter, what this rank owes its gradient (float32, gradient units, its
+        padded chunk) from a checkpoint or a save, until its next compression makes it a residual."""
+        self._units: dict[str, float] = {}
+        """Per compressed parameter (FSDP alone), the op's factor at its last reduce-scatter."""
         # log: one record per step, a step being one reduce-scatter of each FSDP module
         self.step = 0
         self.history: list[dict[str, Any]] = []
@@ -186,6 +219,40 @@ class FSDPSyncState:
             self._sync_replicas(self.replicas, call, plans, records)
         self._open[call.module] = records
 
+    # -- checkpoints (zensync.hooks.fsdp_checkpoint) -----------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Residuals, PowerSGD's Qs, Zen's seed, the decisions and the step, in a form
+        ``torch.distributed.checkpoint`` saves and reshards (``zensync.hooks.fsdp_checkpoint``).
+        A collective: call it on every rank, between steps."""
+        from zensync.hooks.fsdp_checkpoint import save
+
+        return save(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict`` (DCP-loaded, on this world or another), between steps, on every rank."""
+        from zensync.hooks.fsdp_checkpoint import load
+
+        load(self, state)
+
+    @property
+    def next_step(self) -> int:
+        """The number the next backward's step takes."""
+        return self.step + 1 if self._open else self.step
+
+    def restart(self, step: int, owed: dict[str, torch.Tensor]) -> None:
+        """Go on at ``step`` owing ``owed`` (``fsdp_checkpoint``)."""
+        if step != self.next_step:
+            self.step, self._open = step, {}
+        self._owed = dict(owed)
+
+    def owed(self, name: str) -> torch.Tensor | None:
+        """What this rank owes ``name``'s gradient and has not made a residual yet (``_owed``)."""
+        return self._owed.get(name)
+
+    def unit(self, name: str) -> float:
+        """The factor from ``name``'s reduce-scatter sum to its gradient (FSDP alone; 1 before any call)."""
+        return self._units.get(name, 1.0)
+
     def _sync_replicas(
         self, replicas: ReplicaSync, call: ReduceScatterCall, plans: list[SegmentPlan], records: dict[str, Any]
     ) -> None:
@@ -197,6 +264,10 @@ class FSDPSyncState:
                 replicas.rows(call.output, segment)
             elif plan.replica is Path.COMPRESS:
                 assert plan.spec is not None
+                owed = self._owed.pop(segment.name, None)
+                if owed is not None and replicas.transport.rank == 0:  # the first replica keeps what is owed
+                    residual = (owed / replicas.unit).to(call.output.dtype).view(matrix_shape(segment))
+                    replicas.sync_for(plan.spec).worker_memory.replace(segment.name, residual)
                 records[segment.name]["replica_bytes"] = replicas.compressed(call.output, segment, plan.spec, self.step)
             records[segment.name]["replica"] = plan.replica.value
         replicas.finish(call.output)
@@ -227,6 +298,12 @@ class FSDPSyncState:
             compressor = self._compressors[spec] = build(spec)
         x = call.input[:, segment.offset : segment.offset + segment.numel]
         memory = self.memory if self.config.error_feedback else None
+        self._units[segment.name] = call.scale
+        owed = self._owed.pop(segment.name, None)
+        if owed is not None and memory is not None:
+            residual = torch.zeros_like(x)
+            residual[call.transport.rank] = owed / call.scale
+            memory.replace(segment.name, residual)
         out = compressed_reduce_scatter(x, call.transport, compressor, memory, name=segment.name, step=self.step)
         call.output[segment.offset : segment.offset + segment.numel].copy_(out)
         n = call.transport.world_size
@@ -305,7 +382,8 @@ def register_fsdp(model: torch.nn.Module, strategy: str = "auto", mesh: Any = No
             scheme = strategy if strategy in SCHEMES and strategy != "dense" else "zen"
             average = groups[0].divide_factor is None
             replicas = ReplicaSync(transport_for_group(replica_pg), scheme, average=average)
-        state = FSDPSyncState(config, resolved, _row_sparse_names(model, config), replicas)
+        binding = Binding.of(model, groups)
+        state = FSDPSyncState(config, resolved, _row_sparse_names(model, config), binding, replicas)
     except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by the agreement
         failure = exc
     # Step 2: the agreement, over every rank of the mesh (FSDP's group, or the default group).

@@ -23,10 +23,19 @@ import torch
 
 from zensync.api import sparse_allreduce
 from zensync.compress import CompressedSync
+from zensync.compress.powersgd import PowerSGDCompressor
+from zensync.sync.agreement import group_seed
+from zensync.sync.base import SyncOptions
 from zensync.transport import Transport
 from zensync.transport.fsdp import Segment, gather_segments, scatter_segments
 
-__all__ = ["ReplicaSync"]
+__all__ = ["ReplicaSync", "matrix_shape"]
+
+
+def matrix_shape(segment: Segment) -> tuple[int, ...]:
+    """The shape a segment of the shard is synced in: a shard of a matrix is a block of its rows,
+    which PowerSGD factors as one; anything else flat."""
+    return (segment.rows, segment.width) if segment.rows and len(segment.shape) >= 2 else (segment.numel,)
 
 
 class ReplicaSync:
@@ -35,11 +44,23 @@ class ReplicaSync:
     def __init__(self, transport: Transport, sparse_scheme: str, *, average: bool) -> None:
         self.transport, self.sparse_scheme, self.average = transport, sparse_scheme, average
         self._compressed: dict[str, CompressedSync] = {}
+        self.seed: int | None = None
+        """Zen's hash seed over the replicas (None: the group's, drawn at its first use); a checkpoint's once loaded."""
+
+    @property
+    def unit(self) -> float:
+        """The factor from the synced sum to the gradient FSDP hands the optimizer (``finish``'s average)."""
+        return 1.0 / self.transport.world_size if self.average else 1.0
 
     def rows(self, shard: torch.Tensor, segment: Segment) -> None:
         """A row-sparse segment of the shard, summed over the replicas in place."""
         view = shard[segment.offset : segment.offset + segment.numel].view(segment.rows, segment.width)
-        sparse_allreduce(view, self.transport, scheme=self.sparse_scheme, granularity="row", out=view)
+        options = SyncOptions(h0_seed=self.seed)
+        sparse_allreduce(view, self.transport, scheme=self.sparse_scheme, granularity="row", out=view, options=options)
+
+    def zen_seed(self) -> int | None:
+        """The hash seed the rows path uses (None before its first sync)."""
+        return self.seed if self.seed is not None else group_seed(self.transport)
 
     def dense(self, shard: torch.Tensor, segments: list[Segment]) -> None:
         """The dense segments of the shard, summed over the replicas in one all-reduce, in place."""
@@ -47,16 +68,31 @@ class ReplicaSync:
             summed = self.transport.all_reduce(gather_segments(shard, segments))
             scatter_segments(summed, shard, segments)
 
-    def compressed(self, shard: torch.Tensor, segment: Segment, spec: str, step: int) -> int:
-        """A segment summed over the replicas through ``spec``, in place; returns its payload bytes per replica."""
+    def sync_for(self, spec: str) -> CompressedSync:
+        """The ``CompressedSync`` of ``spec`` (its error-feedback memory and compressor state)."""
         sync = self._compressed.get(spec)
         if sync is None:
             sync = self._compressed[spec] = CompressedSync(spec)
+        return sync
+
+    def compressed(self, shard: torch.Tensor, segment: Segment, spec: str, step: int) -> int:
+        """A segment summed over the replicas through ``spec``, in place; returns its payload bytes per replica."""
+        sync = self.sync_for(spec)
         part = shard[segment.offset : segment.offset + segment.numel]
-        # The shard of a matrix is a block of its rows: PowerSGD factors it as one.
-        x = part.view(segment.rows, segment.width) if segment.rows and len(segment.shape) >= 2 else part
+        x = part.view(matrix_shape(segment))
         part.copy_(sync.sync(x, self.transport, name=segment.name, step=step).reshape(-1))
         return sync.compressor.payload_bytes(part.numel(), part.dtype)
+
+    def warm_starts(self, spec: str) -> dict[str, torch.Tensor]:
+        """PowerSGD's warm-start Q (width, r) per parameter name, when ``spec`` is PowerSGD (else none)."""
+        compressor = self.sync_for(spec).compressor
+        return compressor.warm_starts() if isinstance(compressor, PowerSGDCompressor) else {}
+
+    def restore_warm_start(self, spec: str, segment: Segment, q: torch.Tensor) -> None:
+        """Make ``q`` the warm start of ``segment``'s shard (``spec`` being PowerSGD)."""
+        compressor = self.sync_for(spec).compressor
+        if isinstance(compressor, PowerSGDCompressor):
+            compressor.restore_warm_start(segment.name, torch.Size(matrix_shape(segment)), q)
 
     def finish(self, shard: torch.Tensor) -> None:
         """The average over the replicas (see the module docstring)."""

@@ -128,8 +128,10 @@ def reduce_op_scale(op: Any, world_size: int) -> float:
 class FSDPGroup:
     """One FSDP module's parameter group: its layout and the group it reduce-scatters over."""
 
-    def __init__(self, name: str, module: FSDPModule) -> None:
+    def __init__(self, name: str, module: FSDPModule, names: dict[int, str] | None = None) -> None:
         self.name, self.module = name, module
+        self._names = names or {}
+        """Parameter object id -> fully-qualified name from the root (FSDP's own is set at its lazy init)."""
         groups = module._get_fsdp_state()._fsdp_param_groups
         if len(groups) != 1:
             raise ValueError(
@@ -155,7 +157,7 @@ class FSDPGroup:
         return self._group.gradient_divide_factor
 
     def layout(self) -> tuple[Segment, ...]:
-        """The trainable parameters' segments, in FSDP's order (names known after the lazy init)."""
+        """The trainable parameters' segments, in FSDP's order, named from the root."""
         segments, offset = [], 0
         for param in self._group.fsdp_params:
             if not param.sharded_param.requires_grad:
@@ -163,7 +165,7 @@ class FSDPGroup:
             numel = param.padded_sharded_param_size.numel()
             by_rows = param.fsdp_placement.dim == 0 and len(param.padded_sharded_param_size) >= 1
             rows = param.padded_sharded_param_size[0] if by_rows and numel else 0
-            name = param._param_fqn or param._module_info.param_name
+            name = self._names.get(id(param.sharded_param)) or param._param_fqn or param._module_info.param_name
             segments.append(Segment(name, offset, numel, rows, tuple(param._orig_size)))
             offset += numel
         return tuple(segments)
@@ -210,9 +212,10 @@ def broadcast_shards(model: torch.nn.Module, group: dist.ProcessGroup) -> None:
 def fsdp_groups(model: torch.nn.Module) -> list[FSDPGroup]:
     """Every FSDP module of ``model`` (itself included) that holds parameters, with its name."""
     found = []
+    names = {id(p): n for n, p in model.named_parameters()}
     for name, module in model.named_modules():
         if isinstance(module, FSDPModule) and module._get_fsdp_state()._fsdp_param_groups:
-            found.append(FSDPGroup(name, module))
+            found.append(FSDPGroup(name, module, names))
     return found
 
 
