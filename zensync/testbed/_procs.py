@@ -147,16 +147,17 @@ class ClusterBase(abc.ABC):
         self._check_host(i)
         return self._wrap(i, argv)
 
-    def env_for_torch(self, i: int, master_port: int) -> dict[str, str]:
-        """torch.distributed env:// variables for rank ``i`` (one rank per host, master on host 0)."""
-        self._check_host(i)
+    def env_for_torch(self, i: int, master_port: int, ranks_per_host: int = 1) -> dict[str, str]:
+        """torch.distributed env:// variables for rank ``i`` (``ranks_per_host`` ranks per host,
+        consecutive ranks on the same host, master on host 0)."""
+        self._check_host(i // ranks_per_host)
         return {
             "MASTER_ADDR": self.host_ip(0),
             "MASTER_PORT": str(master_port),
             "GLOO_SOCKET_IFNAME": self.interface,
             "RANK": str(i),
-            "WORLD_SIZE": str(self.num_hosts),
-            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(self.num_hosts * ranks_per_host),
+            "LOCAL_RANK": str(i % ranks_per_host),
         }
 
     def run_workers(
@@ -165,10 +166,12 @@ class ClusterBase(abc.ABC):
         env_for_rank: Callable[[int], Mapping[str, str]] | None = None,
         timeout_s: float = 300.0,
         on_poll: Callable[[], None] | None = None,
+        ranks_per_host: int = 1,
     ) -> list[WorkerResult]:
-        """Run one process per host, wait for all, and return their results in rank order.
+        """Run ``ranks_per_host`` processes per host, wait for all, and return their results in rank order.
 
-        Step 1: start ``argv_for_rank(r)`` on host r with ``env_for_rank(r)`` added to the environment.
+        Step 1: start ``argv_for_rank(r)`` on host ``r // ranks_per_host`` with ``env_for_rank(r)``
+        added to the environment (ranks of one host talk over its loopback, unshaped).
         Step 2: wait until all exit, one fails (peers then get ``PEER_GRACE_S``), or ``timeout_s`` passes;
         ``on_poll()`` is called every ``POLL_S`` meanwhile (e.g. to show the workers' progress).
         Step 3: kill every process still alive; raise ``WorkerError`` unless all exited with status 0.
@@ -178,21 +181,24 @@ class ClusterBase(abc.ABC):
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s!r}: must be > 0")
+        if ranks_per_host < 1:
+            raise ValueError(f"ranks_per_host={ranks_per_host!r}: must be >= 1")
+        world = self.num_hosts * ranks_per_host
         with self.temp_dir(prefix="zensync-testbed-") as tmp:
-            outs = [open(os.path.join(tmp, f"rank{r}.out"), "w+b") for r in range(self.num_hosts)]  # noqa: SIM115
-            errs = [open(os.path.join(tmp, f"rank{r}.err"), "w+b") for r in range(self.num_hosts)]  # noqa: SIM115
+            outs = [open(os.path.join(tmp, f"rank{r}.out"), "w+b") for r in range(world)]  # noqa: SIM115
+            errs = [open(os.path.join(tmp, f"rank{r}.err"), "w+b") for r in range(world)]  # noqa: SIM115
             try:
                 started = time.monotonic()
                 procs = [
                     self.popen(
-                        r,
+                        r // ranks_per_host,
                         argv_for_rank(r),
                         env_for_rank(r) if env_for_rank else None,
                         stdout=outs[r],
                         stderr=errs[r],
                         stdin=subprocess.DEVNULL,
                     )
-                    for r in range(self.num_hosts)
+                    for r in range(world)
                 ]
                 timed_out = _wait_all(procs, started + timeout_s, on_poll)
                 _kill_all(procs)

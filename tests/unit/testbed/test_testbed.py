@@ -85,6 +85,22 @@ def test_loopback_run_workers_and_env() -> None:
     assert [r.stdout.strip() for r in results] == ["r0", "r1"]
 
 
+def test_run_workers_with_ranks_per_host() -> None:
+    """Consecutive ranks share a host; WORLD_SIZE and LOCAL_RANK count them."""
+    with LoopbackCluster(2) as cluster:
+        env = cluster.env_for_torch(3, 29999, ranks_per_host=2)
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "1")
+        with pytest.raises(ValueError, match="host index 2"):
+            cluster.env_for_torch(4, 29999, ranks_per_host=2)
+        results = cluster.run_workers(
+            lambda r: [sys.executable, "-c", "import os; print(os.environ['ZS_X'])"],
+            lambda r: {"ZS_X": f"r{r}"},
+            timeout_s=30,
+            ranks_per_host=2,
+        )
+    assert [r.stdout.strip() for r in results] == ["r0", "r1", "r2", "r3"]
+
+
 def test_run_workers_polls_while_waiting() -> None:
     polls: list[float] = []
     with LoopbackCluster(1) as cluster:
