@@ -220,6 +220,11 @@ class Compressor(abc.ABC):
     def payload_bytes(self, numel: int, dtype: torch.dtype = torch.float32) -> int:
         """Bytes on the wire for a tensor of ``numel`` elements of ``dtype`` (a formula, no data)."""
 
+    def shaped_payload_bytes(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> int:
+        """Bytes on the wire for a tensor of ``shape``: ``payload_bytes``, unless the payload depends on
+        the shape (PowerSGD's matrix view)."""
+        return self.payload_bytes(math.prod(shape), dtype)
+
     def spec(self) -> str:
         """The spec string that rebuilds this compressor with ``build`` (e.g. ``"topk:0.01"``)."""
         return self.name

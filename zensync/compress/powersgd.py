@@ -320,6 +320,9 @@ class PowerSGDCompressor(Compressor):
                 m.into.copy_((p @ q.T).reshape(-1))
         return target
 
+    def shaped_payload_bytes(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> int:
+        return self.payload_bytes(math.prod(shape), dtype, shape=shape)
+
     def payload_bytes(
         self, numel: int, dtype: torch.dtype = torch.float32, *, shape: Sequence[int] | None = None
     ) -> int:

@@ -28,6 +28,7 @@ FP32_ATOL = 2e-6
 BF16_ATOL = 2e-3
 """With bf16 compute a last-ulp difference of a float32 parameter can flip its bf16 rounding in the next
 forward (bf16 has 8 bits of mantissa: 2**-8 of |p| <= 0.5 is 2e-3)."""
+COMPRESSED = ("fp16", "qsgd:127", "topk:0.3", "powersgd:2")
 LOSS_TOLERANCE = 0.10
 """Issue 17: compressed strategies reach a loss within 10 % of uncompressed FSDP's after the same steps."""
 
@@ -163,7 +164,7 @@ def test_hsdp_replicas_synced_by_zensync_match_fsdps_own_hsdp(tmp_path) -> None:
 def _compressed(rank: int, world_size: int) -> dict[str, Any]:
     steps = 30
     out = {"native": _train(rank, None, False, 1, steps)}
-    for strategy in ("fp16", "qsgd:127", "topk:0.3"):
+    for strategy in COMPRESSED:
         out[strategy] = _train(rank, strategy, False, 1, steps)
     return out
 
@@ -172,11 +173,14 @@ def test_compressed_strategies_converge_within_ten_percent_of_fsdp(tmp_path) -> 
     results = launch(_compressed, WORLD, (), tmp_path)
     for out in results:
         native = sum(out["native"]["losses"][-5:]) / 5
-        for strategy in ("fp16", "qsgd:127", "topk:0.3"):
+        for strategy in COMPRESSED:
             final = sum(out[strategy]["losses"][-5:]) / 5
             assert abs(final / native - 1) <= LOSS_TOLERANCE, (strategy, final, native)
             paths = {name: r["path"] for name, r in out[strategy]["last"]["params"].items()}
             assert paths.pop("emb.weight") == "rows" and set(paths.values()) == {"compress"}, paths
+        # PowerSGD sends this model's 2 x 8 blocks as they are (a rank-2 form would be larger).
+        record = out["powersgd:2"]["last"]["params"]["block.1.weight"]
+        assert record["bytes_sent"] == (WORLD - 1) * 2 * DIM * 4, record
 
 
 def _bad(rank: int, world_size: int) -> dict[str, str]:

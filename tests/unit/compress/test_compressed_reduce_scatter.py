@@ -64,3 +64,35 @@ def test_error_feedback_keeps_what_compression_dropped_and_sends_it_later() -> N
     held = torch.stack([m.residual("w") for m in memories]).sum(0)
     for owner in range(N):
         torch.testing.assert_close(total[owner], steps * exact[owner] - held[owner], rtol=1e-5, atol=1e-4)
+
+
+def test_chunk_shape_compresses_each_owners_block_of_rows_as_a_matrix() -> None:
+    """PowerSGD factors each (12, 4) block: the owner gets the sum of the senders' P Q^T of theirs,
+    and error feedback keeps each sender's block minus its P Q^T. PowerSGD keeps a Q per block: one
+    compressor per rank, as in a real run."""
+    xs = _inputs(3)
+    compressors = [build("powersgd:1") for _ in range(N)]
+    memories = [ErrorFeedback() for _ in range(N)]
+
+    def body(t):
+        return compressed_reduce_scatter(xs[t.rank], t, compressors[t.rank], memories[t.rank], name="w", step=0,
+                                         chunk_shape=(12, 4))  # fmt: skip
+
+    def transmitted(sender: int, owner: int) -> torch.Tensor:
+        fresh = build("powersgd:1")  # the first step's Q: the same seeded draw on every rank
+        return fresh.decompress(fresh.compress(xs[sender][owner].view(12, 4), name=f"w#{owner}", step=0)).reshape(-1)
+
+    outs = SimulatedWorld(N).run(body)
+    for owner, out in enumerate(outs):
+        expected = torch.stack([transmitted(s, owner) for s in range(N)]).sum(0)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(out, torch.stack(xs).sum(0)[owner], atol=1e-2)  # rank 1: lossy
+    for rank in range(N):
+        sent = torch.stack([transmitted(rank, j) for j in range(N)])
+        torch.testing.assert_close(memories[rank].residual("w") + sent, xs[rank], rtol=1e-5, atol=1e-5)
+    assert compressors[0].shaped_payload_bytes((12, 4)) == (12 + 4) * 1 * 4 < compressors[0].payload_bytes(48)
+    with pytest.raises(ValueError, match="chunk_shape"):
+        SimulatedWorld(N).run(
+            lambda t: compressed_reduce_scatter(xs[t.rank], t, compressors[t.rank], None, name="v", step=0,
+                                                chunk_shape=(5, 4))
+        )  # fmt: skip

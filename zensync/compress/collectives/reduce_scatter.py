@@ -26,6 +26,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from zensync.compress.base import Compressed, Compressor
@@ -45,40 +47,52 @@ def compressed_reduce_scatter(
     *,
     name: str,
     step: int,
+    chunk_shape: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """Rank r's chunk (m elements, ``x``'s dtype) of the sum over ranks of ``x`` (n, m), compressed
-    on the wire; see the module docstring.
+    on the wire; see the module docstring. ``chunk_shape``: the shape each row is compressed in (a
+    block of a matrix's rows, which PowerSGD factors); default flat.
 
     Raises:
-        ValueError: If ``x`` is not 2-D with one row per rank.
+        ValueError: If ``x`` is not 2-D with one row per rank, or ``chunk_shape`` does not hold m elements.
     """
     n, rank = transport.world_size, transport.rank
     if x.dim() != 2 or x.shape[0] != n:
         raise ValueError(f"compressed_reduce_scatter: x has shape {tuple(x.shape)}; expected (world_size={n}, m)")
+    shape = chunk_shape if chunk_shape is not None else (x.shape[1],)
+    if math.prod(shape) != x.shape[1]:
+        raise ValueError(f"compressed_reduce_scatter: chunk_shape {shape} does not hold a row of {x.shape[1]}")
     # Step 1: error feedback.
     corrected = memory.compensate(name, x) if memory is not None else x
+    chunks = [row.view(shape) for row in corrected]
     # Step 2: one compression per owner.
     with transport.timed("compress"):
-        packed = [compressor.compress(row, name=f"{name}#{j}", step=step) for j, row in enumerate(corrected)]
+        packed = [compressor.compress(chunk, name=f"{name}#{j}", step=step) for j, chunk in enumerate(chunks)]
         buffers = [pack(*p.payloads) for p in packed]
     # Step 3: one all-to-all of the payloads.
     received, counts = transport.all_to_all_v(torch.cat(buffers), [b.numel() for b in buffers])
     # Step 4: this rank's chunk, summed over the senders in rank order.
     with transport.timed("decompress"):
         parts = [unpack(buf, packed[rank]) for buf in received.split(counts)]
-        out = compressor.decompress_sum(parts, torch.empty_like(x[rank]))
+        out = compressor.decompress_sum(parts, torch.empty_like(chunks[rank])).reshape(-1)
     # Step 5: what compression dropped stays for the next step.
     if memory is not None:
-        _keep_residual(memory, name, corrected, packed, compressor)
+        _keep_residual(memory, name, corrected, chunks, packed, compressor)
     return out
 
 
 def _keep_residual(
-    memory: ErrorFeedback, name: str, corrected: torch.Tensor, packed: list[Compressed], compressor: Compressor
+    memory: ErrorFeedback,
+    name: str,
+    corrected: torch.Tensor,
+    chunks: list[torch.Tensor],
+    packed: list[Compressed],
+    compressor: Compressor,
 ) -> None:
-    """``corrected`` (``compensate``'s own tensor) minus what each row transmitted, kept under ``name``."""
-    for row, part in zip(corrected, packed, strict=True):
-        compressor.subtract_transmitted(row, part)
+    """``corrected`` (``compensate``'s own tensor) minus what each row (``chunks``, its views)
+    transmitted, kept under ``name``."""
+    for chunk, part in zip(chunks, packed, strict=True):
+        compressor.subtract_transmitted(chunk, part)
     memory.keep_remainder(name, corrected)
 
 
