@@ -261,7 +261,13 @@ class FSDPSyncState:
         replicas.dense(call.output, [s for s, p in pairs if p.replica is Path.DENSE])
         for segment, plan in pairs:
             if plan.replica is Path.ROWS:
-                replicas.rows(call.output, segment)
+                stats = replicas.rows(call.output, segment)
+                records[segment.name].update(
+                    replica_scheme=stats.scheme,
+                    replica_bytes=stats.bytes_sent,
+                    replica_rows=stats.local_nnz,
+                    replica_union=stats.global_nnz,
+                )
             elif plan.replica is Path.COMPRESS:
                 assert plan.spec is not None
                 owed = self._owed.pop(segment.name, None)
@@ -293,9 +299,7 @@ class FSDPSyncState:
     def _compressed(
         self, call: ReduceScatterCall, segment: Segment, spec: str, records: dict[str, dict[str, Any]]
     ) -> None:
-        compressor = self._compressors.get(spec)
-        if compressor is None:
-            compressor = self._compressors[spec] = build(spec)
+        compressor = self.compressor_for(spec)
         x = call.input[:, segment.offset : segment.offset + segment.numel]
         memory = self.memory if self.config.error_feedback else None
         self._units[segment.name] = call.scale
@@ -304,14 +308,24 @@ class FSDPSyncState:
             residual = torch.zeros_like(x)
             residual[call.transport.rank] = owed / call.scale
             memory.replace(segment.name, residual)
-        out = compressed_reduce_scatter(x, call.transport, compressor, memory, name=segment.name, step=self.step)
+        shape = matrix_shape(segment)
+        out = compressed_reduce_scatter(
+            x, call.transport, compressor, memory, name=segment.name, step=self.step, chunk_shape=shape
+        )
         call.output[segment.offset : segment.offset + segment.numel].copy_(out)
         n = call.transport.world_size
         records[segment.name] = {
             "path": "compress",
             "spec": spec,
-            "bytes_sent": (n - 1) * compressor.payload_bytes(segment.numel, x.dtype),
+            "bytes_sent": (n - 1) * compressor.shaped_payload_bytes(shape, x.dtype),
         }
+
+    def compressor_for(self, spec: str) -> Compressor:
+        """The compressor of ``spec`` in the reduce-scatter (with its state: PowerSGD's Qs)."""
+        compressor = self._compressors.get(spec)
+        if compressor is None:
+            compressor = self._compressors[spec] = build(spec)
+        return compressor
 
     def _open_record(self) -> dict[str, Any]:
         """The step in progress: every module's records so far, by parameter name."""

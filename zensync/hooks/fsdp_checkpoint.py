@@ -4,8 +4,8 @@ What one step hands the next (the rest is agreed at registration, and registrati
 
     residuals   error feedback: per compressed parameter, what the gradient is still owed, as a
                 DTensor with the parameter's own shape and sharding (below)
-    powersgd    the warm-start Q of every PowerSGD-compressed shard (HSDP's replica sync), all of
-                them on every rank (small: width x rank per shard)
+    powersgd    every rank's warm-start Qs of PowerSGD (per owner's block of rows in the reduce-scatter;
+                per shard in HSDP's replica sync), with the rows each spans (small: width x rank each)
     zen_seed    the hash seed of Zen over the replicas (HSDP's row-sparse shards); -1: none yet
     decisions   each parameter's paths and compressor, as JSON: a checkpoint is loaded only by a
                 registration that decides the same (else ValueError naming the differences)
@@ -28,9 +28,9 @@ world's units (``FSDPSyncState._owed``). The sum is kept exactly, up to the unit
 The run that saved goes on from the moved residuals too (``save`` changes the live state the same
 way), so a run resumed from the checkpoint and the uninterrupted one take the same steps.
 
-PowerSGD's Q of a shard spans the column space of its rows. Loaded with the same shards, each
-shard's Q is its own again; with other shards, a shard's Q is the best rank-r basis of the old Qs of
-the rows it holds, each weighted by the rows it shares with them: a warm start, as Q always is.
+PowerSGD's Q of a block of rows spans their column space. Loaded on the same world, each rank's Qs
+are its own again; on another, a block's Q is the best rank-r basis of the saved Qs of the rows it
+holds (every rank's), each weighted by the rows it shares with them: a warm start, as Q always is.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.tensor import DTensor
+
+from zensync.compress import Compressor
+from zensync.compress.powersgd import PowerSGDCompressor
+from zensync.hooks.fsdp_replica import matrix_shape
+from zensync.transport.fsdp import gather_objects
 
 if TYPE_CHECKING:
     from zensync.hooks.fsdp import Binding, FSDPSyncState
@@ -113,7 +118,7 @@ def load(state: FSDPSyncState, sd: dict[str, Any]) -> None:
     if state.replicas is not None:
         seed = int(sd["zen_seed"])
         state.replicas.seed = None if seed < 0 else seed
-        _restore_warm_starts(state, warm)
+    _restore_warm_starts(state, warm)
 
 
 def _decisions(state: FSDPSyncState) -> str:
@@ -197,53 +202,73 @@ def _param_shaped(chunk: torch.Tensor, param: torch.Tensor, segment: Segment) ->
     )
 
 
+def _warm_start_keys(state: FSDPSyncState, name: str) -> list[tuple[str, int]]:
+    """The Qs one rank keeps for a PowerSGD-compressed parameter: (compressor key, owner of the rows)."""
+    n, rank = state.binding.transport.world_size, state.binding.transport.rank
+    if state.replicas is not None:
+        return [(name, rank)]  # its own shard, synced over the replicas
+    return [(f"{name}#{j}", j) for j in range(n)]  # its chunk for every owner, in the reduce-scatter
+
+
+def _compressor_for(state: FSDPSyncState, spec: str) -> Compressor:
+    return state.replicas.sync_for(spec).compressor if state.replicas is not None else state.compressor_for(spec)
+
+
+def _rows_of(segment: Segment, owner: int) -> tuple[int, int]:
+    """The parameter rows of ``owner``'s FSDP shard (unpadded)."""
+    total = segment.shape[0]
+    return min(owner * segment.rows, total), min((owner + 1) * segment.rows, total)
+
+
 def _gather_warm_starts(state: FSDPSyncState) -> bytes:
-    """Every shard's PowerSGD Q, gathered over FSDP's group (the replicas hold the same), as bytes."""
-    replicas = state.replicas
-    if replicas is None:
-        return b""
-    transport = state.binding.transport
-    qs = {}
+    """Every rank's PowerSGD Qs, each with the rows it spans, gathered over FSDP's group (the
+    replicas hold the same), as bytes; empty when there are none."""
+    entries = []
     for name, spec in _residual_specs(state).items():
-        q = replicas.warm_starts(spec).get(name)
-        mine = torch.empty(0) if q is None else q.detach().float().reshape(-1)
-        width = state.binding.segments[name].width
-        gathered = transport.all_gather_v(mine.to(transport.control_device))
-        by_shard = [t.cpu().reshape(width, -1) if t.numel() else None for t in gathered]
-        if any(t is not None for t in by_shard):
-            qs[name] = by_shard
-    if not qs:
+        compressor = _compressor_for(state, spec)
+        if not isinstance(compressor, PowerSGDCompressor):
+            continue
+        kept = compressor.warm_starts()
+        for key, owner in _warm_start_keys(state, name):
+            if key in kept:
+                lo, hi = _rows_of(state.binding.segments[name], owner)
+                entries.append((name, key, lo, hi, kept[key].detach().float().cpu()))
+    transport = state.binding.transport
+    gathered = gather_objects(state.binding.process_group, entries)
+    if not any(gathered):
         return b""
     buffer = io.BytesIO()
-    torch.save(qs, buffer)
+    torch.save({"world": transport.world_size, "by_rank": gathered}, buffer)
     return buffer.getvalue()
 
 
-def _restore_warm_starts(state: FSDPSyncState, qs: dict[str, list[torch.Tensor | None]]) -> None:
-    """Each shard's Q from the saved shards' (see the module docstring)."""
-    replicas, binding = state.replicas, state.binding
-    assert replicas is not None
-    specs = _residual_specs(state)
-    shard, shards = binding.transport.rank, binding.transport.world_size
-    for name, old in qs.items():
-        if name not in specs:
+def _restore_warm_starts(state: FSDPSyncState, saved: dict[str, Any]) -> None:
+    """Each Q from the saved ones: its own on the same world, else combined (module docstring)."""
+    if not saved:
+        return
+    transport = state.binding.transport
+    same = saved["world"] == transport.world_size
+    mine = saved["by_rank"][transport.rank] if same else []
+    everyone = [entry for entries in saved["by_rank"] for entry in entries]
+    for name, spec in _residual_specs(state).items():
+        compressor = _compressor_for(state, spec)
+        if not isinstance(compressor, PowerSGDCompressor):
             continue
-        segment = binding.segments[name]
-        total = segment.shape[0]
-        lo, hi = min(shard * segment.rows, total), min((shard + 1) * segment.rows, total)
-        q = old[shard] if len(old) == shards else _combined(old, lo, hi, total)
-        if q is not None:
-            replicas.restore_warm_start(specs[name], segment, q)
+        segment = state.binding.segments[name]
+        for key, owner in _warm_start_keys(state, name):
+            if same:
+                q = next((e[4] for e in mine if e[1] == key), None)
+            else:
+                q = _combined([e for e in everyone if e[0] == name], *_rows_of(segment, owner))
+            if q is not None:
+                compressor.restore_warm_start(key, torch.Size(matrix_shape(segment)), q)
 
 
-def _combined(old: list[torch.Tensor | None], lo: int, hi: int, total: int) -> torch.Tensor | None:
-    """The rank-r basis best spanning the old shards' Qs over rows [lo, hi), weighted by shared rows."""
-    rows = math.ceil(total / len(old))
-    parts = []
-    for j, q in enumerate(old):
-        shared = min(hi, (j + 1) * rows) - max(lo, j * rows)
-        if q is not None and shared > 0:
-            parts.append(q * math.sqrt(shared))
+def _combined(entries: list[tuple[str, str, int, int, torch.Tensor]], lo: int, hi: int) -> torch.Tensor | None:
+    """The rank-r basis best spanning the saved Qs of rows [lo, hi), each weighted by the rows it shares."""
+    parts = [
+        q * math.sqrt(min(hi, e_hi) - max(lo, e_lo)) for _, _, e_lo, e_hi, q in entries if min(hi, e_hi) > max(lo, e_lo)
+    ]
     if not parts:
         return None
     rank = parts[0].shape[1]

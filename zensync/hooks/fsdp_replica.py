@@ -28,6 +28,7 @@ from zensync.sync.agreement import group_seed
 from zensync.sync.base import SyncOptions
 from zensync.transport import Transport
 from zensync.transport.fsdp import Segment, gather_segments, scatter_segments
+from zensync.types import SyncStats
 
 __all__ = ["ReplicaSync", "matrix_shape"]
 
@@ -52,11 +53,14 @@ class ReplicaSync:
         """The factor from the synced sum to the gradient FSDP hands the optimizer (``finish``'s average)."""
         return 1.0 / self.transport.world_size if self.average else 1.0
 
-    def rows(self, shard: torch.Tensor, segment: Segment) -> None:
-        """A row-sparse segment of the shard, summed over the replicas in place."""
+    def rows(self, shard: torch.Tensor, segment: Segment) -> SyncStats:
+        """A row-sparse segment of the shard, summed over the replicas in place; returns what the call did."""
         view = shard[segment.offset : segment.offset + segment.numel].view(segment.rows, segment.width)
-        options = SyncOptions(h0_seed=self.seed)
-        sparse_allreduce(view, self.transport, scheme=self.sparse_scheme, granularity="row", out=view, options=options)
+        options, stats = SyncOptions(h0_seed=self.seed), SyncStats()
+        sparse_allreduce(
+            view, self.transport, scheme=self.sparse_scheme, granularity="row", out=view, options=options, stats=stats
+        )
+        return stats
 
     def zen_seed(self) -> int | None:
         """The hash seed the rows path uses (None before its first sync)."""
@@ -81,7 +85,7 @@ class ReplicaSync:
         part = shard[segment.offset : segment.offset + segment.numel]
         x = part.view(matrix_shape(segment))
         part.copy_(sync.sync(x, self.transport, name=segment.name, step=step).reshape(-1))
-        return sync.compressor.payload_bytes(part.numel(), part.dtype)
+        return sync.compressor.shaped_payload_bytes(x.shape, part.dtype)
 
     def warm_starts(self, spec: str) -> dict[str, torch.Tensor]:
         """PowerSGD's warm-start Q (width, r) per parameter name, when ``spec`` is PowerSGD (else none)."""

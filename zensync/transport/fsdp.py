@@ -47,6 +47,7 @@ __all__ = [
     "ZenReduceScatter",
     "broadcast_shards",
     "fsdp_groups",
+    "gather_objects",
     "gather_segments",
     "reduce_op_scale",
     "replicate_group",
@@ -207,6 +208,13 @@ def broadcast_shards(model: torch.nn.Module, group: dist.ProcessGroup) -> None:
         for param in model.parameters():
             local = param.to_local() if hasattr(param, "to_local") else param
             local.copy_(transport.broadcast(local.contiguous(), 0))
+
+
+def gather_objects(group: dist.ProcessGroup, obj: Any) -> list[Any]:
+    """Every rank's picklable ``obj``, in rank order (checkpoints' small metadata)."""
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, obj, group=group)
+    return gathered
 
 
 def fsdp_groups(model: torch.nn.Module) -> list[FSDPGroup]:

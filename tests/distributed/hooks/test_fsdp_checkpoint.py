@@ -26,7 +26,7 @@ from tests.distributed.hooks.test_fsdp import _batch, _Net
 
 SAVE_AT, MORE = 3, 3
 """Steps before the checkpoint, and after it."""
-FSDP_SPEC, HSDP_SPEC = "qsgd:127", "powersgd:2"
+FSDP_SPEC, HSDP_SPEC, PSGD_SPEC = "qsgd:127", "powersgd:2", "powersgd:1"
 
 
 def _model(mesh: Any, strategy: str, hsdp_mesh: Any = None) -> tuple[nn.Module, Any]:
@@ -91,6 +91,11 @@ def _at_four(rank: int, world_size: int, root: str) -> dict[str, Any]:
         "losses": _steps(model, rank, SAVE_AT, MORE),
         "params": _params(model),
     }
+    # PowerSGD in the reduce-scatter: each rank's Q per owner's block of rows is saved too.
+    out["psgd"] = _run_and_save(*_model(flat, PSGD_SPEC), rank, f"{root}/psgd")
+    model, state = _model(flat, PSGD_SPEC)
+    _load(model, state, f"{root}/psgd")
+    out["psgd_resumed"] = {"losses": _steps(model, rank, SAVE_AT, MORE), "params": _params(model)}
     # HSDP 2 x 2: uninterrupted, resumed, then loaded on a 4 x 1 mesh (4 replicas of one shard).
     out["hsdp"] = _run_and_save(*_model(hsdp["shard"], HSDP_SPEC, hsdp), rank, f"{root}/hsdp")
     model, state = _model(hsdp["shard"], HSDP_SPEC, hsdp)
@@ -126,7 +131,11 @@ def _at_two(rank: int, world_size: int, root: str) -> dict[str, Any]:
     model, state = _model(flat, FSDP_SPEC)
     loaded = _load(model, state, f"{root}/fsdp")
     owed = {name: state.owed(name) for name in loaded["residuals"]}
-    return {"loaded": _residuals(loaded), "owed": owed, "losses": _steps(model, rank, SAVE_AT, 1)}
+    out = {"loaded": _residuals(loaded), "owed": owed, "losses": _steps(model, rank, SAVE_AT, 1)}
+    model, state = _model(flat, PSGD_SPEC)  # 4 owners' Qs of 2 rows each, combined for 2 owners of 4
+    _load(model, state, f"{root}/psgd")
+    out["qs"] = {k: q.clone() for k, q in state.compressor_for(PSGD_SPEC).warm_starts().items()}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +154,12 @@ def test_residuals_reshard_exactly_from_four_ranks_to_two(runs: dict[str, list[d
     for out in runs["two"]:
         for name, tensor in saved.items():
             torch.testing.assert_close(out["loaded"][name], tensor, rtol=0, atol=0, msg=name)
+    # PowerSGD's Qs: one per owner of 4 rows, an orthonormal (8, 1) basis.
+    for out in runs["two"]:
+        assert {"block.1.weight#0", "block.1.weight#1", "head.weight#0", "head.weight#1"} <= set(out["qs"])
+        for key, q in out["qs"].items():
+            assert q.shape == (8, 1), key
+            torch.testing.assert_close(q.T @ q, torch.eye(1), atol=1e-5, rtol=0)
     # Each of the 2 ranks owes its FSDP shard of the saved residual: together, all of it.
     for name, tensor in saved.items():
         rows = [out["owed"][name] for out in runs["two"]]
@@ -156,7 +171,7 @@ def test_residuals_reshard_exactly_from_four_ranks_to_two(runs: dict[str, list[d
 
 def test_a_resumed_run_goes_on_as_the_uninterrupted_one(runs: dict[str, list[dict[str, Any]]]) -> None:
     for out in runs["four"]:
-        for run, resumed in (("fsdp", "fsdp_resumed"), ("hsdp", "hsdp_resumed")):
+        for run, resumed in (("fsdp", "fsdp_resumed"), ("psgd", "psgd_resumed"), ("hsdp", "hsdp_resumed")):
             # The same operations on the same values in the same order: equal to the last bit.
             assert out[resumed]["losses"] == out[run]["losses"], run
             for name, param in out[run]["params"].items():
