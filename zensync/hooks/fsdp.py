@@ -258,7 +258,10 @@ class FSDPSyncState:
     ) -> None:
         """HSDP: the shard summed over the replicas, every rank in the same order (``fsdp_replica``)."""
         pairs = list(zip(call.segments, plans, strict=True))
-        replicas.dense(call.output, [s for s, p in pairs if p.replica is Path.DENSE])
+        dense = [s for s, p in pairs if p.replica is Path.DENSE]
+        replicas.dense(call.output, dense)
+        for segment in dense:
+            records[segment.name]["replica_bytes"] = replicas.dense_bytes(segment.numel * call.output.element_size())
         for segment, plan in pairs:
             if plan.replica is Path.ROWS:
                 stats = replicas.rows(call.output, segment)

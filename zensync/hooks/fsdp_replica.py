@@ -79,6 +79,11 @@ class ReplicaSync:
             sync = self._compressed[spec] = CompressedSync(spec)
         return sync
 
+    def dense_bytes(self, nbytes: int) -> int:
+        """Bytes one replica sends for ``nbytes`` of the dense all-reduce (a ring's 2 (R - 1) / R)."""
+        replicas = self.transport.world_size
+        return 2 * (replicas - 1) * nbytes // replicas
+
     def compressed(self, shard: torch.Tensor, segment: Segment, spec: str, step: int) -> int:
         """A segment summed over the replicas through ``spec``, in place; returns its payload bytes per replica."""
         sync = self.sync_for(spec)
