@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import json
@@ -44,14 +45,14 @@ from typing import Any
 
 import torch
 
-from zensync.compress import Compressor, build
+from zensync.compress import COMPRESSED_SCHEMES, Compressor, build
 from zensync.compress.collectives.reduce_scatter import compressed_reduce_scatter
 from zensync.compress.error_feedback import ErrorFeedback
-from zensync.hooks.config import check_options
+from zensync.hooks.config import HookConfig, check_options
 from zensync.hooks.fsdp_replica import ReplicaSync, matrix_shape
 from zensync.hooks.hints import EMBEDDING_MODULES
 from zensync.hooks.strategy import Strategy, resolve_strategy
-from zensync.sync import SCHEMES
+from zensync.sync import SCHEMES, SyncOptions
 from zensync.sync.registration import agree
 from zensync.sync.row_reduce_scatter import row_reduce_scatter
 from zensync.transport import Transport, transport_for_group
@@ -91,6 +92,14 @@ class FSDPConfig:
     """Names of parameters always synced dense (an embedding whose every row is touched each step)."""
     error_feedback: bool = True
     """Keep what compression dropped and add it back at the next step (EF-SGD)."""
+    compressed_scheme: str = "auto"
+    """HSDP: the collective of the compressed replica sync ("auto", "allreduce", "allgather", ...)."""
+    sync_options: SyncOptions = dataclasses.field(default_factory=SyncOptions)
+    """HSDP: tunables of the sparse scheme of the replica sync (``zensync.SyncOptions``)."""
+    history_size: int = 1000
+    """Step records kept in ``FSDPSyncState.history`` (oldest dropped)."""
+    jsonl_path: str | None = None
+    """Append one JSON line per finished step here; '{rank}' in the path gives one file per rank, else rank 0 writes."""
 
     def __post_init__(self) -> None:
         for field in ("sparse_params", "dense_params"):
@@ -100,10 +109,36 @@ class FSDPConfig:
             object.__setattr__(self, field, tuple(value))
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback={self.error_feedback!r} must be True or False")
+        if self.compressed_scheme not in ("auto", *COMPRESSED_SCHEMES):
+            raise ValueError(
+                f"compressed_scheme={self.compressed_scheme!r} is not one of auto, {', '.join(COMPRESSED_SCHEMES)}"
+            )
+        if not isinstance(self.sync_options, SyncOptions):
+            raise ValueError(f"sync_options={self.sync_options!r} must be a zensync.SyncOptions")
+        if isinstance(self.history_size, bool) or not isinstance(self.history_size, int) or self.history_size < 1:
+            raise ValueError(f"history_size={self.history_size!r} must be an int >= 1")
+        if self.jsonl_path is not None and not isinstance(self.jsonl_path, str):
+            raise ValueError(f"jsonl_path={self.jsonl_path!r} must be a path string or None")
 
     @classmethod
     def from_options(cls, strategy: str, options: dict[str, Any]) -> FSDPConfig:
-        """Build from ``register_fsdp``'s keyword options, naming any unknown option."""
+        """Build from ``register_fsdp``'s keyword options, naming any unknown option.
+
+        Raises:
+            ValueError: For an option of ``register`` (DDP) that FSDP's sync does not take, saying why,
+                and for any other unknown option.
+        """
+        ddp_only = sorted(
+            set(options) & {f.name for f in dataclasses.fields(HookConfig)} - {f.name for f in dataclasses.fields(cls)}
+        )
+        if ddp_only:
+            raise ValueError(
+                f"zensync.register_fsdp does not take {ddp_only}, options of zensync.register (DDP): FSDP's paths "
+                f"are fixed at registration (no adaptive scheme choice, warm-up or profile: auto is lossless, a "
+                f"compressor comes from a spec or a plan file), and FSDP's own groups carry init_process_group's "
+                f"timeout (zensync creates none); its options: "
+                f"{', '.join(f.name for f in dataclasses.fields(cls) if f.name != 'strategy')}"
+            )
         check_options(cls, options, "zensync.register_fsdp")
         return cls(strategy=strategy, **options)
 
@@ -162,10 +197,13 @@ class FSDPSyncState:
         padded chunk) from a checkpoint or a save, until its next compression makes it a residual."""
         self._units: dict[str, float] = {}
         """Per compressed parameter (FSDP alone), the op's factor at its last reduce-scatter."""
-        # log: one record per step, a step being one reduce-scatter of each FSDP module
+        # log: one record per step, a step being the reduce-scatters of one backward (closed at its end)
         self.step = 0
-        self.history: list[dict[str, Any]] = []
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history_size)
         self._open: dict[str, Any] = {}
+        self._end_queued = False
+        path, rank = config.jsonl_path, binding.transport.rank
+        self._jsonl = path.format(rank=rank) if path and "{rank}" in path else path if rank == 0 else None
 
     def plan_for(self, segment: Segment) -> SegmentPlan:
         """The path of ``segment``'s parameter (the same on every rank: it depends on agreed data only)."""
@@ -200,8 +238,10 @@ class FSDPSyncState:
     def reduce_scatter(self, call: ReduceScatterCall) -> None:
         """One FSDP reduce-scatter: the dense segments in one ring reduce-scatter, then each row-sparse
         and each compressed segment on its own; every rank in the same order."""
-        if call.module in self._open:  # the module's second call: a new step began
+        if call.module in self._open:  # the module's second call: a new step began (its backward's end unseen)
             self._close_step()
+        if not self._open and not self._end_queued:
+            self._queue_end_of_backward()
         plans = [self.plan_for(s) for s in call.segments]
         records: dict[str, dict[str, Any]] = {}
         dense = [s for s, p in zip(call.segments, plans, strict=True) if p.path is Path.DENSE]
@@ -337,8 +377,25 @@ class FSDPSyncState:
             params.update(records)
         return {"step": self.step, "params": params}
 
+    def _queue_end_of_backward(self) -> None:
+        """Close the step when the backward that began it ends (autograd's final callback, as FSDP's own)."""
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        except RuntimeError:  # not inside a backward: the module's next call closes the step
+            return
+        self._end_queued = True
+
+    def _end_of_backward(self) -> None:
+        self._end_queued = False
+        if self._open:
+            self._close_step()
+
     def _close_step(self) -> None:
-        self.history.append(self._open_record())
+        record = self._open_record()
+        self.history.append(record)
+        if self._jsonl is not None:
+            with open(self._jsonl, "a") as f:
+                f.write(json.dumps(record) + "\n")
         self._open = {}
         self.step += 1
 
@@ -398,7 +455,13 @@ def register_fsdp(model: torch.nn.Module, strategy: str = "auto", mesh: Any = No
         if replica_pg is not None:
             scheme = strategy if strategy in SCHEMES and strategy != "dense" else "zen"
             average = groups[0].divide_factor is None
-            replicas = ReplicaSync(transport_for_group(replica_pg), scheme, average=average)
+            replicas = ReplicaSync(
+                transport_for_group(replica_pg),
+                scheme,
+                average=average,
+                compressed_scheme=config.compressed_scheme,
+                sync_options=config.sync_options,
+            )
         binding = Binding.of(model, groups)
         state = FSDPSyncState(config, resolved, _row_sparse_names(model, config), binding, replicas)
     except Exception as exc:  # noqa: BLE001 - carried to every rank and re-raised by the agreement

@@ -19,6 +19,8 @@ unless the user set a gradient divide factor: FSDP's factor is then the whole di
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from zensync.api import sparse_allreduce
@@ -42,10 +44,20 @@ def matrix_shape(segment: Segment) -> tuple[int, ...]:
 class ReplicaSync:
     """The replica all-reduce of one HSDP model's shards (one per ``register_fsdp``)."""
 
-    def __init__(self, transport: Transport, sparse_scheme: str, *, average: bool) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        sparse_scheme: str,
+        *,
+        average: bool,
+        compressed_scheme: str = "auto",
+        sync_options: SyncOptions | None = None,
+    ) -> None:
         self.transport, self.sparse_scheme, self.average = transport, sparse_scheme, average
+        self.compressed_scheme = compressed_scheme
+        self.sync_options = sync_options if sync_options is not None else SyncOptions()
         self._compressed: dict[str, CompressedSync] = {}
-        self.seed: int | None = None
+        self.seed: int | None = self.sync_options.h0_seed
         """Zen's hash seed over the replicas (None: the group's, drawn at its first use); a checkpoint's once loaded."""
 
     @property
@@ -56,7 +68,7 @@ class ReplicaSync:
     def rows(self, shard: torch.Tensor, segment: Segment) -> SyncStats:
         """A row-sparse segment of the shard, summed over the replicas in place; returns what the call did."""
         view = shard[segment.offset : segment.offset + segment.numel].view(segment.rows, segment.width)
-        options, stats = SyncOptions(h0_seed=self.seed), SyncStats()
+        options, stats = dataclasses.replace(self.sync_options, h0_seed=self.seed), SyncStats()
         sparse_allreduce(
             view, self.transport, scheme=self.sparse_scheme, granularity="row", out=view, options=options, stats=stats
         )
@@ -76,7 +88,7 @@ class ReplicaSync:
         """The ``CompressedSync`` of ``spec`` (its error-feedback memory and compressor state)."""
         sync = self._compressed.get(spec)
         if sync is None:
-            sync = self._compressed[spec] = CompressedSync(spec)
+            sync = self._compressed[spec] = CompressedSync(spec, self.compressed_scheme)
         return sync
 
     def dense_bytes(self, nbytes: int) -> int:

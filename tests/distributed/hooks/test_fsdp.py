@@ -9,6 +9,7 @@ order), with float32, with bf16 mixed precision (fp32 reduce) and with gradient 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -62,16 +63,22 @@ def _model(mixed: bool, mesh: Any = None) -> nn.Module:
 
 
 def _train(
-    rank: int, strategy: str | None, mixed: bool, accumulate: int, steps: int = STEPS, hsdp: bool = False
+    rank: int,
+    strategy: str | None,
+    mixed: bool,
+    accumulate: int,
+    steps: int = STEPS,
+    hsdp: bool = False,
+    **options: Any,
 ) -> dict[str, Any]:
     """``steps`` SGD steps; ``hsdp``: a 2 x 2 mesh, FSDP's own HSDP (no strategy) or zensync's."""
     mesh = init_device_mesh("cpu", (2, WORLD // 2), mesh_dim_names=("replicate", "shard")) if hsdp else None
     if hsdp and strategy:
         model = _model(mixed, mesh["shard"])
-        state = zensync.register_fsdp(model, strategy=strategy, mesh=mesh)
+        state = zensync.register_fsdp(model, strategy=strategy, mesh=mesh, **options)
     else:
         model = _model(mixed, mesh)
-        state = zensync.register_fsdp(model, strategy=strategy) if strategy else None
+        state = zensync.register_fsdp(model, strategy=strategy, **options) if strategy else None
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     losses = []
     for step in range(steps):
@@ -86,21 +93,35 @@ def _train(
         opt.step()
     params = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
     last = state.last_step() if state is not None else None
-    return {"params": params, "losses": losses, "last": last}
+    out = {"params": params, "losses": losses, "last": last}
+    if state is not None:
+        out["history"] = [record["step"] for record in state.history]
+        out["zen_seed"] = state.replicas.zen_seed() if state.replicas is not None else None
+    return out
 
 
-def _lossless(rank: int, world_size: int) -> dict[str, Any]:
+def _lossless(rank: int, world_size: int, tmp: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for mixed, accumulate in ((False, 1), (True, 1), (False, 2)):
         out[f"native/{mixed}/{accumulate}"] = _train(rank, None, mixed, accumulate)
         for strategy in ("auto", "dense", "zen"):
-            out[f"{strategy}/{mixed}/{accumulate}"] = _train(rank, strategy, mixed, accumulate)
+            options = (
+                {"jsonl_path": f"{tmp}/steps-{{rank}}.jsonl"}
+                if (strategy, mixed, accumulate) == ("auto", False, 1)
+                else {}
+            )
+            out[f"{strategy}/{mixed}/{accumulate}"] = _train(rank, strategy, mixed, accumulate, **options)
     return out
 
 
 def test_lossless_strategies_give_fsdps_own_parameters(tmp_path) -> None:
-    results = launch(_lossless, WORLD, (), tmp_path)
+    results = launch(_lossless, WORLD, (str(tmp_path),), tmp_path)
     for rank, out in enumerate(results):
+        # Every step is closed at the end of its backward: in the history and one JSON line each.
+        assert out["auto/False/1"]["history"] == list(range(STEPS))
+        lines = [json.loads(line) for line in (tmp_path / f"steps-{rank}.jsonl").read_text().splitlines()]
+        assert [line["step"] for line in lines] == list(range(STEPS))
+        assert lines[-1]["params"]["emb.weight"]["path"] == "rows"
         for key, run in out.items():
             strategy, mixed, accumulate = key.split("/")
             if strategy == "native":
@@ -123,7 +144,8 @@ def _hsdp(rank: int, world_size: int) -> dict[str, Any]:
     for mixed, accumulate in ((False, 1), (False, 2)):
         out[f"native/{mixed}/{accumulate}"] = _train(rank, None, mixed, accumulate, hsdp=True)
         for strategy in ("auto", "dense"):
-            out[f"{strategy}/{mixed}/{accumulate}"] = _train(rank, strategy, mixed, accumulate, hsdp=True)
+            options = {"sync_options": zensync.SyncOptions(h0_seed=12345)} if strategy == "auto" else {}
+            out[f"{strategy}/{mixed}/{accumulate}"] = _train(rank, strategy, mixed, accumulate, hsdp=True, **options)
     out["compressed"] = {"native": _train(rank, None, False, 1, 30, hsdp=True)}
     for strategy in ("fp16", "powersgd:2"):
         out["compressed"][strategy] = _train(rank, strategy, False, 1, 30, hsdp=True)
@@ -148,6 +170,8 @@ def test_hsdp_replicas_synced_by_zensync_match_fsdps_own_hsdp(tmp_path) -> None:
                 torch.testing.assert_close(param, native["params"][name], rtol=0, atol=FP32_ATOL, msg=f"{key} {name}")
             records = run["last"]["params"]
             expected = "rows" if key.startswith("auto") else "dense"
+            if key.startswith("auto"):  # sync_options reach the replicas' Zen
+                assert run["zen_seed"] == 12345 and records["emb.weight"]["replica_bytes"] > 0
             assert records["emb.weight"]["path"] == expected and records["emb.weight"]["replica"] == expected
             assert records["head.weight"]["replica"] == "dense", (rank, key, records)
         compressed = out["compressed"]
@@ -183,14 +207,21 @@ def test_compressed_strategies_converge_within_ten_percent_of_fsdp(tmp_path) -> 
         assert record["bytes_sent"] == (WORLD - 1) * 2 * DIM * 4, record
 
 
+CASES = ("not_fsdp", "unknown_option", "ddp_option", "bad_value", "mismatch", "bad_strategy")
+
+
 def _bad(rank: int, world_size: int) -> dict[str, str]:
     errors = {}
-    for case in ("not_fsdp", "unknown_option", "mismatch", "bad_strategy"):
+    for case in CASES:
         try:
             if case == "not_fsdp":
                 zensync.register_fsdp(nn.Linear(2, 2))
             elif case == "unknown_option":
-                zensync.register_fsdp(_model(False), strategy="auto", warmup_steps=3)
+                zensync.register_fsdp(_model(False), strategy="auto", bogus=3)
+            elif case == "ddp_option":
+                zensync.register_fsdp(_model(False), strategy="auto", warmup_steps=3, timeout=5)
+            elif case == "bad_value":
+                zensync.register_fsdp(_model(False), strategy="fp16", compressed_scheme="nope")
             elif case == "mismatch":
                 zensync.register_fsdp(_model(False), strategy="fp16" if rank == 1 else "auto")
             else:
@@ -203,12 +234,14 @@ def _bad(rank: int, world_size: int) -> dict[str, str]:
 
 def test_bad_input_and_mismatched_options_fail_every_rank_alike(tmp_path) -> None:
     results = launch(_bad, WORLD, (), tmp_path)
-    for case in ("not_fsdp", "unknown_option", "mismatch", "bad_strategy"):
+    for case in CASES:
         messages = {r[case] for r in results}
         assert len(messages) == 1, (case, messages)  # the same error on every rank
     first = results[0]
     assert "fully_shard" in first["not_fsdp"]
-    assert "warmup_steps" in first["unknown_option"]
+    assert "bogus" in first["unknown_option"] and "jsonl_path" in first["unknown_option"]
+    assert "['timeout', 'warmup_steps']" in first["ddp_option"] and "zensync.register (DDP)" in first["ddp_option"]
+    assert "compressed_scheme='nope'" in first["bad_value"]
     assert "ranks [1] differ" in first["mismatch"]
     assert "rank(s) [2]" in first["bad_strategy"] and "no-such-thing" in first["bad_strategy"]
 
