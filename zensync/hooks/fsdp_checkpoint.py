@@ -41,12 +41,11 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from zensync.compress import Compressor
 from zensync.compress.powersgd import PowerSGDCompressor
 from zensync.hooks.fsdp_replica import matrix_shape
-from zensync.transport.fsdp import gather_objects
+from zensync.transport.fsdp import gather_objects, local_shard, sharded_like
 
 if TYPE_CHECKING:
     from zensync.hooks.fsdp import Binding, FSDPSyncState
@@ -105,9 +104,10 @@ def load(state: FSDPSyncState, sd: dict[str, Any]) -> None:
         )
     owed = {}
     for name, tensor in sd["residuals"].items():
-        if not isinstance(tensor, DTensor):
-            raise ValueError(f"zensync.register_fsdp state: residual {name!r} is {type(tensor).__name__}, not DTensor")
-        local = tensor.to_local().reshape(-1)
+        try:
+            local = local_shard(tensor).reshape(-1)
+        except ValueError as exc:
+            raise ValueError(f"zensync.register_fsdp state: residual {name!r}: {exc}") from None
         chunk = torch.zeros(binding.segments[name].numel, dtype=torch.float32, device=local.device)
         chunk[: local.numel()] = local
         owed[name] = chunk
@@ -184,22 +184,14 @@ def _drop_residuals(state: FSDPSyncState) -> None:
         memory.replace(name, None)
 
 
-def _param_shaped(chunk: torch.Tensor, param: torch.Tensor, segment: Segment) -> DTensor:
+def _param_shaped(chunk: torch.Tensor, param: torch.Tensor, segment: Segment) -> torch.Tensor:
     """This rank's padded chunk as its shard of a DTensor shaped and sharded like ``param``."""
-    if not isinstance(param, DTensor) or not segment.rows:
+    if not segment.rows:
         raise ValueError(
             f"zensync.register_fsdp state: {segment.name!r} is not sharded by rows (FSDP's Shard(0)); its "
             f"error-feedback residual cannot be saved sharded like it"
         )
-    local = param.to_local()
-    return DTensor.from_local(
-        chunk[: local.numel()].reshape(local.shape).clone(),
-        param.device_mesh,
-        param.placements,
-        run_check=False,
-        shape=param.shape,
-        stride=param.stride(),
-    )
+    return sharded_like(chunk, param)
 
 
 def _warm_start_keys(state: FSDPSyncState, name: str) -> list[tuple[str, int]]:

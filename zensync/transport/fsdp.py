@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+from torch.distributed.tensor import DTensor
 
 from zensync.transport.base import Transport
 from zensync.transport.torch_dist import transport_for_group
@@ -49,9 +50,11 @@ __all__ = [
     "fsdp_groups",
     "gather_objects",
     "gather_segments",
+    "local_shard",
     "reduce_op_scale",
     "replicate_group",
     "scatter_segments",
+    "sharded_like",
 ]
 
 
@@ -208,6 +211,33 @@ def broadcast_shards(model: torch.nn.Module, group: dist.ProcessGroup) -> None:
         for param in model.parameters():
             local = param.to_local() if hasattr(param, "to_local") else param
             local.copy_(transport.broadcast(local.contiguous(), 0))
+
+
+def sharded_like(chunk: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``chunk``'s first elements as this rank's shard of a DTensor shaped and sharded like ``param``
+    (an FSDP parameter, ``Shard(0)``: its local rows back to back, the padding after them)."""
+    if not isinstance(param, DTensor):
+        raise ValueError(f"expected an FSDP parameter (a DTensor), got {type(param).__name__}")
+    local = param.to_local()
+    return DTensor.from_local(
+        chunk[: local.numel()].reshape(local.shape).clone(),
+        param.device_mesh,
+        param.placements,
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
+
+
+def local_shard(tensor: Any) -> torch.Tensor:
+    """This rank's part of a DTensor (what ``sharded_like`` made, after DCP filled it in).
+
+    Raises:
+        ValueError: If ``tensor`` is not a DTensor.
+    """
+    if not isinstance(tensor, DTensor):
+        raise ValueError(f"expected a DTensor, got {type(tensor).__name__}")
+    return tensor.to_local()
 
 
 def gather_objects(group: dist.ProcessGroup, obj: Any) -> list[Any]:
