@@ -38,10 +38,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
@@ -55,6 +53,7 @@ from torch import nn
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _counters import fenced_tx
+from _results import versions, write
 
 import zensync
 from zensync.cost.sparse import TensorShape, measured_union, predict_bytes
@@ -320,17 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         "vocab": config.vocab_size,
         "dim": config.embed_dim,
         "plan_summary": plan_summary,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "zensync": zensync.__version__,
+        **versions(),
     }
-    out_dir = pathlib.Path(args.results_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"hsdp_{label}_{date}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": table}, indent=2))
-    stem.with_suffix(".md").write_text(_markdown(meta, table))
-    print(_markdown(meta, table))
+    write(args.results_dir, f"hsdp_{label}_{date}", meta, table, _markdown(meta, table))
     return 0
 
 

@@ -43,7 +43,6 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import tempfile
@@ -62,6 +61,7 @@ from zensync.transport import transport_for_group
 # Sibling modules of this driver (experiments/ is not a package).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _counters import cpu_seconds, fenced_tx
+from _results import versions, write
 
 _PORT = 29561
 _WORKLOADS = {"small": (200_000, 64, 700), "large": (50_000, 768, 4480)}
@@ -328,17 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         "hosts": args.hosts,
         "rate": args.rate,
         "reps": args.reps,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "zensync": zensync.__version__,
+        **versions(),
     }
-    out_dir = pathlib.Path(args.results_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"sparse_peer_{label}_{date}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": res}, indent=2))
-    stem.with_suffix(".md").write_text(_markdown(meta, res))
-    print(_markdown(meta, res))
+    write(args.results_dir, f"sparse_peer_{label}_{date}", meta, res, _markdown(meta, res))
     return 0
 
 
