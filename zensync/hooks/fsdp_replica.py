@@ -25,7 +25,6 @@ import torch
 
 from zensync.api import sparse_allreduce
 from zensync.compress import CompressedSync
-from zensync.compress.powersgd import PowerSGDCompressor
 from zensync.sync.agreement import group_seed
 from zensync.sync.base import SyncOptions
 from zensync.transport import Transport
@@ -103,17 +102,6 @@ class ReplicaSync:
         x = part.view(matrix_shape(segment))
         part.copy_(sync.sync(x, self.transport, name=segment.name, step=step).reshape(-1))
         return sync.compressor.shaped_payload_bytes(x.shape, part.dtype)
-
-    def warm_starts(self, spec: str) -> dict[str, torch.Tensor]:
-        """PowerSGD's warm-start Q (width, r) per parameter name, when ``spec`` is PowerSGD (else none)."""
-        compressor = self.sync_for(spec).compressor
-        return compressor.warm_starts() if isinstance(compressor, PowerSGDCompressor) else {}
-
-    def restore_warm_start(self, spec: str, segment: Segment, q: torch.Tensor) -> None:
-        """Make ``q`` the warm start of ``segment``'s shard (``spec`` being PowerSGD)."""
-        compressor = self.sync_for(spec).compressor
-        if isinstance(compressor, PowerSGDCompressor):
-            compressor.restore_warm_start(segment.name, torch.Size(matrix_shape(segment)), q)
 
     def finish(self, shard: torch.Tensor) -> None:
         """The average over the replicas (see the module docstring)."""

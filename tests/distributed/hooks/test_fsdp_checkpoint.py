@@ -106,7 +106,7 @@ def _at_four(rank: int, world_size: int, root: str) -> dict[str, Any]:
     loaded = _load(model, state, f"{root}/hsdp")
     out["hsdp_4x1"] = {
         "loaded": _residuals(loaded),
-        "qs": {n: q.clone() for n, q in state.replicas.warm_starts(HSDP_SPEC).items()},
+        "qs": {n: q.clone() for n, q in state.replicas.sync_for(HSDP_SPEC).compressor.warm_starts().items()},
         "losses": _steps(model, rank, SAVE_AT, 1),
     }
     # Another strategy cannot load the checkpoint's residuals.
