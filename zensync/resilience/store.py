@@ -1,0 +1,282 @@
+"""Versioned checkpoint shards in a host's shared memory, as issue 18's checkpoint agent keeps them.
+
+One shard is one rank's state at one step: every tensor's bytes back to back in ``data.bin`` and a
+JSON manifest (each tensor's key, dtype, shape, offset, size and CRC-32, plus the state's JSON
+values). No pickle: a shard can cross hosts and be read by anything that reads JSON and bytes.
+
+Layout under the store's root (``/dev/shm/...`` by default: memory that outlives the worker)::
+
+    rank<r>/v<step:010d>/data.bin        the tensors' bytes
+    rank<r>/v<step:010d>/manifest.json   written last, by an atomic rename: the shard is complete
+
+A shard whose manifest is missing was cut off mid-write (the worker died) and is never loaded; a
+shard whose bytes do not match its checksums is reported and skipped. ``load`` takes the newest
+complete shard that verifies, so a failure during a save leaves the previous version. ``save``
+keeps the newest ``keep`` complete versions and removes older ones and cut-off writes.
+
+Example::
+
+    store = ShardStore("/dev/shm/zensync-job42")
+    store.save(0, step=120, state={"model": model.state_dict(), "step": 120})
+    state = store.load(0)  # {"model": {...tensors...}, "step": 120}, copies out of shared memory
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import mmap
+import os
+import pathlib
+import shutil
+import zlib
+from typing import Any
+
+import torch
+
+__all__ = ["CorruptShard", "ShardInfo", "ShardStore", "flatten", "unflatten"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+_SEP = "/"
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+)}  # fmt: skip
+
+
+class CorruptShard(ValueError):
+    """A shard's bytes do not match its manifest (a checksum, a size or the manifest itself)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One complete shard on disk (its manifest read, its bytes not yet checked)."""
+
+    rank: int
+    step: int
+    path: pathlib.Path
+    nbytes: int
+
+
+def flatten(state: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, JSON values) of a nested dict, keyed by '/'-joined paths (tuples come back as lists).
+
+    Raises:
+        ValueError: For a key containing '/', a non-string key, or a leaf that is neither a tensor
+            nor a JSON value (no pickle: a shard must be readable anywhere).
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    values: dict[str, Any] = {}
+    if not isinstance(state, dict):
+        raise ValueError(f"checkpoint state must be a dict, got {type(state).__name__}")
+    for key, value in state.items():
+        if not isinstance(key, str) or _SEP in key or not key:
+            raise ValueError(f"checkpoint key {key!r} at {prefix or '<root>'!r} must be a non-empty string without '/'")
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            inner_tensors, inner_values = flatten(value, path + _SEP)
+            tensors.update(inner_tensors)
+            values.update(inner_values)
+        elif isinstance(value, torch.Tensor):
+            if value.dtype not in _DTYPES.values() or value.is_sparse:
+                raise ValueError(f"checkpoint tensor {path!r}: {value.dtype} {value.layout} is not stored")
+            tensors[path] = value
+        else:
+            try:
+                json.dumps(value, allow_nan=True)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"checkpoint value {path!r} is a {type(value).__name__}: only tensors and JSON values are stored"
+                ) from None
+            values[path] = value
+    return tensors, values
+
+
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flatten``'s inverse (tensors and values merged)."""
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split(_SEP)
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+class ShardStore:
+    """The versioned shards of every rank of one host, under ``root``.
+
+    Args:
+        root: Directory for the shards (created). Put it on a tmpfs (``/dev/shm``) for memory speed;
+            the files outlive the processes that wrote them until ``clear`` or a reboot.
+        keep: Complete versions kept per rank (>= 1); older ones are removed after each save.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep={keep} must be >= 1")
+        self.root, self.keep = pathlib.Path(root), keep
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, rank: int, step: int) -> pathlib.Path:
+        return self.root / f"rank{rank}" / f"v{step:010d}"
+
+    def save(self, rank: int, step: int, state: dict[str, Any]) -> ShardInfo:
+        """Write ``rank``'s ``state`` at ``step`` as a new complete version; returns it.
+
+        Tensors are copied once, straight into the shared-memory file; the manifest is renamed into
+        place last, so a crash mid-save leaves no complete shard for ``step``.
+
+        Raises:
+            ValueError: For a state ``flatten`` refuses, a negative step or rank, or a step at or below
+                the newest complete version's (versions only go forward).
+        """
+        if rank < 0 or step < 0:
+            raise ValueError(f"rank={rank} and step={step} must be >= 0")
+        tensors, values = flatten(state)
+        newest = self.versions(rank)
+        if newest and newest[-1].step >= step:
+            raise ValueError(f"rank {rank} has a complete version at step {newest[-1].step}; step={step} must be later")
+        target = self._dir(rank, step)
+        if target.exists():  # a cut-off write of this step
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        entries: list[dict[str, Any]] = []
+        offsets, offset = [], 0
+        for key, tensor in tensors.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            entries.append({"key": key, "dtype": str(tensor.dtype).removeprefix("torch."),
+                            "shape": list(tensor.shape), "offset": offset, "nbytes": nbytes})  # fmt: skip
+            offsets.append(offset)
+            offset += nbytes
+        with open(target / "data.bin", "w+b") as f:
+            if offset:
+                f.truncate(offset)
+                with mmap.mmap(f.fileno(), offset) as buf:
+                    for entry, at, tensor in zip(entries, offsets, tensors.values(), strict=True):
+                        entry["crc32"] = _write(buf, at, tensor)
+        manifest = {"format": FORMAT, "rank": rank, "step": step, "nbytes": offset, "entries": entries}
+        manifest["values"] = values
+        tmp = target / "manifest.json.tmp"
+        tmp.write_text(json.dumps(manifest))
+        os.replace(tmp, target / "manifest.json")
+        self._prune(rank)
+        return ShardInfo(rank, step, target, offset)
+
+    def versions(self, rank: int) -> list[ShardInfo]:
+        """``rank``'s complete shards (a manifest in place), oldest first; their bytes are not checked."""
+        base = self.root / f"rank{rank}"
+        if not base.is_dir():
+            return []
+        found = []
+        for child in sorted(base.iterdir()):
+            manifest = child / "manifest.json"
+            if child.name.startswith("v") and manifest.is_file():
+                try:
+                    data = json.loads(manifest.read_text())
+                    found.append(ShardInfo(rank, int(data["step"]), child, int(data["nbytes"])))
+                except (ValueError, KeyError, TypeError) as exc:
+                    logger.warning("zensync checkpoint: unreadable manifest %s skipped: %s", manifest, exc)
+        return sorted(found, key=lambda info: info.step)
+
+    def load(self, rank: int, step: int | None = None) -> dict[str, Any]:
+        """The newest complete shard of ``rank`` that verifies (or the one at ``step``), as a nested
+        dict of tensors (copied out of shared memory) and values.
+
+        Raises:
+            FileNotFoundError: If ``rank`` has no complete shard (at ``step``, when given) that verifies;
+                the message lists the corrupt ones skipped.
+        """
+        candidates = [v for v in self.versions(rank) if step is None or v.step == step]
+        skipped = []
+        for info in reversed(candidates):
+            try:
+                return self.read(info)
+            except CorruptShard as exc:
+                logger.error("zensync checkpoint: %s", exc)
+                skipped.append(str(exc))
+        wanted = f"at step {step}" if step is not None else "complete"
+        raise FileNotFoundError(f"no {wanted} checkpoint shard of rank {rank} under {self.root} verifies"
+                                + (f"; skipped: {skipped}" if skipped else ""))  # fmt: skip
+
+    def read(self, info: ShardInfo) -> dict[str, Any]:
+        """One shard, checked against its manifest (sizes and every tensor's CRC-32).
+
+        Raises:
+            CorruptShard: On any mismatch.
+        """
+        try:
+            manifest = json.loads((info.path / "manifest.json").read_text())
+            entries, nbytes = manifest["entries"], int(manifest["nbytes"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CorruptShard(f"{info.path}: manifest unreadable: {exc}") from None
+        data = info.path / "data.bin"
+        size = data.stat().st_size if data.exists() else -1
+        if size != nbytes:
+            raise CorruptShard(f"{info.path}: data.bin holds {size} bytes, the manifest {nbytes}")
+        flat: dict[str, Any] = dict(manifest.get("values", {}))
+        if nbytes:
+            with open(data, "rb") as f, mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_COPY) as buf:
+                for entry in entries:
+                    flat[entry["key"]] = _read(buf, entry, info.path)
+        else:
+            for entry in entries:
+                flat[entry["key"]] = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
+        return unflatten(flat)
+
+    def _prune(self, rank: int) -> None:
+        """Keep the newest ``keep`` complete versions of ``rank``; remove older ones and cut-off writes."""
+        kept = {info.path for info in self.versions(rank)[-self.keep :]}
+        for child in (self.root / f"rank{rank}").iterdir():
+            if child not in kept:  # older versions, and cut-off writes (one writer per rank: it is done)
+                shutil.rmtree(child, ignore_errors=True)
+
+    def clear(self) -> None:
+        """Remove every shard under the root."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+
+def _write(buf: mmap.mmap, offset: int, tensor: torch.Tensor) -> int:
+    """Copy ``tensor``'s bytes into ``buf`` at ``offset`` (one copy); returns their CRC-32."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if not nbytes:
+        return 0
+    with memoryview(buf)[offset : offset + nbytes] as view:  # released before the map closes, even on error
+        target = torch.frombuffer(view, dtype=torch.uint8)
+        try:
+            target.copy_(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
+        finally:
+            del target
+        return zlib.crc32(view)
+
+
+def _read(buf: mmap.mmap, entry: dict[str, Any], path: pathlib.Path) -> torch.Tensor:
+    """One entry's tensor, copied out of ``buf`` (a private, writable map) after its checksum.
+
+    Raises:
+        CorruptShard: If the entry lies outside the data, or its bytes or size do not match.
+    """
+    offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
+    dtype = _DTYPES.get(entry["dtype"])
+    if dtype is None or offset < 0 or offset + nbytes > len(buf):
+        where = f"{entry['dtype']}, bytes {offset}+{nbytes}"
+        raise CorruptShard(f"{path}: entry {entry['key']!r} ({where}) is out of place")
+    out = torch.empty(entry["shape"], dtype=dtype)
+    if out.numel() * out.element_size() != nbytes:
+        raise CorruptShard(f"{path}: {entry['key']!r} has {nbytes} bytes for shape {entry['shape']} {dtype}")
+    if not nbytes:
+        return out
+    with memoryview(buf)[offset : offset + nbytes] as view:
+        if zlib.crc32(view) != entry.get("crc32"):
+            raise CorruptShard(f"{path}: {entry['key']!r} does not match its checksum")
+        source = torch.frombuffer(view, dtype=torch.uint8)
+        try:
+            out.view(-1).view(torch.uint8).copy_(source)
+        finally:
+            del source
+    return out
