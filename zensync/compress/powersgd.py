@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -132,6 +132,16 @@ class PowerSGDCompressor(Compressor):
     def warm_starts(self) -> dict[str, torch.Tensor]:
         """The Q (m, r) kept for each name, in the compute dtype (the tensors themselves: read, do not modify)."""
         return {name: q for name, (_, q) in self._q_memory.items()}
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Every warm-start Q with the tensor shape it belongs to (for checkpoints)."""
+        return {name: {"shape": list(shape), "q": q.clone()} for name, (shape, q) in self._q_memory.items()}
+
+    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
+        """Replace every warm-start Q by ``state``'s (``state_dict``'s form)."""
+        self.clear()
+        for name, entry in state.items():
+            self.restore_warm_start(name, torch.Size(entry["shape"]), entry["q"].clone())
 
     def restore_warm_start(self, name: str, shape: torch.Size, q: torch.Tensor) -> None:
         """Keep ``q`` (m, r) as the warm start of ``name``'s tensors of ``shape`` (a checkpoint's), outside a step."""

@@ -21,13 +21,16 @@ import zlib
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from zensync.compress import CompressedSync
 from zensync.cost import CostModel
 from zensync.hooks.memory import ParamRecord
 
 __all__ = ["STATE_DICT_VERSION", "LoadedState", "fingerprint", "parse_state_dict"]
 
-STATE_DICT_VERSION = 2
-_KEYS = ("version", "step", "records", "scheme_correction", "cost_model")
+STATE_DICT_VERSION = 3
+_KEYS = ("version", "step", "records", "scheme_correction", "cost_model", "compression")
+_KEYS_V2 = _KEYS[:-1]
+"""Version 2 had no compression state (its error feedback restarted from zero): still loaded."""
 _MAX_STEP = 2**62
 """Steps beyond this cannot come from training (and would overflow the int64 agreement)."""
 
@@ -40,6 +43,9 @@ class LoadedState:
     records: dict[str, ParamRecord]
     scheme_correction: dict[str, float]
     cost_model: CostModel | None
+    compression: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Per (compressor spec, collective): its error-feedback memories and compressor state
+    (``CompressedSync.state_dict``), rank-local."""
 
 
 def parse_state_dict(state: Any, param_names: Collection[str]) -> LoadedState:
@@ -52,13 +58,14 @@ def parse_state_dict(state: Any, param_names: Collection[str]) -> LoadedState:
     if not isinstance(state, Mapping):
         raise ValueError(f"zensync hook state_dict must be a dict, got {type(state).__name__}")
     keys = set(state)
-    if keys != set(_KEYS):
+    expected = _KEYS_V2 if state.get("version") == 2 else _KEYS
+    if keys != set(expected):
         raise ValueError(
-            f"zensync hook state_dict keys {sorted(map(str, keys))} are not {sorted(_KEYS)} (saved by another "
+            f"zensync hook state_dict keys {sorted(map(str, keys))} are not {sorted(expected)} (saved by another "
             f"version or not a zensync hook state_dict)"
         )
-    if state["version"] != STATE_DICT_VERSION:
-        raise ValueError(f"zensync hook state_dict version {state['version']!r} is not {STATE_DICT_VERSION}")
+    if state["version"] not in (2, STATE_DICT_VERSION):
+        raise ValueError(f"zensync hook state_dict version {state['version']!r} is not {STATE_DICT_VERSION} (or 2)")
     step = _integer(state["step"], "step", _MAX_STEP)
     records_in = state["records"]
     if not isinstance(records_in, Mapping):
@@ -71,7 +78,26 @@ def parse_state_dict(state: Any, param_names: Collection[str]) -> LoadedState:
         )
     records = {name: _record(fields, f"records[{name!r}]") for name, fields in records_in.items()}
     correction = _positive_map(state["scheme_correction"], "scheme_correction")
-    return LoadedState(step, records, correction, _cost_model(state["cost_model"]))
+    compression = _compression(state.get("compression", {}))
+    return LoadedState(step, records, correction, _cost_model(state["cost_model"]), compression)
+
+
+def _compression(value: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """``state_dict['compression']``: per "<spec>|<collective>", a ``CompressedSync.state_dict()``."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"state_dict['compression'] must be a dict, got {type(value).__name__}")
+    out = {}
+    for key, part in value.items():
+        spec, _, collective = str(key).rpartition("|")
+        where = f"state_dict['compression'][{key!r}]"
+        if not spec or not isinstance(part, Mapping) or not set(part) <= {"worker", "server", "compressor"}:
+            raise ValueError(f"{where} must be keyed '<spec>|<collective>' and hold worker, server, compressor")
+        try:
+            CompressedSync(spec, collective).load_state_dict(dict(part))  # every field checked on a scratch copy
+        except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        out[(spec, collective)] = dict(part)
+    return out
 
 
 def fingerprint(step: int, schemes: Mapping[str, str], correction: Mapping[str, float], model: CostModel | None) -> int:

@@ -583,8 +583,9 @@ class ZenSyncState:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Step counter, per-parameter records and the cost model (no process group); a checkpoint
-        loaded and waiting for the next comparison (``load_pending``) as it was loaded."""
+        """Step counter, per-parameter records, the cost model and each compressor's state (its
+        error-feedback residuals, PowerSGD's Qs: this rank's); no process group. A checkpoint loaded
+        and waiting for the next comparison (``load_pending``) as it was loaded."""
         if self._staged is not None:
             return copy.deepcopy(self._staged[1])
         model = self.runtime.cost_model
@@ -594,6 +595,7 @@ class ZenSyncState:
             "records": {name: r.as_dict() for name, r in self.memory.records.items()},
             "scheme_correction": dict(self.memory.scheme_correction),
             "cost_model": None if model is None else dataclasses.asdict(model),
+            "compression": {f"{key[0]}|{key[1]}": sync.state_dict() for key, sync in self.memory.compressed.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -624,6 +626,9 @@ class ZenSyncState:
         with self.lock:
             self.log.restart(loaded.step)
             self.memory.restore(loaded.records, loaded.scheme_correction)
+            self.memory.compressed.clear()
+            for (spec, collective), part in loaded.compression.items():
+                self.memory.compressed_sync(spec, collective).load_state_dict(part)
             self.runtime.cost_model = loaded.cost_model
             self._load_mark = fingerprint(
                 loaded.step,

@@ -1,5 +1,11 @@
-"""Resilience: checkpoints kept in memory (issue 18). ``store``: a host's versioned shards in shared memory."""
+"""Resilience: checkpoints kept in memory (issue 18).
 
+- ``store``: a host's versioned checkpoint shards in shared memory (``ShardStore``).
+- ``memory``: one rank's model, optimizer and engine state saved there every step and restored
+  after a restart (``MemoryCheckpoint``).
+"""
+
+from zensync.resilience.memory import MemoryCheckpoint
 from zensync.resilience.store import CorruptShard, ShardInfo, ShardStore
 
-__all__ = ["CorruptShard", "ShardInfo", "ShardStore"]
+__all__ = ["CorruptShard", "MemoryCheckpoint", "ShardInfo", "ShardStore"]

@@ -73,14 +73,14 @@ def flatten(state: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint state must be a dict, got {type(state).__name__}")
     for key, value in state.items():
-        if not isinstance(key, str) or _SEP in key or not key:
-            raise ValueError(f"checkpoint key {key!r} at {prefix or '<root>'!r} must be a non-empty string without '/'")
-        path = f"{prefix}{key}"
+        path = f"{prefix}{_encode_key(key, prefix)}"
         if isinstance(value, dict) and value:
             inner_tensors, inner_values = flatten(value, path + _SEP)
             tensors.update(inner_tensors)
             values.update(inner_values)
         elif isinstance(value, torch.Tensor):
+            if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
+                raise ValueError(f"checkpoint tensor {path!r} is a {type(value).__name__}: store plain tensors")
             if value.dtype not in _DTYPES.values() or value.is_sparse:
                 raise ValueError(f"checkpoint tensor {path!r}: {value.dtype} {value.layout} is not stored")
             tensors[path] = value
@@ -95,11 +95,27 @@ def flatten(state: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict
     return tensors, values
 
 
-def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    """``flatten``'s inverse (tensors and values merged)."""
-    out: dict[str, Any] = {}
+def _encode_key(key: Any, prefix: str) -> str:
+    """A dict key as a path part: a string as is, an int (an optimizer's parameter index) as '#<int>'."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"#{key}"
+    if not isinstance(key, str) or not key or _SEP in key or key.startswith("#"):
+        raise ValueError(
+            f"checkpoint key {key!r} at {prefix or '<root>'!r}: keys are ints or non-empty strings without '/' "
+            f"that do not start with '#'"
+        )
+    return key
+
+
+def _decode_key(part: str) -> str | int:
+    return int(part[1:]) if part.startswith("#") else part
+
+
+def unflatten(flat: dict[str, Any]) -> dict[str | int, Any]:
+    """``flatten``'s inverse (tensors and values merged; '#<int>' parts back to int keys)."""
+    out: dict[str | int, Any] = {}
     for path, value in flat.items():
-        *parents, leaf = path.split(_SEP)
+        *parents, leaf = (_decode_key(part) for part in path.split(_SEP))
         node = out
         for part in parents:
             node = node.setdefault(part, {})
@@ -183,7 +199,7 @@ class ShardStore:
                     logger.warning("zensync checkpoint: unreadable manifest %s skipped: %s", manifest, exc)
         return sorted(found, key=lambda info: info.step)
 
-    def load(self, rank: int, step: int | None = None) -> dict[str, Any]:
+    def load(self, rank: int, step: int | None = None) -> dict[str | int, Any]:
         """The newest complete shard of ``rank`` that verifies (or the one at ``step``), as a nested
         dict of tensors (copied out of shared memory) and values.
 
@@ -203,7 +219,7 @@ class ShardStore:
         raise FileNotFoundError(f"no {wanted} checkpoint shard of rank {rank} under {self.root} verifies"
                                 + (f"; skipped: {skipped}" if skipped else ""))  # fmt: skip
 
-    def read(self, info: ShardInfo) -> dict[str, Any]:
+    def read(self, info: ShardInfo) -> dict[str | int, Any]:
         """One shard, checked against its manifest (sizes and every tensor's CRC-32).
 
         Raises:

@@ -70,7 +70,20 @@ BAD = {
     "inf correction": lambda d: d["scheme_correction"].update(zen=math.inf),
     "string bytes": lambda d: d["records"]["0.weight"].update(bytes_sent="9"),
     "version": lambda d: d.update(version=1),
+    "compression not a dict": lambda d: d.update(compression=[1]),
+    "compression key": lambda d: d.update(compression={"topk:0.1": {}}),
+    "compression unknown spec": lambda d: d.update(compression={"nope:3|auto": {}}),
+    "compression residual not a tensor": lambda d: d.update(compression={"topk:0.1|auto": {"worker": {"w": 3}}}),
+    "version 2 with compression": lambda d: d.update(version=2),
 }
+
+
+def test_a_version_2_state_dict_loads_without_compression() -> None:
+    """Version 2 (before compression state was saved): its error feedback restarts from zero."""
+    old = _saved()
+    old.pop("compression")
+    old["version"] = 2
+    assert parse_state_dict(old, {"0.weight", "1.weight", "1.bias"}).compression == {}
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -73,6 +74,23 @@ class CompressedSync:
             )
         self.worker_memory = ErrorFeedback()
         self.server_memory = ErrorFeedback()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state a later step depends on: both error-feedback memories and the compressor's own
+        (PowerSGD's warm-start Qs), for checkpoints (tensors and JSON values)."""
+        compressor = self.compressor.state_dict() if hasattr(self.compressor, "state_dict") else {}
+        return {
+            "worker": self.worker_memory.state_dict(),
+            "server": self.server_memory.state_dict(),
+            "compressor": compressor,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``'s state (outside a step)."""
+        self.worker_memory.load_state_dict(dict(state.get("worker", {})))
+        self.server_memory.load_state_dict(dict(state.get("server", {})))
+        if hasattr(self.compressor, "load_state_dict"):
+            self.compressor.load_state_dict(dict(state.get("compressor", {})))
 
     @property
     def memory_bytes(self) -> int:
