@@ -131,6 +131,10 @@ def test_states_that_cannot_be_stored_are_refused(tmp_path) -> None:
         store.save(0, 1, {"a/b": torch.zeros(1)})
     with pytest.raises(ValueError, match="not stored"):
         store.save(0, 1, {"s": torch.eye(2).to_sparse()})
+    with pytest.raises(ValueError, match="start with '#'"):
+        store.save(0, 1, {"#3": torch.zeros(1)})
+    with pytest.raises(ValueError, match="keys are ints"):
+        store.save(0, 1, {True: torch.zeros(1)})
     with pytest.raises(ValueError, match="keep=0"):
         ShardStore(tmp_path, keep=0)
     assert store.versions(0) == []  # nothing was written
@@ -143,3 +147,21 @@ def test_no_pickle_crosses_hosts_the_manifest_is_plain_json(tmp_path) -> None:
                                                      "nbytes": 24, "crc32": 0}  # fmt: skip
     assert manifest["values"] == {"lr": 0.1} and (info.path / "data.bin").stat().st_size == 24
     assert unflatten({**flatten({"a": {"b": 1}})[1]}) == {"a": {"b": 1}}
+
+
+def test_an_optimizers_int_keys_come_back_as_ints(tmp_path) -> None:
+    """torch optimizers key their state by parameter index."""
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    for p in opt.param_groups[0]["params"]:
+        p.grad = torch.full_like(p, 0.5)
+    opt.step()
+    store = ShardStore(tmp_path)
+    store.save(0, 1, {"optimizer": opt.state_dict()})
+    loaded = store.load(0)["optimizer"]
+    assert set(loaded["state"]) == {0, 1}
+    for index, fields in opt.state_dict()["state"].items():
+        for key, value in fields.items():
+            assert torch.equal(loaded["state"][index][key], value)
+    again = torch.optim.Adam([torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    again.load_state_dict(loaded)  # the JSON param_groups (betas as a list) load as torch's own
+    assert again.param_groups[0]["lr"] == 0.1 and list(again.param_groups[0]["betas"]) == [0.9, 0.999]
