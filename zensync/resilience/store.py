@@ -244,6 +244,53 @@ class ShardStore:
                 flat[entry["key"]] = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
         return unflatten(flat)
 
+    def raw(self, info: ShardInfo) -> tuple[bytes, bytes]:
+        """(manifest text, data bytes) of a complete shard, as they are on disk (for a peer's copy)."""
+        return (info.path / "manifest.json").read_bytes(), (info.path / "data.bin").read_bytes()
+
+    def put_raw(self, manifest: bytes, data: bytes | memoryview) -> ShardInfo:
+        """Store a shard ``raw`` gave (another host's), as complete only once it verifies.
+
+        Raises:
+            CorruptShard: If the manifest is unreadable or the bytes do not match it (nothing is kept).
+        """
+        try:
+            header = json.loads(manifest)
+            rank, step = int(header["rank"]), int(header["step"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptShard(f"a shard received with an unreadable manifest: {exc}") from None
+        target = self._dir(rank, step)
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        (target / "data.bin").write_bytes(data)
+        (target / "manifest.json.tmp").write_bytes(manifest)
+        os.replace(target / "manifest.json.tmp", target / "manifest.json")
+        info = ShardInfo(rank, step, target, len(data))
+        try:
+            self.read(info)
+        except CorruptShard:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        self._prune(rank)
+        return info
+
+    def newest_verified(self, rank: int) -> ShardInfo | None:
+        """``rank``'s newest complete shard whose bytes verify (None: none)."""
+        for info in reversed(self.versions(rank)):
+            try:
+                self.read(info)
+            except CorruptShard as exc:
+                logger.error("zensync checkpoint: %s", exc)
+                continue
+            return info
+        return None
+
+    def ranks(self) -> list[int]:
+        """The ranks this store holds shards of (its own and peers' replicas)."""
+        found = [int(p.name[4:]) for p in self.root.glob("rank*") if p.name[4:].isdigit()]
+        return sorted(found)
+
     def _prune(self, rank: int) -> None:
         """Keep the newest ``keep`` complete versions of ``rank``; remove older ones and cut-off writes."""
         kept = {info.path for info in self.versions(rank)[-self.keep :]}

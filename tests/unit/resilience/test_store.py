@@ -165,3 +165,18 @@ def test_an_optimizers_int_keys_come_back_as_ints(tmp_path) -> None:
     again = torch.optim.Adam([torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))], lr=0.1)
     again.load_state_dict(loaded)  # the JSON param_groups (betas as a list) load as torch's own
     assert again.param_groups[0]["lr"] == 0.1 and list(again.param_groups[0]["betas"]) == [0.9, 0.999]
+
+
+def test_a_peers_copy_is_kept_only_once_it_verifies(tmp_path) -> None:
+    here, there = ShardStore(tmp_path / "a"), ShardStore(tmp_path / "b")
+    info = here.save(2, 5, {"w": torch.arange(10.0)})
+    manifest, data = here.raw(info)
+    flipped = bytearray(data)
+    flipped[3] ^= 0x10
+    with pytest.raises(CorruptShard, match="checksum"):
+        there.put_raw(manifest, bytes(flipped))
+    assert there.versions(2) == [] and there.newest_verified(2) is None
+    with pytest.raises(CorruptShard, match="unreadable"):
+        there.put_raw(b"{", data)
+    kept = there.put_raw(manifest, data)
+    assert kept.step == 5 and there.ranks() == [2] and torch.equal(there.load(2)["w"], torch.arange(10.0))
