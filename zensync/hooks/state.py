@@ -23,7 +23,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -47,7 +47,7 @@ from zensync.sync.agreement import compare_with_rank0_async
 from zensync.sync.registration import agree, checked_parameters
 from zensync.transport import Handle, MPITransport, Task, Transport, TuningTable, resolve
 
-__all__ = ["STRATEGIES", "HookConfig", "ZenSyncState"]
+__all__ = ["STRATEGIES", "HookConfig", "SyncListener", "ZenSyncState"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,14 @@ class AutoVerdict:
             f"{self.spec} measured {self.compressed_step_s * 1e3:.1f} ms/step against dense "
             f"{self.dense_step_s * 1e3:.1f} ms/step{source}: {outcome}"
         )
+
+
+class SyncListener(Protocol):
+    """What ``ZenSyncState.add_sync_listener`` takes: told as a step's gradient collectives begin and end."""
+
+    def sync_begins(self) -> None: ...
+
+    def sync_ends(self) -> None: ...
 
 
 class ZenSyncState:
@@ -136,6 +144,7 @@ class ZenSyncState:
         # Strategy "auto" with profile="warmup": the warm-up's marks, and the forward-end hook.
         "warmup",
         "forward_end_hook",
+        "_sync_listeners",
         "_profiled_step",
     )
 
@@ -222,6 +231,8 @@ class ZenSyncState:
             shapes = {name: tuple(p.shape) for p, name in self.param_names.items()}
             dtype_bytes = next(iter(self.param_names)).element_size()
             self.warmup = WarmupProfiler(config.warmup_steps, shapes, dtype_bytes, config.auto_compressors)
+        self._sync_listeners: list[SyncListener] = []
+        """Told when each step's collectives begin and end (``add_sync_listener``)."""
         self.forward_end_hook: Any = None
         """The DDP module's forward hook that marks the forward's end for ``warmup``."""
         self._profiled_step: int | None = None
@@ -444,6 +455,8 @@ class ZenSyncState:
         its exception on every rank (``Transport.hold``).
         """
         self.step_open = True
+        for listener in self._sync_listeners:
+            listener.sync_begins()
         self._note_step_times(self._clock())
         if self._check is None and self.check_due:
             self._issue_check(make_check)
@@ -551,7 +564,15 @@ class ZenSyncState:
             failure, self.step_error = self.step_error, None
             self.log.finish(failure)
         self.step_open = False
+        for listener in self._sync_listeners:
+            listener.sync_ends()
         return failure
+
+    def add_sync_listener(self, listener: SyncListener) -> None:
+        """Tell ``listener`` when each step's gradient collectives begin (the first bucket, on the
+        backward's thread) and end (the last bucket's wait): the network's idle windows lie between,
+        during the optimizer step and the next forward (``zensync.resilience`` sends there)."""
+        self._sync_listeners.append(listener)
 
     async def check_agreement(self) -> None:
         """Compare the ranks' engine state in one small all-gather (the first job of a step that compares).

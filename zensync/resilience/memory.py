@@ -22,7 +22,7 @@ from typing import Any
 
 from zensync.resilience.store import ShardInfo, ShardStore
 
-__all__ = ["MemoryCheckpoint"]
+__all__ = ["MemoryCheckpoint", "load_parts", "state_of"]
 
 _STEP = "step"
 
@@ -47,7 +47,7 @@ class MemoryCheckpoint:
         """
         if _STEP in parts:
             raise ValueError(f"a part may not be named {_STEP!r}: the checkpoint keeps the step under it")
-        state: dict[str, Any] = {name: _state_of(part) for name, part in parts.items()}
+        state: dict[str, Any] = {name: state_of(part) for name, part in parts.items()}
         state[_STEP] = step
         return self.store.save(self.rank, step, state)
 
@@ -63,24 +63,30 @@ class MemoryCheckpoint:
         if not self.store.versions(self.rank):
             return None
         state = self.store.load(self.rank)
-        missing = sorted(set(parts) - set(state))
-        if missing:
-            saved = sorted(map(str, state))
-            raise KeyError(f"parts {missing} are not in rank {self.rank}'s checkpoint (it has {saved})")
-        for name, part in parts.items():
-            _load_into(name, part, state[name])
+        load_parts(state, parts)
         return int(state[_STEP])
 
 
-def _state_of(part: Any) -> Any:
+def state_of(part: Any) -> Any:
+    """A part's state: its ``state_dict()``, or the part itself (a dict)."""
     return part.state_dict() if hasattr(part, "state_dict") else part
 
 
-def _load_into(name: str, part: Any, state: Any) -> None:
-    if hasattr(part, "load_state_dict"):
-        part.load_state_dict(state)
-    elif isinstance(part, dict):
-        part.clear()
-        part.update(state)
-    else:
-        raise ValueError(f"part {name!r} is a {type(part).__name__}: give it load_state_dict or pass a dict")
+def load_parts(state: dict[str | int, Any], parts: dict[str, Any]) -> None:
+    """Load each part's state from a saved ``state`` (``load_state_dict``, or a dict updated in place).
+
+    Raises:
+        KeyError: If a part was not in the checkpoint (named otherwise when it was saved).
+        ValueError: If a part cannot take its state (not a dict and no ``load_state_dict``).
+    """
+    missing = sorted(set(parts) - set(state))
+    if missing:
+        raise KeyError(f"parts {missing} are not in the checkpoint (it has {sorted(map(str, state))})")
+    for name, part in parts.items():
+        if hasattr(part, "load_state_dict"):
+            part.load_state_dict(state[name])
+        elif isinstance(part, dict):
+            part.clear()
+            part.update(state[name])
+        else:
+            raise ValueError(f"part {name!r} is a {type(part).__name__}: give it load_state_dict or pass a dict")

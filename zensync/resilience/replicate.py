@@ -1,63 +1,80 @@
-"""Each rank's newest shard copied to peers' stores, and a replaced host's shards fetched back.
+"""Each rank's checkpoint shards copied to peers' stores in the network's idle windows (Gemini, Sec. 5).
 
-Hosts keep their own ranks' shards (``ShardStore``); ``replicate`` sends every rank's newest
-complete shard to ``m`` peers in a ring (rank r's to r + 1, ..., r + m), over the engine's transport,
-in one all-to-all. A peer keeps a replica only once its bytes verify against its manifest.
-``fetch`` brings back the shards of ranks whose host was replaced (its store gone): every rank reports
-the newest verified shard it holds of every rank, every rank computes the same plan (for each rank
-that needs its shard, the holder of the newest one, lowest rank first), and the holders send them in
-one all-to-all. A rank no peer can serve raises the same FileNotFoundError on every rank (fall back to
-a checkpoint on disk).
+``Replicator`` is a background thread of each rank, with a transport of its own (its own process
+group, with the user's timeout: its collectives never interleave with the gradients'). Each time a
+rank saves a new version it starts a *round*, a collective of every rank's replicator:
 
-Shards cross hosts as bytes: an 8-byte header length, the manifest's JSON, then the data (no pickle),
-on a CPU transport (gloo's).
+1. The ranks exchange their newest complete local step; the round replicates the newest step every
+   rank has (ranks save in lockstep, so it is the step just saved, or the one before on a rank
+   that is one save ahead). No new common step: nothing moves.
+2. Each rank reads its shard of that step (pinned: a save on the main thread cannot reuse it) as
+   bytes: an 8-byte header length, the manifest's JSON, the data (no pickle crosses hosts).
+3. The shards move in chunks of ``chunk_bytes``, one all-to-all per chunk, each rank sending to its
+   ``m`` placement peers (``placement.replica_peers``). Before each chunk the thread waits until the
+   gate (``gate.IdleGate``) is idle, so checkpoint traffic flows between a step's last bucket and
+   the next step's first one; a chunk in flight when a sync begins delays it by at most one chunk's
+   wire time, which the gate measures.
+4. A peer keeps a replica only once its bytes verify against its manifest's checksums; then the
+   ranks agree whether every replica verified, and only then the step is *complete*: each rank
+   marks it in its store, so that pruning keeps it until a newer step is complete. A failure
+   mid-round (a crash, a corrupt copy) leaves the previous complete step.
+
+``close`` ends the thread through one last round that every rank's replicator joins.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import logging
+import math
+import threading
+import time
 from typing import Any
 
 import torch
 
+from zensync.resilience.gate import IdleGate
+from zensync.resilience.placement import replica_peers, replica_sources
 from zensync.resilience.store import CorruptShard, ShardStore
 from zensync.transport import Transport
 
-__all__ = ["fetch", "replicate", "ring_peers"]
+__all__ = ["Replicator", "RoundRecord", "StepTraffic", "exchange", "pack", "unpack"]
+
+logger = logging.getLogger(__name__)
 
 _LENGTH = 8
+_EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
-def ring_peers(rank: int, world_size: int, m: int) -> list[int]:
-    """The ranks that hold replicas of ``rank``'s shard: the next ``m`` in a ring.
+def pack(store: ShardStore, rank: int, step: int) -> torch.Tensor:
+    """``rank``'s shard at ``step`` as one byte tensor: header length, manifest, data.
 
     Raises:
-        ValueError: If ``m`` is not in [1, world_size - 1].
+        FileNotFoundError: If the store has no complete shard of ``rank`` at ``step``.
     """
-    if not 1 <= m < world_size:
-        raise ValueError(f"m={m} replicas need 1 <= m < world_size={world_size}")
-    return [(rank + k) % world_size for k in range(1, m + 1)]
-
-
-def _pack(store: ShardStore, rank: int, step: int | None = None) -> torch.Tensor:
-    infos = [i for i in store.versions(rank) if step is None or i.step == step]
+    infos = [i for i in store.versions(rank) if i.step == step]
     if not infos:
-        raise FileNotFoundError(f"no complete shard of rank {rank} to send")
+        raise FileNotFoundError(f"no complete shard of rank {rank} at step {step} to send")
     manifest, data = store.raw(infos[-1])
-    head = len(manifest).to_bytes(_LENGTH, "little")
-    return torch.frombuffer(bytearray(head + manifest + data), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(len(manifest).to_bytes(_LENGTH, "little") + manifest + data), dtype=torch.uint8)
 
 
-def _unpack(store: ShardStore, blob: torch.Tensor) -> int:
-    raw = blob.numpy().tobytes()
+def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
+    """Keep a shard ``pack`` made (once it verifies); returns its step.
+
+    Raises:
+        CorruptShard: If it does not verify (nothing is kept).
+    """
+    raw = memoryview(blob.numpy() if isinstance(blob, torch.Tensor) else blob).cast("B")
+    if len(raw) < _LENGTH:
+        raise CorruptShard(f"a shard received with {len(raw)} bytes has no header")
     length = int.from_bytes(raw[:_LENGTH], "little")
-    return store.put_raw(raw[_LENGTH : _LENGTH + length], raw[_LENGTH + length :]).step
+    return store.put_raw(bytes(raw[_LENGTH : _LENGTH + length]), raw[_LENGTH + length :]).step
 
 
-def _exchange(transport: Transport, blobs: dict[int, torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+def exchange(transport: Transport, blobs: dict[int, torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
     """Send ``blobs[j]`` to rank j (one all-to-all); returns the non-empty blobs received, by source."""
-    n = transport.world_size
-    parts = [blobs.get(j, torch.empty(0, dtype=torch.uint8)) for j in range(n)]
+    parts = [blobs.get(j, _EMPTY) for j in range(transport.world_size)]
     received, counts = transport.all_to_all_v(torch.cat(parts), [p.numel() for p in parts])
     out, offset = [], 0
     for source, count in enumerate(counts):
@@ -67,63 +84,186 @@ def _exchange(transport: Transport, blobs: dict[int, torch.Tensor]) -> list[tupl
     return out
 
 
-def replicate(store: ShardStore, transport: Transport, m: int = 1) -> dict[str, Any]:
-    """Send this rank's newest complete shard to its ``m`` ring peers and keep the ones sent here.
+@dataclasses.dataclass(slots=True)
+class RoundRecord:
+    """One replication round, as this rank saw it."""
 
-    A collective over ``transport``'s ranks. Returns what moved: {"sent_bytes", "received": {source
-    rank: step}, "rejected": [source ranks whose copy did not verify]}.
+    step: int
+    """The step replicated."""
+    sent_bytes: int = 0
+    """Bytes this rank sent (its shard times its peers)."""
+    received_bytes: int = 0
+    chunks: int = 0
+    windows: set[int] = dataclasses.field(default_factory=set)
+    """The idle windows its chunks were sent in (``IdleGate.windows`` indices)."""
+    max_delay_s: float = 0.0
+    """The longest a chunk in flight held a gradient sync that began meanwhile."""
+    duration_s: float = 0.0
+    complete: bool = False
+    """Every rank's replicas verified: the step is the newest complete checkpoint."""
+    rejected: list[int] = dataclasses.field(default_factory=list)
+    """Sources whose copy did not verify here."""
+
+
+@dataclasses.dataclass(slots=True)
+class StepTraffic:
+    """Replication between two ``take_step`` calls (one training step)."""
+
+    sent_bytes: int = 0
+    chunks: int = 0
+    windows: set[int] = dataclasses.field(default_factory=set)
+    max_delay_s: float = 0.0
+    completed: list[int] = dataclasses.field(default_factory=list)
+    """Steps that became complete meanwhile."""
+    complete_step: int | None = None
+    """The newest complete step when taken."""
+
+    def add(self, sent_bytes: int, window: int, delay_s: float) -> None:
+        self.sent_bytes += sent_bytes
+        self.chunks += 1
+        self.windows.add(window)
+        self.max_delay_s = max(self.max_delay_s, delay_s)
+
+
+class Replicator:
+    """The background replication of one rank's newest shards to its placement peers.
+
+    Args:
+        store: The host's store (this rank's versions and the replicas it holds).
+        transport: A transport for this thread alone (``TorchTransport.duplicate()``: own group, the
+            user's timeout); every rank of it runs a replicator.
+        m: Replicas of each shard (on m other hosts).
+        placement: "group" (Gemini's) or "ring" (``placement``).
+        ranks_per_host: Consecutive ranks that share a host (their replicas go to other hosts).
+        chunk_bytes: Bytes per chunk (the most a sync that begins mid-chunk waits for, on the wire).
+        gate: The network's idle windows (``IdleGate``, fed by zensync's hook).
     """
-    rank, n = transport.rank, transport.world_size
-    blob = _pack(store, rank)
-    sent = _exchange(transport, {peer: blob for peer in ring_peers(rank, n, m)})
-    received, rejected = {}, []
-    for source, data in sent:
+
+    def __init__(self, store: ShardStore, transport: Transport, *, m: int, placement: str, ranks_per_host: int,
+                 chunk_bytes: int, gate: IdleGate) -> None:  # fmt: skip
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes={chunk_bytes} must be >= 1")
+        self.store, self.transport, self.gate, self.chunk_bytes = store, transport, gate, chunk_bytes
+        rank, n = transport.rank, transport.world_size
+        self.peers = replica_peers(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
+        self.sources = replica_sources(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
+        self.complete_step: int | None = store.complete_step(rank)
+        """The newest step whose every shard has all its replicas (None: none yet)."""
+        self.rounds: list[RoundRecord] = []
+        self.error: BaseException | None = None
+        """What ended the thread early (a peer lost, a timeout): replication stopped; training goes on."""
+        self._cond = threading.Condition()
+        self._wanted = -1  # the newest step saved here
+        self._stopping = False
+        self._step = StepTraffic()
+        self._tried = -1  # the step of the last round finished, complete or not
+        self._thread = threading.Thread(target=self._main, name="zensync-replicator", daemon=True)
+        self._thread.start()
+
+    def notify(self, step: int) -> None:
+        """A new local version of ``step`` is saved: replicate it (the thread starts a round)."""
+        with self._cond:
+            self._wanted = max(self._wanted, step)
+            self._cond.notify_all()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop after one last round that every rank joins (every rank must call it); waits for it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
+    def wait_complete(self, step: int, timeout_s: float | None = None) -> bool:
+        """Block until ``step`` (or a later one) is complete; False when its round ended incomplete,
+        the thread ended first or ``timeout_s`` passed."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._done(step) or self._tried >= step or not self._thread.is_alive(), timeout_s
+            )
+            return self._done(step)
+
+    def _done(self, step: int) -> bool:
+        return self.complete_step is not None and self.complete_step >= step
+
+    def _main(self) -> None:
+        attempted = -1
         try:
-            received[source] = _unpack(store, data)
-        except CorruptShard:
-            rejected.append(source)
-    return {"sent_bytes": blob.numel() * m, "received": received, "rejected": rejected}
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping or self._wanted > attempted)
+                    stopping = self._stopping
+                newest = self.store.versions(self.transport.rank)
+                mine = newest[-1].step if newest else -1
+                common, anyone_stops = self._agree(mine, stopping)
+                if anyone_stops:
+                    return
+                attempted = max(attempted, mine)
+                if common >= 0 and (self.complete_step is None or common > self.complete_step):
+                    self._round(common)
+        except BaseException as exc:  # noqa: BLE001 - the thread ends; the owner reports it
+            self.error = exc
+            logger.error("zensync checkpoint: replication stopped on rank %d: %r", self.transport.rank, exc)
+        finally:
+            with self._cond:
+                self._cond.notify_all()
 
+    def _agree(self, mine: int, stopping: bool) -> tuple[int, bool]:
+        """(the newest step every rank has, -1 when one has none; whether any rank is stopping)."""
+        said = self.transport.all_gather(torch.tensor([mine, int(stopping)], dtype=torch.int64))
+        table = torch.stack(said)
+        return int(table[:, 0].min()), bool(table[:, 1].any())
 
-def fetch(store: ShardStore, transport: Transport, *, missing: bool) -> int | None:
-    """Bring back the newest shard of every rank that reports ``missing`` (its host replaced) from the
-    peers that hold it; returns the step this rank got (None when it did not need one).
+    def _round(self, step: int) -> None:
+        """Steps 2-4 of the module docstring for ``step``."""
+        rank = self.transport.rank
+        record = RoundRecord(step)
+        started_s = time.perf_counter()
+        with self.store.pinned(rank, step):
+            blob = pack(self.store, rank, step)
+        sizes = [int(t) for t in torch.cat(self.transport.all_gather(torch.tensor([blob.numel()])))]
+        chunks = max(math.ceil(size / self.chunk_bytes) for size in sizes)
+        incoming = {source: bytearray(sizes[source]) for source in self.sources}
+        for k in range(chunks):
+            window, sent_s = self.gate.wait_idle()  # type: ignore[misc]  # no timeout: never None
+            piece = blob[k * self.chunk_bytes : (k + 1) * self.chunk_bytes]
+            for source, data in exchange(self.transport, {peer: piece for peer in self.peers}):
+                at = k * self.chunk_bytes
+                incoming[source][at : at + data.numel()] = data.numpy().tobytes()
+                record.received_bytes += data.numel()
+            delay_s = self.gate.chunk_done(sent_s)
+            record.sent_bytes += piece.numel() * len(self.peers)
+            record.max_delay_s = max(record.max_delay_s, delay_s)
+            record.windows.add(window)
+            record.chunks += 1
+            with self._cond:
+                self._step.add(piece.numel() * len(self.peers), window, delay_s)
+        for source, data in incoming.items():
+            try:
+                unpack(self.store, data)
+            except CorruptShard as exc:
+                logger.error("zensync checkpoint: rank %d's replica of step %d rejected: %s", source, step, exc)
+                record.rejected.append(source)
+        verified = self.transport.all_gather(torch.tensor([int(not record.rejected)]))
+        record.complete = all(bool(t[0]) for t in verified)
+        if record.complete:
+            self.store.mark_complete(rank, step)
+            for source in self.sources:
+                self.store.mark_complete(source, step)
+            self.complete_step = step
+        record.duration_s = time.perf_counter() - started_s
+        with self._cond:
+            self.rounds.append(record)
+            self._tried = step
+            if record.complete:
+                self._step.completed.append(step)
+            self._cond.notify_all()
 
-    A collective over ``transport``'s ranks.
+    def take_step(self) -> StepTraffic:
+        """What moved since the last call (the caller's per-step record), and the newest complete step."""
+        with self._cond:
+            done, self._step = self._step, StepTraffic()
+        done.complete_step = self.complete_step
+        return done
 
-    Raises:
-        FileNotFoundError: On every rank, when a rank that needs its shard has no peer holding a
-            verified one.
-    """
-    rank = transport.rank
-    held = {}
-    for source in store.ranks():
-        info = store.newest_verified(source)
-        if info is not None:
-            held[source] = info.step
-    report = json.dumps({"missing": missing, "held": held}).encode()
-    reports = [
-        json.loads(bytes(t.tolist())) for t in transport.all_gather_v(torch.tensor(list(report), dtype=torch.uint8))
-    ]
-    plan: dict[int, tuple[int, int]] = {}  # needy rank -> (holder, step)
-    unserved = []
-    for needy, mine in enumerate(reports):
-        if not mine["missing"]:
-            continue
-        offers = [(int(r["held"][str(needy)]), -holder) for holder, r in enumerate(reports)
-                  if holder != needy and str(needy) in r["held"]]  # fmt: skip
-        if not offers:
-            unserved.append(needy)
-            continue
-        step, holder = max(offers)
-        plan[needy] = (-holder, step)
-    if unserved:
-        raise FileNotFoundError(
-            f"ranks {unserved} need their checkpoint shards and no peer holds a verified one: load the last "
-            f"checkpoint from disk"
-        )
-    blobs = {needy: _pack(store, needy, step) for needy, (holder, step) in plan.items() if holder == rank}
-    got = None
-    for _, data in _exchange(transport, blobs):
-        got = _unpack(store, data)
-    return got
+    def describe(self) -> dict[str, Any]:
+        return {"peers": self.peers, "sources": self.sources, "chunk_bytes": self.chunk_bytes}

@@ -8,11 +8,14 @@ Layout under the store's root (``/dev/shm/...`` by default: memory that outlives
 
     rank<r>/v<step:010d>/data.bin        the tensors' bytes
     rank<r>/v<step:010d>/manifest.json   written last, by an atomic rename: the shard is complete
+    rank<r>/complete                     the newest step replicated on every peer (``mark_complete``)
 
 A shard whose manifest is missing was cut off mid-write (the worker died) and is never loaded; a
 shard whose bytes do not match its checksums is reported and skipped. ``load`` takes the newest
 complete shard that verifies, so a failure during a save leaves the previous version. ``save``
-keeps the newest ``keep`` complete versions and removes older ones and cut-off writes.
+keeps the newest ``keep`` complete versions, the version marked complete on every peer
+(``mark_complete``) and versions a reader holds (``pinned``), and removes the others and cut-off
+writes; it reuses a removed version's file when its size fits (no fresh tmpfs pages to fault in).
 
 Example::
 
@@ -30,7 +33,10 @@ import mmap
 import os
 import pathlib
 import shutil
+import threading
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -137,6 +143,9 @@ class ShardStore:
             raise ValueError(f"keep={keep} must be >= 1")
         self.root, self.keep = pathlib.Path(root), keep
         self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._pins: dict[tuple[int, int], int] = {}
+        """(rank, step) -> readers holding that version (``pinned``): never pruned or reused meanwhile."""
 
     def _dir(self, rank: int, step: int) -> pathlib.Path:
         return self.root / f"rank{rank}" / f"v{step:010d}"
@@ -157,10 +166,6 @@ class ShardStore:
         newest = self.versions(rank)
         if newest and newest[-1].step >= step:
             raise ValueError(f"rank {rank} has a complete version at step {newest[-1].step}; step={step} must be later")
-        target = self._dir(rank, step)
-        if target.exists():  # a cut-off write of this step
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
         entries: list[dict[str, Any]] = []
         offsets, offset = [], 0
         for key, tensor in tensors.items():
@@ -169,7 +174,8 @@ class ShardStore:
                             "shape": list(tensor.shape), "offset": offset, "nbytes": nbytes})  # fmt: skip
             offsets.append(offset)
             offset += nbytes
-        with open(target / "data.bin", "w+b") as f:
+        target = self._claim(rank, step, offset)
+        with open(target / "data.bin", "r+b" if (target / "data.bin").exists() else "w+b") as f:
             if offset:
                 f.truncate(offset)
                 with mmap.mmap(f.fileno(), offset) as buf:
@@ -183,6 +189,58 @@ class ShardStore:
         self._prune(rank)
         return ShardInfo(rank, step, target, offset)
 
+    def _claim(self, rank: int, step: int, nbytes: int) -> pathlib.Path:
+        """The directory of ``rank``'s new version ``step``: a version the save will prune, renamed, when
+        its data file has ``nbytes`` bytes (its manifest removed first: never complete with old bytes),
+        else a new one."""
+        target = self._dir(rank, step)
+        if target.exists():  # a cut-off write of this step
+            shutil.rmtree(target)
+        with self._lock:
+            kept = self._kept(rank, self.keep - 1)
+            for info in self.versions(rank):
+                data = info.path / "data.bin"
+                if info.path not in kept and data.exists() and data.stat().st_size == nbytes:
+                    (info.path / "manifest.json").unlink()
+                    info.path.rename(target)
+                    return target
+        target.mkdir(parents=True)
+        return target
+
+    def _kept(self, rank: int, newest: int) -> set[pathlib.Path]:
+        """The versions pruning keeps: the ``newest`` newest, the one marked complete, the pinned ones
+        (the caller holds ``_lock``)."""
+        infos = self.versions(rank)
+        complete = self.complete_step(rank)
+        pinned = {s for (r, s), n in self._pins.items() if r == rank and n > 0}
+        kept = {info.path for info in infos[max(0, len(infos) - newest) :]} if newest > 0 else set()
+        return kept | {info.path for info in infos if info.step == complete or info.step in pinned}
+
+    @contextmanager
+    def pinned(self, rank: int, step: int) -> Iterator[None]:
+        """Keep ``rank``'s version ``step`` while the block reads it (a replicator on another thread)."""
+        with self._lock:
+            self._pins[rank, step] = self._pins.get((rank, step), 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pins[rank, step] -= 1
+
+    def mark_complete(self, rank: int, step: int) -> None:
+        """Record that ``rank``'s version ``step`` has all its replicas (kept until a newer one has)."""
+        tmp = self.root / f"rank{rank}" / "complete.tmp"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"step": step}))
+        os.replace(tmp, tmp.with_suffix(""))
+
+    def complete_step(self, rank: int) -> int | None:
+        """The step ``mark_complete`` last recorded for ``rank`` (None: none)."""
+        try:
+            return int(json.loads((self.root / f"rank{rank}" / "complete").read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def versions(self, rank: int) -> list[ShardInfo]:
         """``rank``'s complete shards (a manifest in place), oldest first; their bytes are not checked."""
         base = self.root / f"rank{rank}"
@@ -191,7 +249,7 @@ class ShardStore:
         found = []
         for child in sorted(base.iterdir()):
             manifest = child / "manifest.json"
-            if child.name.startswith("v") and manifest.is_file():
+            if child.name.startswith("v") and child.is_dir() and manifest.is_file():
                 try:
                     data = json.loads(manifest.read_text())
                     found.append(ShardInfo(rank, int(data["step"]), child, int(data["nbytes"])))
@@ -225,15 +283,8 @@ class ShardStore:
         Raises:
             CorruptShard: On any mismatch.
         """
-        try:
-            manifest = json.loads((info.path / "manifest.json").read_text())
-            entries, nbytes = manifest["entries"], int(manifest["nbytes"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CorruptShard(f"{info.path}: manifest unreadable: {exc}") from None
-        data = info.path / "data.bin"
-        size = data.stat().st_size if data.exists() else -1
-        if size != nbytes:
-            raise CorruptShard(f"{info.path}: data.bin holds {size} bytes, the manifest {nbytes}")
+        manifest, nbytes = self._manifest(info)
+        entries, data = manifest["entries"], info.path / "data.bin"
         flat: dict[str, Any] = dict(manifest.get("values", {}))
         if nbytes:
             with open(data, "rb") as f, mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_COPY) as buf:
@@ -268,7 +319,7 @@ class ShardStore:
         os.replace(target / "manifest.json.tmp", target / "manifest.json")
         info = ShardInfo(rank, step, target, len(data))
         try:
-            self.read(info)
+            self.verify(info)
         except CorruptShard:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -279,12 +330,54 @@ class ShardStore:
         """``rank``'s newest complete shard whose bytes verify (None: none)."""
         for info in reversed(self.versions(rank)):
             try:
-                self.read(info)
+                self.verify(info)
             except CorruptShard as exc:
                 logger.error("zensync checkpoint: %s", exc)
                 continue
             return info
         return None
+
+    def verified(self, rank: int) -> list[int]:
+        """The steps of ``rank``'s complete versions whose bytes verify, oldest first."""
+        steps = []
+        for info in self.versions(rank):
+            try:
+                self.verify(info)
+            except CorruptShard as exc:
+                logger.error("zensync checkpoint: %s", exc)
+                continue
+            steps.append(info.step)
+        return steps
+
+    def verify(self, info: ShardInfo) -> None:
+        """Check a shard's bytes against its manifest (sizes and CRC-32s) without copying them out.
+
+        Raises:
+            CorruptShard: On any mismatch.
+        """
+        manifest, nbytes = self._manifest(info)
+        if nbytes:
+            with open(info.path / "data.bin", "rb") as f, mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ) as buf:
+                for entry in manifest["entries"]:
+                    offset, size = _span(entry, len(buf), info.path)
+                    with memoryview(buf)[offset : offset + size] as view:
+                        if size and zlib.crc32(view) != entry.get("crc32"):
+                            raise CorruptShard(f"{info.path}: {entry['key']!r} does not match its checksum")
+
+    def _manifest(self, info: ShardInfo) -> tuple[dict[str, Any], int]:
+        """A shard's manifest and data size, checked against its data file's size."""
+        try:
+            manifest = json.loads((info.path / "manifest.json").read_text())
+            nbytes = int(manifest["nbytes"])
+            if not isinstance(manifest["entries"], list):
+                raise TypeError("entries is not a list")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CorruptShard(f"{info.path}: manifest unreadable: {exc}") from None
+        data = info.path / "data.bin"
+        size = data.stat().st_size if data.exists() else -1
+        if size != nbytes:
+            raise CorruptShard(f"{info.path}: data.bin holds {size} bytes, the manifest {nbytes}")
+        return manifest, nbytes
 
     def ranks(self) -> list[int]:
         """The ranks this store holds shards of (its own and peers' replicas)."""
@@ -293,10 +386,18 @@ class ShardStore:
 
     def _prune(self, rank: int) -> None:
         """Keep the newest ``keep`` complete versions of ``rank``; remove older ones and cut-off writes."""
-        kept = {info.path for info in self.versions(rank)[-self.keep :]}
-        for child in (self.root / f"rank{rank}").iterdir():
-            if child not in kept:  # older versions, and cut-off writes (one writer per rank: it is done)
-                shutil.rmtree(child, ignore_errors=True)
+        with self._lock:
+            kept = self._kept(rank, self.keep)
+            for child in (self.root / f"rank{rank}").iterdir():
+                if child.is_dir() and child not in kept:  # older versions, cut-off writes (one writer per rank)
+                    shutil.rmtree(child, ignore_errors=True)
+
+    def discard_after(self, step: int) -> None:
+        """Remove every rank's versions after ``step`` (a restored run's abandoned future)."""
+        for rank in self.ranks():
+            for info in self.versions(rank):
+                if info.step > step:
+                    shutil.rmtree(info.path, ignore_errors=True)
 
     def clear(self) -> None:
         """Remove every shard under the root."""
@@ -324,11 +425,8 @@ def _read(buf: mmap.mmap, entry: dict[str, Any], path: pathlib.Path) -> torch.Te
     Raises:
         CorruptShard: If the entry lies outside the data, or its bytes or size do not match.
     """
-    offset, nbytes = int(entry["offset"]), int(entry["nbytes"])
-    dtype = _DTYPES.get(entry["dtype"])
-    if dtype is None or offset < 0 or offset + nbytes > len(buf):
-        where = f"{entry['dtype']}, bytes {offset}+{nbytes}"
-        raise CorruptShard(f"{path}: entry {entry['key']!r} ({where}) is out of place")
+    offset, nbytes = _span(entry, len(buf), path)
+    dtype = _DTYPES[entry["dtype"]]
     out = torch.empty(entry["shape"], dtype=dtype)
     if out.numel() * out.element_size() != nbytes:
         raise CorruptShard(f"{path}: {entry['key']!r} has {nbytes} bytes for shape {entry['shape']} {dtype}")
@@ -343,3 +441,18 @@ def _read(buf: mmap.mmap, entry: dict[str, Any], path: pathlib.Path) -> torch.Te
         finally:
             del source
     return out
+
+
+def _span(entry: dict[str, Any], size: int, path: pathlib.Path) -> tuple[int, int]:
+    """(offset, nbytes) of a manifest entry, checked to lie inside ``size`` bytes with a known dtype.
+
+    Raises:
+        CorruptShard: If it does not.
+    """
+    try:
+        offset, nbytes, dtype = int(entry["offset"]), int(entry["nbytes"]), entry["dtype"]
+    except (KeyError, TypeError, ValueError):
+        raise CorruptShard(f"{path}: a manifest entry is malformed: {entry!r}") from None
+    if dtype not in _DTYPES or offset < 0 or nbytes < 0 or offset + nbytes > size:
+        raise CorruptShard(f"{path}: entry {entry.get('key')!r} ({dtype}, bytes {offset}+{nbytes}) is out of place")
+    return offset, nbytes

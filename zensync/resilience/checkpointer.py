@@ -1,0 +1,274 @@
+"""Every step's state in the host's memory, replicated to peers in the network's idle time, and
+restored after a failure without disk (Gemini, SOSP'23), tied to zensync's sync engine.
+
+Usage on each rank (under ``zensync launch``, which runs the host's checkpoint agent)::
+
+    state = zensync.register(ddp, strategy="auto")
+    ckpt = Checkpointer(CheckpointConfig(replicas=1, dcp_dir="/shared/ckpt", dcp_every=500), hook_state=state)
+    start = ckpt.restore(model=model, optimizer=opt, zensync=state)  # 0 on a fresh start
+    for step in range(start, steps):
+        ...  # forward, backward (zensync syncs), optimizer.step()
+        ckpt.save(step, model=model, optimizer=opt, zensync=state)
+    ckpt.close()
+
+1. ``save`` writes the rank's state into the host's store (``ShardStore``: shared memory, one copy,
+   checksummed) and wakes the rank's ``Replicator``, which sends it to ``replicas`` peers on other
+   hosts in the idle windows zensync's hook reports (``IdleGate``). Every ``dcp_every`` steps the
+   state also goes to disk through torch.distributed.checkpoint.
+2. ``restore`` (after a restart; every rank calls it) finds the newest step that every rank can
+   restore (``recover.plan_recovery``): from its own host's memory (a worker restarted), from a
+   peer's memory (a host replaced: its store is empty), or from the disk checkpoint when memory
+   cannot serve every rank. A failure on any rank fails every rank with its type and message.
+3. Each step's record (``history``, and ``jsonl_path``) gives the checkpoint's bytes and save time,
+   the replication traffic since the last save (bytes, chunks, idle windows used, the longest delay
+   a chunk imposed on a gradient sync) and the replica coverage (the newest step whose every shard
+   has its replicas); ``recovery`` gives the path restore took, its step, the steps lost and its time.
+
+The engine's own state (residuals, seeds, corrections, the step) is part of the state when the hook
+state is passed as a part, so a restored run goes on as the uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import time
+from typing import Any, Literal
+
+import torch
+
+from zensync.resilience.gate import IdleGate
+from zensync.resilience.memory import load_parts, state_of
+from zensync.resilience.placement import PLACEMENTS
+from zensync.resilience.recover import RecoveryPlan, plan_recovery
+from zensync.resilience.replicate import Replicator, exchange, pack, unpack
+from zensync.resilience.store import ShardStore, flatten, unflatten
+from zensync.transport import Transport, transport_for_group
+from zensync.transport.dcp import dcp_load_rank, dcp_save_rank, dcp_steps
+
+__all__ = ["ROOT_ENV", "CheckpointConfig", "Checkpointer"]
+
+logger = logging.getLogger(__name__)
+
+ROOT_ENV = "ZENSYNC_CKPT_ROOT"
+"""The host's store directory, set by ``zensync launch`` (its agent owns the directory)."""
+_VALUES_KEY = "__values__"
+_STEP = "step"
+_ERRORS: dict[str, type[Exception]] = {e.__name__: e for e in (
+    ValueError, KeyError, FileNotFoundError, RuntimeError, TypeError, OSError)}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    """How a job checkpoints into memory."""
+
+    root: str | None = None
+    """The host's store directory (a tmpfs); None: ``$ZENSYNC_CKPT_ROOT`` (``zensync launch``), else
+    ``/dev/shm/zensync-ckpt-<MASTER_PORT>``."""
+    replicas: int = 1
+    """Peer hosts holding a copy of each shard (0: this host's memory only)."""
+    placement: Literal["group", "ring"] = "group"
+    """Gemini's group placement, or a ring (``resilience.placement``)."""
+    ranks_per_host: int | None = None
+    """Ranks that share a host (and a store); None: ``$LOCAL_WORLD_SIZE`` (torchrun), else 1."""
+    chunk_bytes: int = 1 << 20
+    """Replication chunk: a sync that begins mid-chunk waits for at most this much on the wire."""
+    keep: int = 2
+    """Local versions kept (>= 2: a rank one save ahead still has its peers' step)."""
+    dcp_dir: str | None = None
+    """Disk checkpoints (torch.distributed.checkpoint), ``<dcp_dir>/step<k>``: restore's fallback."""
+    dcp_every: int = 0
+    """Save to ``dcp_dir`` every this many steps (0: never; ``restore`` still reads it)."""
+    jsonl_path: str | None = None
+    """Append each step's record here, per rank (``{rank}`` in the path is replaced)."""
+    history_size: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.replicas < 0:
+            raise ValueError(f"replicas={self.replicas} must be >= 0")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
+        if self.chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes={self.chunk_bytes} must be >= 1")
+        if self.keep < 2:
+            raise ValueError(f"keep={self.keep} must be >= 2: after a crash one rank may be a save ahead of another")
+        if self.dcp_every < 0 or (self.dcp_every and self.dcp_dir is None):
+            raise ValueError(f"dcp_every={self.dcp_every} needs dcp_dir and must be >= 0")
+
+    def store_root(self) -> pathlib.Path:
+        root = self.root or os.environ.get(ROOT_ENV)
+        return pathlib.Path(root or f"/dev/shm/zensync-ckpt-{os.environ.get('MASTER_PORT', 'local')}")
+
+    def host_ranks(self) -> int:
+        return self.ranks_per_host or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+class Checkpointer:
+    """One rank's in-memory checkpoints (module docstring).
+
+    Args:
+        config: The job's ``CheckpointConfig`` (the same on every rank).
+        hook_state: zensync's hook state: its sync windows gate replication (None: replication
+            runs whenever a version is saved).
+        transport: The ranks checkpointing together; None: the default process group. The
+            checkpointer talks on a group of its own over the same ranks (``duplicate``).
+    """
+
+    def __init__(self, config: CheckpointConfig | None = None, *, hook_state: Any = None,
+                 transport: Transport | None = None) -> None:  # fmt: skip
+        self.config = config or CheckpointConfig()
+        base = transport if transport is not None else transport_for_group(None)
+        self.transport = base.duplicate() if hasattr(base, "duplicate") else base
+        self.rank = self.transport.rank
+        self.store = ShardStore(self.config.store_root(), keep=self.config.keep)
+        self.gate = IdleGate()
+        if hook_state is not None:
+            hook_state.add_sync_listener(self.gate)
+        self.replicator: Replicator | None = None
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.config.history_size)
+        self.recovery: dict[str, Any] | None = None
+        """How ``restore`` got its state: {"source", "step", "lost_steps", "seconds", "fetched_bytes"}."""
+        self._jsonl = self.config.jsonl_path.replace("{rank}", str(self.rank)) if self.config.jsonl_path else None
+        self._last_save_s: float | None = None
+
+    # -- restore -----------------------------------------------------------------------------------
+    def restore(self, **parts: Any) -> int:
+        """Load the newest state every rank can restore into ``parts``; returns the next step to run
+        (0: nothing saved). A collective of every rank; starts replication afterwards.
+
+        Raises:
+            FileNotFoundError: On every rank, when some rank's state is nowhere (memory or disk).
+            KeyError, ValueError: On every rank, when a rank's part is not in its checkpoint or
+                cannot take it (the failing rank's type and message).
+        """
+        started_s = time.perf_counter()
+        plan, failure, fetched = None, None, 0
+        try:
+            plan = self._plan()
+            fetched = self._fetch(plan)
+            if plan.step is not None:
+                load_parts(self._state_at(plan), parts)
+                self.store.discard_after(plan.step)  # saved after it: a future the run no longer has
+        except (FileNotFoundError, KeyError, ValueError, RuntimeError, OSError) as exc:
+            failure = exc
+        self._agree(failure)
+        assert plan is not None
+        self.recovery = {"source": plan.source, "step": plan.step, "lost_steps": plan.lost_steps,
+                         "seconds": time.perf_counter() - started_s, "fetched_bytes": fetched}  # fmt: skip
+        if self.rank == 0:
+            logger.info("zensync checkpoint: restored %s", self.recovery)
+        self._start_replication()
+        return 0 if plan.step is None else plan.step + 1
+
+    def _plan(self) -> RecoveryPlan:
+        """Every rank's report gathered, and the plan all compute alike (recover.plan_recovery)."""
+        have = {str(r): self.store.verified(r) for r in self.store.ranks()}
+        disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
+        mine = torch.frombuffer(bytearray(json.dumps({"have": have, "dcp": disk}).encode()), dtype=torch.uint8)
+        reports = [json.loads(bytes(t.tolist())) for t in self.transport.all_gather_v(mine)]
+        common_disk = sorted(set(reports[0]["dcp"]).intersection(*(r["dcp"] for r in reports[1:])))
+        return plan_recovery(reports, common_disk)
+
+    def _fetch(self, plan: RecoveryPlan) -> int:
+        """The shards peers send (plan.senders), kept in this host's store; returns the bytes received."""
+        if plan.source != "peers":
+            return 0
+        assert plan.step is not None
+        blobs = {r: pack(self.store, r, plan.step) for r, holder in plan.senders.items() if holder == self.rank}
+        received = 0
+        for _, data in exchange(self.transport, blobs):
+            unpack(self.store, data)
+            received += data.numel()
+        return received
+
+    def _state_at(self, plan: RecoveryPlan) -> dict[str | int, Any]:
+        assert plan.step is not None
+        if plan.source != "dcp":
+            return self.store.load(self.rank, plan.step)
+        assert self.config.dcp_dir is not None
+        flat: dict[str, Any] = dict(dcp_load_rank(pathlib.Path(self.config.dcp_dir) / f"step{plan.step}", self.transport))  # type: ignore[arg-type]
+        values = flat.pop(_VALUES_KEY)
+        flat.update(json.loads(bytes(values.tolist())))
+        state = unflatten(flat)
+        if not any(v.step >= plan.step for v in self.store.versions(self.rank)):
+            self.store.save(self.rank, plan.step, state)  # memory holds it again
+        return state
+
+    def _agree(self, failure: BaseException | None) -> None:
+        """Raise every failing rank's error on every rank (the first's type), or return."""
+        said = json.dumps([] if failure is None else [type(failure).__name__, str(failure)]).encode()
+        gathered = self.transport.all_gather_v(torch.frombuffer(bytearray(said), dtype=torch.uint8))
+        errors = [(r, json.loads(bytes(t.tolist()))) for r, t in enumerate(gathered)]
+        failing = [(r, e) for r, e in errors if e]
+        if failing:
+            kind = _ERRORS.get(failing[0][1][0], RuntimeError)
+            told = "; ".join(f"rank {r}: {name}: {msg}" for r, (name, msg) in failing)
+            raise kind(f"zensync checkpoint restore failed on rank(s) {[r for r, _ in failing]}: {told}") from failure
+
+    def _start_replication(self) -> None:
+        if self.config.replicas == 0 or self.replicator is not None:
+            return
+        self.replicator = Replicator(
+            self.store, self.transport, m=self.config.replicas, placement=self.config.placement,
+            ranks_per_host=self.config.host_ranks(), chunk_bytes=self.config.chunk_bytes, gate=self.gate,
+        )  # fmt: skip
+
+    # -- save --------------------------------------------------------------------------------------
+    def save(self, step: int, **parts: Any) -> dict[str, Any]:
+        """Save ``parts``' state as the version of ``step`` (after its optimizer step); returns the
+        step's record (module docstring, 3). Replication follows in the background.
+
+        Raises:
+            RuntimeError: Before ``restore`` (it agrees on where the run starts and starts replication).
+            ValueError: For a part named "step", or a state the store refuses (``store.flatten``).
+        """
+        if self.recovery is None:
+            raise RuntimeError("Checkpointer.save before restore(): call restore(...) once at start (0: fresh run)")
+        if _STEP in parts:
+            raise ValueError(f"a part may not be named {_STEP!r}: the checkpoint keeps the step under it")
+        started_s = time.perf_counter()
+        state: dict[str, Any] = {name: state_of(part) for name, part in parts.items()}
+        state[_STEP] = step
+        info = self.store.save(self.rank, step, state)
+        saved_s = time.perf_counter() - started_s
+        if self.config.dcp_every and step % self.config.dcp_every == 0:
+            self._save_dcp(step, state)
+        record: dict[str, Any] = {"step": step, "bytes": info.nbytes, "save_s": saved_s,
+                                  "dcp_s": time.perf_counter() - started_s - saved_s}  # fmt: skip
+        if self.replicator is not None:
+            traffic = self.replicator.take_step()
+            record.update(replicated_bytes=traffic.sent_bytes, chunks=traffic.chunks, windows_used=len(traffic.windows),
+                          max_delay_s=traffic.max_delay_s, completed=traffic.completed,
+                          complete_step=traffic.complete_step,
+                          replication_error=None if self.replicator.error is None else repr(self.replicator.error))  # fmt: skip
+            self.replicator.notify(step)
+        self.history.append(record)
+        if self._jsonl is not None:
+            with open(self._jsonl, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        return record
+
+    def _save_dcp(self, step: int, state: dict[str, Any]) -> None:
+        assert self.config.dcp_dir is not None
+        tensors, values = flatten(state)
+        tensors[_VALUES_KEY] = torch.frombuffer(bytearray(json.dumps(values).encode()), dtype=torch.uint8)
+        dcp_save_rank(pathlib.Path(self.config.dcp_dir) / f"step{step}", tensors, self.transport)  # type: ignore[arg-type]
+
+    def wait_replicated(self, timeout_s: float | None = None) -> bool:
+        """Block until the newest saved step has all its replicas (before a planned stop, say);
+        False when replication ended (``Replicator.error``) or ``timeout_s`` passed first."""
+        newest = self.store.versions(self.rank)
+        if self.replicator is None or not newest:
+            return self.replicator is None and self.config.replicas == 0
+        return self.replicator.wait_complete(newest[-1].step, timeout_s)
+
+    def close(self) -> None:
+        """Stop replication (every rank calls it: its last round is a collective)."""
+        if self.replicator is not None:
+            self.replicator.close()
+            self.replicator = None
+
