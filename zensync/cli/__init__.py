@@ -12,6 +12,8 @@ Subcommands (one module each, ``add_<name>`` registers it)::
                  [--png] [-o collective_scan_p2]                     # collective latency/busbw per size
     zensync simulate [--schemes zen,agsparse,dense] [--ranks 2,...,1024] [--items 10000000] \\
                  [--ranks-per-node 8] [--inter 25Gbit] [-o PREFIX] [--png]  # one sync step, priced
+    zensync launch [--ckpt-root DIR] -- --nproc-per-node 2 --max-restarts 3 train.py  # torchrun + checkpoint agent
+    zensync agent --ckpt-root /dev/shm/job42                          # hold a host's checkpoint store
 
 Exit status (``zensync --help`` prints it; ``zensync.cli._errors`` holds the rule): 0 on success; 1
 when the command fails while running (a worker crashed or hung, matplotlib missing for ``--png``, a
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from zensync.cli._errors import EXIT_FAILURE, EXIT_STATUS_HELP, EXIT_USAGE, CommandFailed, UsageError
 from zensync.cli.bench import add_bench
 from zensync.cli.demo import DEMO_FLAGS, add_demo
+from zensync.cli.launch import add_agent, add_launch
 from zensync.cli.plan import add_explain, add_plan
 from zensync.cli.profile import add_profile
 from zensync.cli.simulate import add_simulate
@@ -55,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_tune(sub)
     add_bench(sub)
     add_simulate(sub)
+    add_launch(sub)
+    add_agent(sub)
     return parser
 
 

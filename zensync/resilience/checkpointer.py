@@ -136,19 +136,27 @@ class Checkpointer:
         self._last_save_s: float | None = None
 
     # -- restore -----------------------------------------------------------------------------------
-    def restore(self, **parts: Any) -> int:
+    def restore(self, require: bool | None = None, **parts: Any) -> int:
         """Load the newest state every rank can restore into ``parts``; returns the next step to run
         (0: nothing saved). A collective of every rank; starts replication afterwards.
 
+        Args:
+            require: A checkpoint must exist (nothing anywhere is an error, not a fresh start); None:
+                required when torchrun restarted the workers (``$TORCHELASTIC_RESTART_COUNT`` > 0).
+            parts: What to load: the parts ``save`` was given, by the same names.
+
         Raises:
-            FileNotFoundError: On every rank, when some rank's state is nowhere (memory or disk).
+            FileNotFoundError: On every rank, when some rank's state is nowhere (memory or disk), or
+                nothing is anywhere and a checkpoint is required.
             KeyError, ValueError: On every rank, when a rank's part is not in its checkpoint or
                 cannot take it (the failing rank's type and message).
         """
         started_s = time.perf_counter()
         plan, failure, fetched = None, None, 0
         try:
-            plan = self._plan()
+            if require is None:
+                require = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+            plan = self._plan(require)
             fetched = self._fetch(plan)
             if plan.step is not None:
                 load_parts(self._state_at(plan), parts)
@@ -164,14 +172,14 @@ class Checkpointer:
         self._start_replication()
         return 0 if plan.step is None else plan.step + 1
 
-    def _plan(self) -> RecoveryPlan:
+    def _plan(self, required: bool) -> RecoveryPlan:
         """Every rank's report gathered, and the plan all compute alike (recover.plan_recovery)."""
         have = {str(r): self.store.verified(r) for r in self.store.ranks()}
         disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
         mine = torch.frombuffer(bytearray(json.dumps({"have": have, "dcp": disk}).encode()), dtype=torch.uint8)
         reports = [json.loads(bytes(t.tolist())) for t in self.transport.all_gather_v(mine)]
         common_disk = sorted(set(reports[0]["dcp"]).intersection(*(r["dcp"] for r in reports[1:])))
-        return plan_recovery(reports, common_disk)
+        return plan_recovery(reports, common_disk, required)
 
     def _fetch(self, plan: RecoveryPlan) -> int:
         """The shards peers send (plan.senders), kept in this host's store; returns the bytes received."""

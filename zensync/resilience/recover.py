@@ -9,8 +9,9 @@ from all reports (``plan_recovery``), so no rank decides apart:
   sends it);
 - when memory cannot serve every rank, the newest complete checkpoint on disk ("dcp") when one is
   as new (or newer);
-- "fresh" when nothing was ever saved anywhere; otherwise every rank raises the same
-  FileNotFoundError naming the ranks no one can serve.
+- "fresh" when nothing was ever saved anywhere and the caller does not require a checkpoint (a
+  restart does: all memory and disk lost is an error, not a fresh start); otherwise every rank
+  raises the same FileNotFoundError naming the ranks no one can serve.
 
 ``lost_steps`` counts the steps saved somewhere beyond the one restored (the work lost to the
 failure, beside the step that was in flight).
@@ -42,8 +43,9 @@ class RecoveryPlan:
     """Steps saved somewhere (any rank, any store) after ``step``."""
 
 
-def plan_recovery(reports: list[Report], dcp_steps: list[int]) -> RecoveryPlan:
-    """The plan of the module docstring from every rank's report and the complete checkpoints on disk.
+def plan_recovery(reports: list[Report], dcp_steps: list[int], required: bool = False) -> RecoveryPlan:
+    """The plan of the module docstring from every rank's report and the complete checkpoints on disk
+    (``required``: a fresh start is an error).
 
     Raises:
         FileNotFoundError: If some rank's state is nowhere (memory or disk) while others' are.
@@ -64,7 +66,7 @@ def plan_recovery(reports: list[Report], dcp_steps: list[int]) -> RecoveryPlan:
         return RecoveryPlan(source, memory, senders, max(0, (seen or memory) - memory))
     if disk is not None:
         return RecoveryPlan("dcp", disk, {}, max(0, (seen or disk) - disk))
-    if seen is None:
+    if seen is None and not required:
         return RecoveryPlan("fresh", None)
     missing = [r for r in range(n) if not available[r]]
     partial = [r for r in range(n) if r not in missing]

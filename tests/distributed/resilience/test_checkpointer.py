@@ -113,7 +113,7 @@ def _run(rank: int, world_size: int, root: str, corrupt: bool) -> dict[str, Any]
 
 
 @pytest.mark.parametrize("corrupt", [False, True], ids=["replaced-host", "corrupt-replica"])
-def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path, corrupt: bool) -> None:
+def test_a_replaced_host_restores_from_its_peer_and_goes_on_as_the_uninterrupted_run(tmp_path, corrupt: bool) -> None:
     results = launch(_run, WORLD, (str(tmp_path), corrupt), tmp_path)
     restored = CRASH_AFTER - 1 if corrupt else CRASH_AFTER  # the next step to run
     for rank, out in enumerate(results):
@@ -137,3 +137,42 @@ def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path
         assert shard * (CRASH_AFTER - 1) < sent < (shard + MANIFEST_BYTES) * (CRASH_AFTER - 1)
         assert all(r["windows_used"] <= 1 for r in records) and out["windows"] >= CRASH_AFTER
         assert [r["complete_step"] for r in records] == [None, *range(CRASH_AFTER - 1)]
+
+
+def _every_host_gone(rank: int, world_size: int, root: str, with_disk: bool) -> dict[str, Any]:
+    config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1, dcp_dir=f"{root}/disk" if with_disk else None,
+                              dcp_every=2 if with_disk else 0)  # fmt: skip
+    model, ddp, opt, state = _setup()
+    ckpt = Checkpointer(config, hook_state=state)
+    ckpt.restore(model=model, optimizer=opt, zensync=state)
+    _train(ddp, opt, rank, range(CRASH_AFTER), ckpt, model, state)
+    ckpt.close()
+    on_disk = [p.detach().clone() for p in model.parameters()] if with_disk else None
+    shutil.rmtree(config.root)  # every host replaced
+    model, ddp, opt, state = _setup()
+    ckpt = Checkpointer(config, hook_state=state)
+    try:  # a restart: a checkpoint is required (nothing anywhere is not a fresh start)
+        start = ckpt.restore(require=True, model=model, optimizer=opt, zensync=state)
+    except FileNotFoundError as exc:
+        return {"error": str(exc)}
+    after = _train(ddp, opt, rank, range(start, STEPS), ckpt, model, state)
+    ckpt.close()
+    return {"start": start, "recovery": ckpt.recovery, "after": after, "on_disk": on_disk,
+            "params": [p.detach().clone() for p in model.parameters()], "want": _uninterrupted(rank)}  # fmt: skip
+
+
+def test_with_every_host_gone_the_disk_checkpoint_is_restored(tmp_path) -> None:
+    results = launch(_every_host_gone, WORLD, (str(tmp_path), True), tmp_path)
+    for out in results:
+        # dcp_every=2 saved steps 0 and 2 to disk; memory is gone: step 2 from disk, step 3 lost
+        assert out["recovery"]["source"] == "dcp" and out["recovery"]["step"] == 2 and out["start"] == 3
+        want_losses, want_params = out["want"]
+        torch.testing.assert_close(out["after"], want_losses[3:], rtol=0, atol=PARAM_ATOL)
+        for got, want in zip(out["params"], want_params, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=PARAM_ATOL)
+
+
+def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_path) -> None:
+    results = launch(_every_host_gone, WORLD, (str(tmp_path), False), tmp_path)
+    errors = {out["error"] for out in results}
+    assert len(errors) == 1 and "ranks [0, 1, 2, 3]" in errors.pop()
