@@ -115,7 +115,8 @@ class Checkpointer:
         hook_state: zensync's hook state: its sync windows gate replication (None: replication
             runs whenever a version is saved).
         transport: The ranks checkpointing together; None: the default process group. The
-            checkpointer talks on a group of its own over the same ranks (``duplicate``).
+            checkpointer talks on a group of its own over the same ranks (``duplicate``), and its
+            replication thread on another.
     """
 
     def __init__(self, config: CheckpointConfig | None = None, *, hook_state: Any = None,
@@ -220,8 +221,9 @@ class Checkpointer:
     def _start_replication(self) -> None:
         if self.config.replicas == 0 or self.replicator is not None:
             return
+        own = self.transport.duplicate() if hasattr(self.transport, "duplicate") else self.transport
         self.replicator = Replicator(
-            self.store, self.transport, m=self.config.replicas, placement=self.config.placement,
+            self.store, own, m=self.config.replicas, placement=self.config.placement,
             ranks_per_host=self.config.host_ranks(), chunk_bytes=self.config.chunk_bytes, gate=self.gate,
         )  # fmt: skip
 

@@ -243,6 +243,18 @@ class EmulatedCluster(ClusterBase):
             if result.returncode != 0:
                 raise RuntimeError(f"tc failed in {namespace}: {' '.join(argv)}\n{result.stderr.strip()}")
 
+    def set_rate(self, i: int, rate: str | int) -> None:
+        """Reshape host ``i``'s link (its eth0 and its switch port) to ``rate`` each way (a slower host,
+        such as a storage server behind a thinner link)."""
+        self._check_host(i)
+        bits = parse_rate(rate)
+        for namespace, dev in ((self.host_ns[i], "eth0"), (self.switch_ns, self._port(i))):
+            netns.run_cmd(["tc", "-n", namespace, "qdisc", "del", "dev", dev, "root"], check=False)
+            for argv in tbf_commands(dev, bits, None):
+                result = netns.run_cmd(["tc", "-n", namespace, *argv[1:]], check=False)
+                if result.returncode != 0:
+                    raise RuntimeError(f"tc failed in {namespace}: {' '.join(argv)}\n{result.stderr.strip()}")
+
     # -- queries -------------------------------------------------------------------------------------
 
     def host_ip(self, i: int) -> str:

@@ -15,9 +15,10 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from zensync.transport.torch_dist import TorchTransport
 
-__all__ = ["dcp_load_rank", "dcp_save_rank", "dcp_steps"]
+__all__ = ["METADATA", "dcp_load_rank", "dcp_rank_files", "dcp_save_rank", "dcp_steps"]
 
-_METADATA = ".metadata"
+METADATA = ".metadata"
+_METADATA = METADATA
 
 
 def _group(transport: TorchTransport) -> dist.ProcessGroup | None:
@@ -34,15 +35,20 @@ def dcp_save_rank(path: str | pathlib.Path, tensors: dict[str, torch.Tensor], tr
              checkpoint_id=str(path), process_group=_group(transport))  # fmt: skip
 
 
-def dcp_load_rank(path: str | pathlib.Path, transport: TorchTransport) -> dict[str, torch.Tensor]:
-    """This rank's tensors of a checkpoint ``dcp_save_rank`` wrote (a collective of ``transport``'s ranks).
+def dcp_load_rank(path: str | pathlib.Path, transport: TorchTransport | None, rank: int | None = None) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s tensors (default: ``transport``'s rank) of a checkpoint ``dcp_save_rank`` wrote:
+    a collective of ``transport``'s ranks, or, with ``transport`` None, one process alone (DCP's
+    ``no_dist``: the rank's files copied from remote storage, say).
 
     Raises:
-        FileNotFoundError: If ``path`` holds no complete checkpoint, or none of this rank's keys.
+        FileNotFoundError: If ``path`` holds no complete checkpoint, or none of the rank's keys.
     """
     if not (pathlib.Path(path) / _METADATA).is_file():
         raise FileNotFoundError(f"{path} holds no complete torch.distributed.checkpoint (no {_METADATA})")
-    prefix = f"rank{transport.rank}/"
+    rank = transport.rank if transport is not None else rank
+    if rank is None:
+        raise ValueError("dcp_load_rank without a transport needs rank=")
+    prefix = f"rank{rank}/"
     metadata = dcp.FileSystemReader(str(path)).read_metadata()
     template = {
         key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
@@ -50,9 +56,20 @@ def dcp_load_rank(path: str | pathlib.Path, transport: TorchTransport) -> dict[s
         if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
     }
     if not template:
-        raise FileNotFoundError(f"{path} has no tensors of rank {transport.rank} (a checkpoint of another world?)")
-    dcp.load(template, checkpoint_id=str(path), process_group=_group(transport))
+        raise FileNotFoundError(f"{path} has no tensors of rank {rank} (a checkpoint of another world?)")
+    if transport is None:
+        dcp.load(template, checkpoint_id=str(path), no_dist=True)
+    else:
+        dcp.load(template, checkpoint_id=str(path), process_group=_group(transport))
     return {key.removeprefix(prefix): t for key, t in template.items()}
+
+
+def dcp_rank_files(path: str | pathlib.Path, rank: int) -> list[str]:
+    """The data files (relative to ``path``) holding rank ``rank``'s tensors, besides ``.metadata``."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    prefix = f"rank{rank}/"
+    return sorted({info.relative_path for index, info in (metadata.storage_data or {}).items()
+                   if index.fqn.startswith(prefix)})  # fmt: skip
 
 
 def dcp_steps(directory: str | pathlib.Path) -> list[int]:

@@ -1,0 +1,325 @@
+"""In-memory checkpoints on the emulated cluster (issue 18's targets), with the demo's LM under DDP + zensync.
+
+4 worker hosts at --rate (1 Gbit/s) and a 5th host, the storage server, behind a --storage-rate link
+(100 Mbit/s) that serves the torch.distributed.checkpoint files over HTTP: the stand-in for remote
+persistent storage. Every worker trains the seeded demo LM (DDP, zensync "auto", SGD) on the same
+batches. Three phases:
+
+1. **overhead**: per round, the same steps without checkpoints and with ``Checkpointer`` saving every
+   step with --replicas peer replicas (Gemini's group placement), in alternating order. Reported:
+   step time (max over ranks per step, median over steps) of each, and from the checkpointer's
+   per-step records the shard's bytes, the save's time, the replicated bytes, idle windows used, the
+   longest delay a chunk imposed on a gradient sync, and the coverage lag (steps between the newest
+   save and the newest step whose every shard has its replicas).
+2. **failure**: training with checkpoints (and a disk checkpoint at step --kill-step - 1, served by
+   the storage host); in step --kill-step, after its backward, host 3's worker SIGKILLs itself; the
+   other workers fail in their next collective. Then host 3's store is deleted: its agent and memory
+   are gone, the host is replaced.
+3. **recovery**: every worker restarts and calls ``Checkpointer.restore``: host 3 fetches its shard
+   from its peer's memory. Reported: the path, the step restored, steps lost beyond the one in
+   flight, the restore's time on host 3, then, on host 3 alone, the time to fetch the same state
+   from the storage host (its DCP files over HTTP) and load it; training then runs to --steps and
+   the final parameters are compared with an uninterrupted run's.
+
+    python experiments/resilience_bench.py                    # 4 hosts at 1gbit, storage at 100mbit
+    python experiments/resilience_bench.py --rounds 1 --steps 10
+
+Needs root (network namespaces). Writes experiments/results/resilience_<label>_<date>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import http.server
+import os
+import pathlib
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _results import versions, write
+
+import zensync
+from zensync.demo.config import DemoConfig
+from zensync.demo.model import DemoModel, batch, lm_config
+from zensync.resilience import CheckpointConfig, Checkpointer
+from zensync.resilience.memory import load_parts
+from zensync.resilience.store import unflatten
+from zensync.testbed import EmulatedCluster
+from zensync.transport.dcp import METADATA, dcp_load_rank, dcp_rank_files
+from zensync.workloads import lm
+
+_PORT, _HTTP_PORT = 29741, 8731
+WORKERS = 4
+STORAGE = 4  # host index of the storage server
+VICTIM = 3
+
+
+def _setup(config: DemoConfig) -> tuple[nn.Module, Any, Any, torch.optim.Optimizer]:
+    model = DemoModel(config, generator=torch.Generator().manual_seed(config.seed))
+    ddp = DistributedDataParallel(model)
+    state = zensync.register(ddp, strategy="auto")
+    return model, ddp, state, torch.optim.SGD(model.parameters(), lr=config.lr)
+
+
+def _step(ddp: Any, opt: torch.optim.Optimizer, corpus: torch.Tensor, config: DemoConfig, step: int,
+          kill: bool = False) -> float:  # fmt: skip
+    inputs, targets = batch(corpus, config, dist.get_rank(), step)
+    opt.zero_grad()
+    logits = ddp(inputs)
+    loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    loss.backward()
+    if kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    opt.step()
+    return float(loss.detach())
+
+
+def _ckpt_config(args: argparse.Namespace, **kw: Any) -> CheckpointConfig:
+    return CheckpointConfig(root=f"{args.stores}/host{dist.get_rank()}", replicas=args.replicas, ranks_per_host=1,
+                            chunk_bytes=args.chunk_kib << 10, **kw)  # fmt: skip
+
+
+def _train(args: argparse.Namespace, corpus: torch.Tensor, checkpoint: bool) -> dict[str, Any]:
+    config = DemoConfig()
+    model, ddp, state, opt = _setup(config)
+    ckpt = Checkpointer(_ckpt_config(args), hook_state=state) if checkpoint else None
+    if ckpt is not None:
+        shutil.rmtree(ckpt.store.root, ignore_errors=True)
+        ckpt.store.root.mkdir(parents=True)
+        ckpt.restore(model=model, optimizer=opt, zensync=state)
+    times, records = [], []
+    for step in range(args.warmup + args.steps):
+        dist.barrier()
+        start = time.perf_counter()
+        _step(ddp, opt, corpus, config, step)
+        if ckpt is not None:
+            records.append(ckpt.save(step, model=model, optimizer=opt, zensync=state))
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    if ckpt is not None:
+        ckpt.close()
+    state.close()
+    return {"step_s": times[args.warmup :], "records": records[args.warmup :]}
+
+
+def _overhead(args: argparse.Namespace, corpus: torch.Tensor) -> dict[str, Any]:
+    out: dict[str, Any] = {"off": {"step_s": []}, "on": {"step_s": [], "records": []}}
+    for round_ in range(args.rounds):
+        for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
+            run = _train(args, corpus, mode == "on")
+            out[mode]["step_s"] += run["step_s"]
+            if mode == "on":
+                out[mode]["records"] += run["records"]
+    return out
+
+
+def _failure(args: argparse.Namespace, corpus: torch.Tensor) -> None:
+    config = DemoConfig()
+    model, ddp, state, opt = _setup(config)
+    ckpt = Checkpointer(_ckpt_config(args, dcp_dir=args.disk, dcp_every=args.kill_step - 1), hook_state=state)
+    assert ckpt.restore(model=model, optimizer=opt, zensync=state) == 0
+    for step in range(args.kill_step + 1):
+        _step(ddp, opt, corpus, config, step, kill=step == args.kill_step and dist.get_rank() == VICTIM)
+        ckpt.save(step, model=model, optimizer=opt, zensync=state)
+
+
+def _from_storage(args: argparse.Namespace, step: int) -> dict[str, Any]:
+    """Host 3 alone: its DCP files from the storage host over HTTP, loaded into a fresh model."""
+    start = time.perf_counter()
+    local = pathlib.Path(tempfile.mkdtemp(prefix="zensync-storage-"))
+    url = f"http://{args.storage_ip}:{_HTTP_PORT}/step{step}"
+    fetched = 0
+    for name in [METADATA]:
+        fetched += _download(f"{url}/{name}", local / name)
+    for name in dcp_rank_files(local, VICTIM):
+        fetched += _download(f"{url}/{name}", local / name)
+    flat: dict[str, Any] = dict(dcp_load_rank(local, None, rank=VICTIM))
+    values = flat.pop("__values__")
+    import json
+
+    flat.update(json.loads(bytes(values.tolist())))
+    config = DemoConfig()
+    model = DemoModel(config, generator=torch.Generator().manual_seed(config.seed))
+    load_parts(unflatten(flat), {"model": model})
+    shutil.rmtree(local)
+    return {"seconds": time.perf_counter() - start, "bytes": fetched}
+
+
+def _download(url: str, path: pathlib.Path) -> int:
+    with urllib.request.urlopen(url, timeout=120) as response, open(path, "wb") as f:
+        shutil.copyfileobj(response, f, 1 << 20)
+    return path.stat().st_size
+
+
+def _recovery(args: argparse.Namespace, corpus: torch.Tensor) -> dict[str, Any]:
+    config = DemoConfig()
+    model, ddp, state, opt = _setup(config)
+    ckpt = Checkpointer(_ckpt_config(args, dcp_dir=args.disk), hook_state=state)
+    start = ckpt.restore(require=True, model=model, optimizer=opt, zensync=state)
+    recovery = dict(ckpt.recovery or {})
+    for step in range(start, args.steps):
+        _step(ddp, opt, corpus, config, step)
+        ckpt.save(step, model=model, optimizer=opt, zensync=state)
+    ckpt.close()
+    dist.barrier()
+    storage = _from_storage(args, recovery["step"]) if dist.get_rank() == VICTIM else None
+    dist.barrier()
+    state.close()
+    # the uninterrupted run of the same steps, for the final parameters
+    ref, ref_ddp, ref_state, ref_opt = _setup(config)
+    for step in range(args.steps):
+        _step(ref_ddp, ref_opt, corpus, config, step)
+    ref_state.close()
+    diff = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), ref.parameters(), strict=True))
+    return {"recovery": recovery, "storage": storage, "max_param_diff": diff}
+
+
+def worker(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=120))
+    corpus = torch.load(args.corpus)
+    out = {"overhead": _overhead, "failure": _failure, "recovery": _recovery}[args.phase](args, corpus)
+    if out is not None:
+        torch.save(out, pathlib.Path(args.out, f"{args.phase}{dist.get_rank()}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _run_phase(cluster: EmulatedCluster, args: argparse.Namespace, phase: str, extra: list[str]) -> list[int]:
+    procs = []
+    for r in range(WORKERS):
+        env = {**cluster.env_for_torch(r, _PORT + len(phase)), "WORLD_SIZE": str(WORKERS), "OMP_NUM_THREADS": "1"}
+        procs.append(cluster.popen(r, [sys.executable, os.path.abspath(__file__), *extra, "--phase", phase], env))
+    deadline = time.monotonic() + args.timeout_s
+    for p in procs:
+        p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return [p.returncode for p in procs]
+
+
+def _summary(overhead: list[dict[str, Any]], recovery: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    def slowest(mode: str) -> list[float]:
+        return [max(r[mode]["step_s"][i] for r in overhead) for i in range(len(overhead[0][mode]["step_s"]))]
+
+    off, on = statistics.median(slowest("off")), statistics.median(slowest("on"))
+    records = [rec for r in overhead for rec in r["on"]["records"]]
+    lags = [rec["step"] - rec["complete_step"] for rec in records if rec["complete_step"] is not None]
+    victim = recovery[VICTIM]
+    return {
+        "step_s_off": off, "step_s_on": on, "overhead": on / off - 1.0,
+        "shard_bytes": statistics.median(rec["bytes"] for rec in records),
+        "save_s": statistics.median(rec["save_s"] for rec in records),
+        "replicated_bytes_per_step": statistics.mean(rec["replicated_bytes"] for rec in records),
+        "windows_used_per_step": statistics.mean(rec["windows_used"] for rec in records),
+        "max_delay_s": max(rec["max_delay_s"] for rec in records),
+        "median_delay_s": statistics.median(rec["max_delay_s"] for rec in records),
+        "coverage_lag_median": statistics.median(lags) if lags else None, "coverage_lag_max": max(lags, default=None),
+        "recovery": victim["recovery"], "storage": victim["storage"],
+        "recovery_speedup": victim["storage"]["seconds"] / victim["recovery"]["seconds"],
+        "lost_beyond_in_flight": args.kill_step - 1 - victim["recovery"]["step"],
+        "max_param_diff": max(r["max_param_diff"] for r in recovery),
+    }  # fmt: skip
+
+
+def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
+    rec, sto = s["recovery"], s["storage"]
+    return "\n".join([
+        f"# In-memory checkpoints: {meta['label']}, {meta['date']}", "",
+        f"Command: `{meta['command']}`. zensync {meta['zensync']}, torch {meta['torch']}, Python {meta['python']}, "
+        f"{meta['cpus']} CPUs. {WORKERS} worker hosts at {meta['rate']}, storage host at {meta['storage_rate']}; "
+        f"demo LM, DDP + zensync auto, SGD; replicas={meta['replicas']} (group placement), "
+        f"chunk {meta['chunk_kib']} KiB; {meta['rounds']} rounds x {meta['steps']} steps after {meta['warmup']}.", "",
+        "| | value |", "|---|---|",
+        f"| step without checkpoints (s, median of max over ranks) | {s['step_s_off']:.4f} |",
+        f"| step with a checkpoint every step + {meta['replicas']} replica (s) | {s['step_s_on']:.4f} |",
+        f"| overhead | {100 * s['overhead']:+.1f} % (target <= 5 %) |",
+        f"| shard per rank (MB) | {s['shard_bytes'] / 1e6:.2f} |",
+        f"| save into shared memory (ms, median) | {1e3 * s['save_s']:.2f} |",
+        f"| replicated per step per rank (MB) | {s['replicated_bytes_per_step'] / 1e6:.2f} |",
+        f"| idle windows used per step | {s['windows_used_per_step']:.2f} |",
+        f"| delay a chunk imposed on a gradient sync (ms, median / max) | "
+        f"{1e3 * s['median_delay_s']:.2f} / {1e3 * s['max_delay_s']:.2f} |",
+        f"| coverage lag (steps, median / max) | {s['coverage_lag_median']} / {s['coverage_lag_max']} |",
+        f"| recovery path of the replaced host | {rec['source']}, step {rec['step']} |",
+        f"| steps lost beyond the one in flight | {s['lost_beyond_in_flight']} (target 0) |",
+        f"| restore from peers' memory (s, host {VICTIM}) | {rec['seconds']:.3f} ({rec['fetched_bytes'] / 1e6:.2f} MB) |",
+        f"| the same state from the storage host (s) | {sto['seconds']:.3f} ({sto['bytes'] / 1e6:.2f} MB) |",
+        f"| speedup | {s['recovery_speedup']:.1f}x (target >= 5x) |",
+        f"| final parameters vs uninterrupted run (max abs diff) | {s['max_param_diff']:.2e} |", "",
+    ])  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rate", default="1gbit")
+    p.add_argument("--storage-rate", default="100mbit")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--chunk-kib", type=int, default=1024)
+    p.add_argument("--kill-step", type=int, default=6)
+    p.add_argument("--label", default="")
+    p.add_argument("--timeout-s", type=float, default=900.0)
+    p.add_argument("--results-dir", default=str(pathlib.Path(__file__).parent / "results"))
+    for hidden in ("--phase", "--out", "--corpus", "--stores", "--disk", "--storage-ip"):
+        p.add_argument(hidden, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.phase:
+        worker(args)
+        return 0
+    forwarded = list(argv if argv is not None else sys.argv[1:])
+    config = DemoConfig()
+    with tempfile.TemporaryDirectory() as tmp, EmulatedCluster(WORKERS + 1, rate=args.rate) as cluster:
+        cluster.set_rate(STORAGE, args.storage_rate)
+        corpus = lm.load_corpus(lm_config(config))
+        torch.save(corpus.clone(), os.path.join(tmp, "corpus.pt"))
+        stores, disk = tempfile.mkdtemp(prefix="zensync-bench-", dir="/dev/shm"), os.path.join(tmp, "disk")
+        extra = [*forwarded, "--out", tmp, "--corpus", os.path.join(tmp, "corpus.pt"), "--stores", stores,
+                 "--disk", disk, "--storage-ip", cluster.host_ip(STORAGE)]  # fmt: skip
+        os.makedirs(disk)
+        server = cluster.popen(STORAGE, [sys.executable, "-m", "http.server", str(_HTTP_PORT), "--bind",
+                                         cluster.host_ip(STORAGE), "--directory", disk],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            codes = _run_phase(cluster, args, "overhead", extra)
+            assert codes == [0] * WORKERS, f"overhead phase exit codes {codes}"
+            overhead = [torch.load(os.path.join(tmp, f"overhead{r}.pt")) for r in range(WORKERS)]
+            for host in os.listdir(stores):  # a new job: its own stores
+                shutil.rmtree(os.path.join(stores, host))
+            codes = _run_phase(cluster, args, "failure", extra)
+            assert codes[VICTIM] == -signal.SIGKILL, f"failure phase exit codes {codes}"
+            shutil.rmtree(os.path.join(stores, f"host{VICTIM}"))  # host 3 replaced: its agent and memory gone
+            codes = _run_phase(cluster, args, "recovery", extra)
+            assert codes == [0] * WORKERS, f"recovery phase exit codes {codes}"
+            recovery = [torch.load(os.path.join(tmp, f"recovery{r}.pt")) for r in range(WORKERS)]
+        finally:
+            server.kill()
+            shutil.rmtree(stores, ignore_errors=True)
+    summary = _summary(overhead, recovery, args)
+    date = datetime.date.today().isoformat()
+    label = args.label or f"4x{args.rate}_storage{args.storage_rate}"
+    meta = {"date": date, "label": label, "command": " ".join(["python", "experiments/resilience_bench.py", *forwarded]),
+            "rate": args.rate, "storage_rate": args.storage_rate, "steps": args.steps, "warmup": args.warmup,
+            "rounds": args.rounds, "replicas": args.replicas, "chunk_kib": args.chunk_kib, "kill_step": args.kill_step,
+            "seed": config.seed, **versions()}  # fmt: skip
+    write(args.results_dir, f"resilience_{label}_{date}", meta, summary, _markdown(meta, summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
