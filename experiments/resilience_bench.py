@@ -228,8 +228,10 @@ def _summary(overhead: list[dict[str, Any]], recovery: list[dict[str, Any]], arg
         "max_delay_s": max(rec["max_delay_s"] for rec in records),
         "median_delay_s": statistics.median(rec["max_delay_s"] for rec in records),
         "coverage_lag_median": statistics.median(lags) if lags else None, "coverage_lag_max": max(lags, default=None),
+        "sent_fraction_median": statistics.median(f for rec in records for f in rec["sent_fractions"][1:] or [1.0]),
         "recovery": victim["recovery"], "storage": victim["storage"],
-        "recovery_speedup": victim["storage"]["seconds"] / victim["recovery"]["seconds"],
+        "recovery_speedup": (victim["storage"]["seconds"] / victim["recovery"]["seconds"]
+                             if victim["recovery"]["source"] == "peers" else None),
         "lost_beyond_in_flight": args.kill_step - 1 - victim["recovery"]["step"],
         "max_param_diff": max(r["max_param_diff"] for r in recovery),
     }  # fmt: skip
@@ -250,15 +252,17 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| shard per rank (MB) | {s['shard_bytes'] / 1e6:.2f} |",
         f"| save into shared memory (ms, median) | {1e3 * s['save_s']:.2f} |",
         f"| replicated per step per rank (MB) | {s['replicated_bytes_per_step'] / 1e6:.2f} |",
+        f"| of a version's data sent as a delta (median) | {s['sent_fraction_median']:.3f} |",
         f"| idle windows used per step | {s['windows_used_per_step']:.2f} |",
         f"| delay a chunk imposed on a gradient sync (ms, median / max) | "
         f"{1e3 * s['median_delay_s']:.2f} / {1e3 * s['max_delay_s']:.2f} |",
         f"| coverage lag (steps, median / max) | {s['coverage_lag_median']} / {s['coverage_lag_max']} |",
         f"| recovery path of the replaced host | {rec['source']}, step {rec['step']} |",
         f"| steps lost beyond the one in flight | {s['lost_beyond_in_flight']} (target 0) |",
-        f"| restore from peers' memory (s, host {VICTIM}) | {rec['seconds']:.3f} ({rec['fetched_bytes'] / 1e6:.2f} MB) |",
+        f"| restore ({rec['source']}) on host {VICTIM} (s) | {rec['seconds']:.3f} ({rec['fetched_bytes'] / 1e6:.2f} MB fetched) |",
         f"| the same state from the storage host (s) | {sto['seconds']:.3f} ({sto['bytes'] / 1e6:.2f} MB) |",
-        f"| speedup | {s['recovery_speedup']:.1f}x (target >= 5x) |",
+        f"| speedup of peers' memory over the storage host | "
+        + (f"{s['recovery_speedup']:.1f}x (target >= 5x) |" if s["recovery_speedup"] else "n/a: not restored from peers |"),
         f"| final parameters vs uninterrupted run (max abs diff) | {s['max_param_diff']:.2e} |", "",
     ])  # fmt: skip
 

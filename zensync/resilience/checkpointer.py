@@ -77,6 +77,9 @@ class CheckpointConfig:
     """Ranks that share a host (and a store); None: ``$LOCAL_WORLD_SIZE`` (torchrun), else 1."""
     chunk_bytes: int = 1 << 20
     """Replication chunk: a sync that begins mid-chunk waits for at most this much on the wire."""
+    delta_block_bytes: int = 256
+    """Replicate a version as its blocks of this size that changed since the newest complete one (an
+    embedding row of 64 float32 is 256 bytes: rows no step touched are not sent again); 0: whole."""
     keep: int = 2
     """Local versions kept (>= 2: a rank one save ahead still has its peers' step)."""
     dcp_dir: str | None = None
@@ -92,6 +95,8 @@ class CheckpointConfig:
             raise ValueError(f"replicas={self.replicas} must be >= 0")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
+        if self.delta_block_bytes < 0:
+            raise ValueError(f"delta_block_bytes={self.delta_block_bytes} must be >= 0 (0: whole versions)")
         if self.chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={self.chunk_bytes} must be >= 1")
         if self.keep < 2:
@@ -225,6 +230,7 @@ class Checkpointer:
         self.replicator = Replicator(
             self.store, own, m=self.config.replicas, placement=self.config.placement,
             ranks_per_host=self.config.host_ranks(), chunk_bytes=self.config.chunk_bytes, gate=self.gate,
+            delta_block_bytes=self.config.delta_block_bytes,
         )  # fmt: skip
 
     # -- save --------------------------------------------------------------------------------------
@@ -253,6 +259,7 @@ class Checkpointer:
             traffic = self.replicator.take_step()
             record.update(replicated_bytes=traffic.sent_bytes, chunks=traffic.chunks, windows_used=len(traffic.windows),
                           max_delay_s=traffic.max_delay_s, completed=traffic.completed,
+                          sent_fractions=traffic.sent_fractions,
                           complete_step=traffic.complete_step,
                           replication_error=None if self.replicator.error is None else repr(self.replicator.error))  # fmt: skip
             self.replicator.notify(step)

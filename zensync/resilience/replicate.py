@@ -24,21 +24,25 @@ rank saves a new version it starts a *round*, a collective of every rank's repli
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import math
+import mmap
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from zensync.resilience.gate import IdleGate
 from zensync.resilience.placement import replica_peers, replica_sources
-from zensync.resilience.store import CorruptShard, ShardStore
+from zensync.resilience.store import CorruptShard, ShardInfo, ShardStore
 from zensync.transport import Transport
 
-__all__ = ["Replicator", "RoundRecord", "StepTraffic", "exchange", "pack", "unpack"]
+__all__ = ["Replicator", "RoundRecord", "StepTraffic", "exchange", "pack", "pack_delta", "unpack"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,30 +50,101 @@ _LENGTH = 8
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
+def _blob(header: dict[str, Any], *parts: Any) -> torch.Tensor:
+    """An 8-byte header length, the header's JSON, then ``parts`` (buffers) back to back."""
+    head = json.dumps(header).encode()
+    out = bytearray(len(head).to_bytes(_LENGTH, "little"))
+    out += head
+    for part in parts:
+        with memoryview(part) as view:
+            out += view.cast("B")
+    return torch.frombuffer(out, dtype=torch.uint8)
+
+
+def _info(store: ShardStore, rank: int, step: int) -> ShardInfo:
+    infos = [i for i in store.versions(rank) if i.step == step]
+    if not infos:
+        raise FileNotFoundError(f"no complete shard of rank {rank} at step {step} to send")
+    return infos[-1]
+
+
 def pack(store: ShardStore, rank: int, step: int) -> torch.Tensor:
-    """``rank``'s shard at ``step`` as one byte tensor: header length, manifest, data.
+    """``rank``'s shard at ``step`` as one byte tensor: a header, the manifest, the data.
 
     Raises:
         FileNotFoundError: If the store has no complete shard of ``rank`` at ``step``.
     """
-    infos = [i for i in store.versions(rank) if i.step == step]
-    if not infos:
-        raise FileNotFoundError(f"no complete shard of rank {rank} at step {step} to send")
-    manifest, data = store.raw(infos[-1])
-    return torch.frombuffer(bytearray(len(manifest).to_bytes(_LENGTH, "little") + manifest + data), dtype=torch.uint8)
+    manifest, data = store.raw(_info(store, rank, step))
+    return _blob({"kind": "full", "manifest": len(manifest)}, manifest, data)
+
+
+def pack_delta(store: ShardStore, rank: int, step: int, base_step: int, block_bytes: int) -> tuple[torch.Tensor, float]:
+    """``rank``'s shard at ``step`` as the blocks of ``block_bytes`` that differ from its version
+    ``base_step`` (which the receivers hold); the whole shard (``pack``) when the two versions'
+    layouts differ. Returns (the blob, the fraction of the data sent).
+    """
+    new, base = _info(store, rank, step), _info(store, rank, base_step)
+    manifest, base_manifest = store.raw_manifest(new), store.raw_manifest(base)
+    if _layout(manifest) != _layout(base_manifest) or not new.nbytes:
+        return pack(store, rank, step), 1.0
+    with _mapped(new) as a, _mapped(base) as b:
+        changed = _changed_blocks(a, b, block_bytes)
+        payload = [a[i * block_bytes : (i + 1) * block_bytes] for i in changed.tolist()]
+        data = torch.cat(payload) if payload else torch.empty(0, dtype=torch.uint8)
+        blob = _blob({"kind": "delta", "manifest": len(manifest), "base": base_step, "block": block_bytes,
+                      "changed": changed.numel()}, manifest, changed.numpy().tobytes(), data.numpy())  # fmt: skip
+    return blob, data.numel() / new.nbytes
+
+
+def _layout(manifest: bytes) -> Any:
+    parsed = json.loads(manifest)
+    return parsed["nbytes"], [(e["key"], e["dtype"], e["shape"], e["offset"]) for e in parsed["entries"]]
+
+
+@contextlib.contextmanager
+def _mapped(info: ShardInfo) -> Iterator[torch.Tensor]:
+    """A shard's data as a uint8 tensor over a private map of its file (no copy until written)."""
+    with open(info.path / "data.bin", "rb") as f, mmap.mmap(f.fileno(), info.nbytes, access=mmap.ACCESS_COPY) as buf:
+        view = torch.frombuffer(buf, dtype=torch.uint8)
+        try:
+            yield view
+        finally:
+            del view
+
+
+def _changed_blocks(a: torch.Tensor, b: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    """Indices of the ``block_bytes`` blocks where ``a`` and ``b`` differ (the last block may be short)."""
+    full = a.numel() // block_bytes
+    word = 8 if block_bytes % 8 == 0 else 1
+    head = (a[: full * block_bytes].view(torch.int64 if word == 8 else torch.uint8).view(full, -1)
+            != b[: full * block_bytes].view(torch.int64 if word == 8 else torch.uint8).view(full, -1)).any(1)  # fmt: skip
+    changed = head.nonzero().flatten()
+    if full * block_bytes < a.numel() and not torch.equal(a[full * block_bytes :], b[full * block_bytes :]):
+        changed = torch.cat([changed, torch.tensor([full])])
+    return changed
 
 
 def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
-    """Keep a shard ``pack`` made (once it verifies); returns its step.
+    """Keep a shard ``pack`` or ``pack_delta`` made (once it verifies); returns its step.
 
     Raises:
-        CorruptShard: If it does not verify (nothing is kept).
+        CorruptShard: If it does not verify or cannot be read (nothing is kept).
     """
     raw = memoryview(blob.numpy() if isinstance(blob, torch.Tensor) else blob).cast("B")
-    if len(raw) < _LENGTH:
-        raise CorruptShard(f"a shard received with {len(raw)} bytes has no header")
-    length = int.from_bytes(raw[:_LENGTH], "little")
-    return store.put_raw(bytes(raw[_LENGTH : _LENGTH + length]), raw[_LENGTH + length :]).step
+    try:
+        length = int.from_bytes(raw[:_LENGTH], "little")
+        header = json.loads(bytes(raw[_LENGTH : _LENGTH + length]))
+        at = _LENGTH + length
+        manifest, at = bytes(raw[at : at + int(header["manifest"])]), at + int(header["manifest"])
+        if header["kind"] == "full":
+            return store.put_raw(manifest, raw[at:]).step
+        changed = int(header["changed"])
+        blocks = torch.frombuffer(bytearray(raw[at : at + 8 * changed]), dtype=torch.int64) if changed else torch.empty(0, dtype=torch.int64)
+        return store.put_delta(manifest, int(header["base"]), int(header["block"]), blocks, raw[at + 8 * changed :]).step
+    except CorruptShard:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptShard(f"a shard received that cannot be read: {exc}") from None
 
 
 def exchange(transport: Transport, blobs: dict[int, torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
@@ -90,6 +165,10 @@ class RoundRecord:
 
     step: int
     """The step replicated."""
+    base: int | None = None
+    """The complete step it was sent as a delta against (None: whole)."""
+    sent_fraction: float = 1.0
+    """Of the shard's data, the part sent (the changed blocks of a delta)."""
     sent_bytes: int = 0
     """Bytes this rank sent (its shard times its peers)."""
     received_bytes: int = 0
@@ -115,6 +194,8 @@ class StepTraffic:
     max_delay_s: float = 0.0
     completed: list[int] = dataclasses.field(default_factory=list)
     """Steps that became complete meanwhile."""
+    sent_fractions: list[float] = dataclasses.field(default_factory=list)
+    """Of each completed round's shard data, the part sent (below 1: a delta)."""
     complete_step: int | None = None
     """The newest complete step when taken."""
 
@@ -137,13 +218,18 @@ class Replicator:
         ranks_per_host: Consecutive ranks that share a host (their replicas go to other hosts).
         chunk_bytes: Bytes per chunk (the most a sync that begins mid-chunk waits for, on the wire).
         gate: The network's idle windows (``IdleGate``, fed by zensync's hook).
+        delta_block_bytes: Send a new version as the blocks of this size that changed since the newest
+            complete one, which every holder has (0: whole versions only).
     """
 
     def __init__(self, store: ShardStore, transport: Transport, *, m: int, placement: str, ranks_per_host: int,
-                 chunk_bytes: int, gate: IdleGate) -> None:  # fmt: skip
+                 chunk_bytes: int, gate: IdleGate, delta_block_bytes: int = 0) -> None:  # fmt: skip
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be >= 1")
+        if delta_block_bytes < 0:
+            raise ValueError(f"delta_block_bytes={delta_block_bytes} must be >= 0")
         self.store, self.transport, self.gate, self.chunk_bytes = store, transport, gate, chunk_bytes
+        self.delta_block_bytes = delta_block_bytes
         rank, n = transport.rank, transport.world_size
         self.peers = replica_peers(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
         self.sources = replica_sources(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
@@ -194,12 +280,12 @@ class Replicator:
                     stopping = self._stopping
                 newest = self.store.versions(self.transport.rank)
                 mine = newest[-1].step if newest else -1
-                common, anyone_stops = self._agree(mine, stopping)
+                common, base, anyone_stops = self._agree(mine, stopping)
                 if anyone_stops:
                     return
                 attempted = max(attempted, mine)
                 if common >= 0 and (self.complete_step is None or common > self.complete_step):
-                    self._round(common)
+                    self._round(common, base)
         except BaseException as exc:  # noqa: BLE001 - the thread ends; the owner reports it
             self.error = exc
             logger.error("zensync checkpoint: replication stopped on rank %d: %r", self.transport.rank, exc)
@@ -207,19 +293,35 @@ class Replicator:
             with self._cond:
                 self._cond.notify_all()
 
-    def _agree(self, mine: int, stopping: bool) -> tuple[int, bool]:
-        """(the newest step every rank has, -1 when one has none; whether any rank is stopping)."""
-        said = self.transport.all_gather(torch.tensor([mine, int(stopping)], dtype=torch.int64))
-        table = torch.stack(said)
-        return int(table[:, 0].min()), bool(table[:, 1].any())
+    def _base(self) -> int:
+        """The complete step this rank can send deltas against and apply them to (-1: none): its own
+        version of it and its replicas of every source's."""
+        step = self.complete_step
+        if step is None or self.delta_block_bytes == 0:
+            return -1
+        ranks = [self.transport.rank, *self.sources]
+        held = all(any(i.step == step for i in self.store.versions(r)) for r in ranks)
+        return step if held else -1
 
-    def _round(self, step: int) -> None:
-        """Steps 2-4 of the module docstring for ``step``."""
+    def _agree(self, mine: int, stopping: bool) -> tuple[int, int | None, bool]:
+        """(the newest step every rank has, -1 when one has none; the base every rank holds for deltas,
+        None when one does not; whether any rank is stopping)."""
+        said = self.transport.all_gather(torch.tensor([mine, int(stopping), self._base()], dtype=torch.int64))
+        table = torch.stack(said)
+        bases = set(table[:, 2].tolist())
+        base = bases.pop() if len(bases) == 1 and min(table[:, 2].tolist()) >= 0 else None
+        return int(table[:, 0].min()), base, bool(table[:, 1].any())
+
+    def _round(self, step: int, base: int | None) -> None:
+        """Steps 2-4 of the module docstring for ``step`` (a delta against ``base`` when given)."""
         rank = self.transport.rank
-        record = RoundRecord(step)
+        record = RoundRecord(step, base=base)
         started_s = time.perf_counter()
         with self.store.pinned(rank, step):
-            blob = pack(self.store, rank, step)
+            if base is not None and base < step:
+                blob, record.sent_fraction = pack_delta(self.store, rank, step, base, self.delta_block_bytes)
+            else:
+                blob = pack(self.store, rank, step)
         sizes = [int(t) for t in torch.cat(self.transport.all_gather(torch.tensor([blob.numel()])))]
         chunks = max(math.ceil(size / self.chunk_bytes) for size in sizes)
         incoming = {source: bytearray(sizes[source]) for source in self.sources}
@@ -256,6 +358,7 @@ class Replicator:
             self._tried = step
             if record.complete:
                 self._step.completed.append(step)
+                self._step.sent_fractions.append(record.sent_fraction)
             self._cond.notify_all()
 
     def take_step(self) -> StepTraffic:

@@ -153,7 +153,7 @@ class ShardStore:
     def save(self, rank: int, step: int, state: dict[str, Any]) -> ShardInfo:
         """Write ``rank``'s ``state`` at ``step`` as a new complete version; returns it.
 
-        Tensors are copied once, straight into the shared-memory file; the manifest is renamed into
+        Tensors are written once, straight into the shared-memory file; the manifest is renamed into
         place last, so a crash mid-save leaves no complete shard for ``step``.
 
         Raises:
@@ -167,20 +167,17 @@ class ShardStore:
         if newest and newest[-1].step >= step:
             raise ValueError(f"rank {rank} has a complete version at step {newest[-1].step}; step={step} must be later")
         entries: list[dict[str, Any]] = []
-        offsets, offset = [], 0
+        offset = 0
         for key, tensor in tensors.items():
             nbytes = tensor.numel() * tensor.element_size()
             entries.append({"key": key, "dtype": str(tensor.dtype).removeprefix("torch."),
                             "shape": list(tensor.shape), "offset": offset, "nbytes": nbytes})  # fmt: skip
-            offsets.append(offset)
             offset += nbytes
         target = self._claim(rank, step, offset)
         with open(target / "data.bin", "r+b" if (target / "data.bin").exists() else "w+b") as f:
-            if offset:
-                f.truncate(offset)
-                with mmap.mmap(f.fileno(), offset) as buf:
-                    for entry, at, tensor in zip(entries, offsets, tensors.values(), strict=True):
-                        entry["crc32"] = _write(buf, at, tensor)
+            f.truncate(offset)
+            for entry, tensor in zip(entries, tensors.values(), strict=True):
+                entry["crc32"] = _write(f, tensor)
         manifest = {"format": FORMAT, "rank": rank, "step": step, "nbytes": offset, "entries": entries}
         manifest["values"] = values
         tmp = target / "manifest.json.tmp"
@@ -299,6 +296,10 @@ class ShardStore:
         """(manifest text, data bytes) of a complete shard, as they are on disk (for a peer's copy)."""
         return (info.path / "manifest.json").read_bytes(), (info.path / "data.bin").read_bytes()
 
+    def raw_manifest(self, info: ShardInfo) -> bytes:
+        """A complete shard's manifest text, as it is on disk."""
+        return (info.path / "manifest.json").read_bytes()
+
     def put_raw(self, manifest: bytes, data: bytes | memoryview) -> ShardInfo:
         """Store a shard ``raw`` gave (another host's), as complete only once it verifies.
 
@@ -319,9 +320,52 @@ class ShardStore:
             shutil.rmtree(target)
         target.mkdir(parents=True)
         (target / "data.bin").write_bytes(data)
+        return self._complete_received(target, manifest, rank, step, len(data))
+
+    def put_delta(self, manifest: bytes, base_step: int, block_bytes: int, blocks: torch.Tensor,
+                  data: bytes | memoryview) -> ShardInfo:  # fmt: skip
+        """Store a shard sent as the blocks that changed since version ``base_step`` of the same rank,
+        held here: the base's bytes copied (by the kernel), the changed ``blocks`` (indices of
+        ``block_bytes``-byte blocks, ``data`` their bytes back to back) written over them, then
+        verified against ``manifest`` like ``put_raw``.
+
+        Raises:
+            CorruptShard: If the manifest is unreadable, the base is missing, or the result does not
+                verify (nothing is kept).
+        """
+        try:
+            header = json.loads(manifest)
+            rank, step, nbytes = int(header["rank"]), int(header["step"]), int(header["nbytes"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptShard(f"a delta shard received with an unreadable manifest: {exc}") from None
+        base = [i for i in self.versions(rank) if i.step == base_step]
+        if not base:
+            raise CorruptShard(f"a delta of rank {rank}'s step {step} against step {base_step}, which is not here")
+        target = self._dir(rank, step)
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        with self.pinned(rank, base_step):
+            shutil.copyfile(base[0].path / "data.bin", target / "data.bin")
+        with open(target / "data.bin", "r+b") as f:
+            f.truncate(nbytes)
+            at = 0
+            for index in blocks.tolist():
+                start = index * block_bytes
+                size = min(block_bytes, nbytes - start)
+                if size <= 0 or at + size > len(data):
+                    shutil.rmtree(target, ignore_errors=True)
+                    raise CorruptShard(f"a delta of rank {rank}'s step {step} has block {index} out of place")
+                f.seek(start)
+                f.write(data[at : at + size])
+                at += size
+        return self._complete_received(target, manifest, rank, step, nbytes)
+
+    def _complete_received(self, target: pathlib.Path, manifest: bytes, rank: int, step: int,
+                           nbytes: int) -> ShardInfo:  # fmt: skip
         (target / "manifest.json.tmp").write_bytes(manifest)
         os.replace(target / "manifest.json.tmp", target / "manifest.json")
-        info = ShardInfo(rank, step, target, len(data))
+        info = ShardInfo(rank, step, target, nbytes)
         try:
             self.verify(info)
         except CorruptShard:
@@ -409,17 +453,14 @@ class ShardStore:
         self.root.mkdir(parents=True, exist_ok=True)
 
 
-def _write(buf: mmap.mmap, offset: int, tensor: torch.Tensor) -> int:
-    """Copy ``tensor``'s bytes into ``buf`` at ``offset`` (one copy); returns their CRC-32."""
-    nbytes = tensor.numel() * tensor.element_size()
-    if not nbytes:
+def _write(f: Any, tensor: torch.Tensor) -> int:
+    """Write ``tensor``'s bytes at ``f``'s position (one copy, by the kernel into tmpfs: no page faults
+    in a mapping); returns the CRC-32 of the bytes written, computed on the tensor's own memory."""
+    if not tensor.numel():
         return 0
-    with memoryview(buf)[offset : offset + nbytes] as view:  # released before the map closes, even on error
-        target = torch.frombuffer(view, dtype=torch.uint8)
-        try:
-            target.copy_(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
-        finally:
-            del target
+    flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    with memoryview(flat.numpy()) as view:
+        f.write(view)
         return zlib.crc32(view)
 
 

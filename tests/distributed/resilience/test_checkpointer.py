@@ -9,8 +9,8 @@ hook, SGD with momentum, a checkpoint every step replicated to 1 peer (Gemini's 
   (one step lost beyond the one in flight) and still goes on as the uninterrupted run.
 - Every host's memory gone: the disk checkpoint (torch.distributed.checkpoint) is restored; with no
   disk checkpoint either, every rank raises the same FileNotFoundError.
-- The per-step records account for what moved: every replicated byte was sent in an idle window of
-  the hook's gate, a version's bytes times its replicas.
+- The per-step records account for what moved: the first version whole, each later one as a delta
+  against the newest complete version (its changed 256-byte blocks).
 """
 
 from __future__ import annotations
@@ -132,9 +132,13 @@ def test_a_replaced_host_restores_from_its_peer_and_goes_on_as_the_uninterrupted
         shard = records[-1]["bytes"]
         assert shard > 0 and all(r["max_delay_s"] >= 0 for r in records)
         sent = sum(r["replicated_bytes"] for r in records)
-        # every version before the last one was replicated before the next save (wait_replicated);
-        # a version's blob is its data plus its manifest (a few KiB of JSON) and an 8-byte header
-        assert shard * (CRASH_AFTER - 1) < sent < (shard + MANIFEST_BYTES) * (CRASH_AFTER - 1)
+        fractions = [f for r in records for f in r["sent_fractions"]]
+        # every version before the last one was replicated before the next save (wait_replicated): the
+        # first whole, the others as the blocks that changed (this small model's batches touch most rows:
+        # most blocks change; tests/unit/resilience/test_delta.py checks what a delta sends); a blob is
+        # that data plus the manifest (a few KiB of JSON), block indices and a header
+        assert len(fractions) == CRASH_AFTER - 1 and fractions[0] == 1.0 and all(0 < f <= 1 for f in fractions[1:])
+        assert shard * sum(fractions) < sent < (shard + MANIFEST_BYTES) * sum(fractions) + 8 * shard / 256 * (CRASH_AFTER - 2)
         assert all(r["windows_used"] <= 1 for r in records) and out["windows"] >= CRASH_AFTER
         assert [r["complete_step"] for r in records] == [None, *range(CRASH_AFTER - 1)]
 
