@@ -11,7 +11,7 @@ batches. Three phases:
    per-step records the shard's bytes, the save's time, the replicated bytes, idle windows used, the
    longest delay a chunk imposed on a gradient sync, and the coverage lag (steps between the newest
    save and the newest step whose every shard has its replicas).
-2. **failure**: training with checkpoints (and a disk checkpoint at step --kill-step - 1, served by
+2. **failure**: training with checkpoints (and a disk checkpoint every --dcp-every steps, served by
    the storage host); in step --kill-step, after its backward, host 3's worker SIGKILLs itself; the
    other workers fail in their next collective. Then host 3's store is deleted: its agent and memory
    are gone, the host is replaced.
@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
-import http.server
 import os
 import pathlib
 import shutil
@@ -60,7 +58,7 @@ from zensync.resilience import CheckpointConfig, Checkpointer
 from zensync.resilience.memory import load_parts
 from zensync.resilience.store import unflatten
 from zensync.testbed import EmulatedCluster
-from zensync.transport.dcp import METADATA, dcp_load_rank, dcp_rank_files
+from zensync.transport.dcp import METADATA, dcp_load_rank, dcp_rank_files, dcp_steps
 from zensync.workloads import lm
 
 _PORT, _HTTP_PORT = 29741, 8731
@@ -131,7 +129,7 @@ def _overhead(args: argparse.Namespace, corpus: torch.Tensor) -> dict[str, Any]:
 def _failure(args: argparse.Namespace, corpus: torch.Tensor) -> None:
     config = DemoConfig()
     model, ddp, state, opt = _setup(config)
-    ckpt = Checkpointer(_ckpt_config(args, dcp_dir=args.disk, dcp_every=args.kill_step - 1), hook_state=state)
+    ckpt = Checkpointer(_ckpt_config(args, dcp_dir=args.disk, dcp_every=args.dcp_every), hook_state=state)
     assert ckpt.restore(model=model, optimizer=opt, zensync=state) == 0
     for step in range(args.kill_step + 1):
         _step(ddp, opt, corpus, config, step, kill=step == args.kill_step and dist.get_rank() == VICTIM)
@@ -157,7 +155,7 @@ def _from_storage(args: argparse.Namespace, step: int) -> dict[str, Any]:
     model = DemoModel(config, generator=torch.Generator().manual_seed(config.seed))
     load_parts(unflatten(flat), {"model": model})
     shutil.rmtree(local)
-    return {"seconds": time.perf_counter() - start, "bytes": fetched}
+    return {"seconds": time.perf_counter() - start, "bytes": fetched, "step": step}
 
 
 def _download(url: str, path: pathlib.Path) -> int:
@@ -177,7 +175,8 @@ def _recovery(args: argparse.Namespace, corpus: torch.Tensor) -> dict[str, Any]:
         ckpt.save(step, model=model, optimizer=opt, zensync=state)
     ckpt.close()
     dist.barrier()
-    storage = _from_storage(args, recovery["step"]) if dist.get_rank() == VICTIM else None
+    newest_disk = max(dcp_steps(args.disk))  # the storage host's newest checkpoint: the same bytes
+    storage = _from_storage(args, newest_disk) if dist.get_rank() == VICTIM else None
     dist.barrier()
     state.close()
     # the uninterrupted run of the same steps, for the final parameters
@@ -211,16 +210,25 @@ def _run_phase(cluster: EmulatedCluster, args: argparse.Namespace, phase: str, e
     return [p.returncode for p in procs]
 
 
-def _summary(overhead: list[dict[str, Any]], recovery: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+def _summary(
+    overhead: list[dict[str, Any]], recovery: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
     def slowest(mode: str) -> list[float]:
         return [max(r[mode]["step_s"][i] for r in overhead) for i in range(len(overhead[0][mode]["step_s"]))]
 
     off, on = statistics.median(slowest("off")), statistics.median(slowest("on"))
     records = [rec for r in overhead for rec in r["on"]["records"]]
+    # steady state: the steps after a run's first version had all its replicas (deltas from then on)
+    on_steps, steady = slowest("on"), []
+    for i, rec in enumerate(overhead[0]["on"]["records"]):
+        if all(r["on"]["records"][i]["complete_step"] is not None for r in overhead):
+            steady.append(on_steps[i])
     lags = [rec["step"] - rec["complete_step"] for rec in records if rec["complete_step"] is not None]
     victim = recovery[VICTIM]
     return {
         "step_s_off": off, "step_s_on": on, "overhead": on / off - 1.0,
+        "steady_steps": len(steady), "step_s_on_steady": statistics.median(steady) if steady else None,
+        "overhead_steady": statistics.median(steady) / off - 1.0 if steady else None,
         "shard_bytes": statistics.median(rec["bytes"] for rec in records),
         "save_s": statistics.median(rec["save_s"] for rec in records),
         "replicated_bytes_per_step": statistics.mean(rec["replicated_bytes"] for rec in records),
@@ -249,6 +257,8 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| step without checkpoints (s, median of max over ranks) | {s['step_s_off']:.4f} |",
         f"| step with a checkpoint every step + {meta['replicas']} replica (s) | {s['step_s_on']:.4f} |",
         f"| overhead | {100 * s['overhead']:+.1f} % (target <= 5 %) |",
+        f"| the same, steady state ({s['steady_steps']} steps after the first version had its replicas) | "
+        + (f"{s['step_s_on_steady']:.4f} s, {100 * s['overhead_steady']:+.1f} % |" if s["steady_steps"] else "none |"),
         f"| shard per rank (MB) | {s['shard_bytes'] / 1e6:.2f} |",
         f"| save into shared memory (ms, median) | {1e3 * s['save_s']:.2f} |",
         f"| replicated per step per rank (MB) | {s['replicated_bytes_per_step'] / 1e6:.2f} |",
@@ -259,10 +269,13 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| coverage lag (steps, median / max) | {s['coverage_lag_median']} / {s['coverage_lag_max']} |",
         f"| recovery path of the replaced host | {rec['source']}, step {rec['step']} |",
         f"| steps lost beyond the one in flight | {s['lost_beyond_in_flight']} (target 0) |",
-        f"| restore ({rec['source']}) on host {VICTIM} (s) | {rec['seconds']:.3f} ({rec['fetched_bytes'] / 1e6:.2f} MB fetched) |",
-        f"| the same state from the storage host (s) | {sto['seconds']:.3f} ({sto['bytes'] / 1e6:.2f} MB) |",
-        f"| speedup of peers' memory over the storage host | "
-        + (f"{s['recovery_speedup']:.1f}x (target >= 5x) |" if s["recovery_speedup"] else "n/a: not restored from peers |"),
+        f"| restore ({rec['source']}) on host {VICTIM} (s) | {rec['seconds']:.3f} "
+        f"({rec['fetched_bytes'] / 1e6:.2f} MB fetched) |",
+        f"| the same state from the storage host (s; its step {sto['step']}) | {sto['seconds']:.3f} "
+        f"({sto['bytes'] / 1e6:.2f} MB) |",
+        "| speedup of peers' memory over the storage host | "
+        + (f"{s['recovery_speedup']:.1f}x (target >= 5x) |" if s["recovery_speedup"]
+           else "n/a: not restored from peers |"),
         f"| final parameters vs uninterrupted run (max abs diff) | {s['max_param_diff']:.2e} |", "",
     ])  # fmt: skip
 
@@ -271,12 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--storage-rate", default="100mbit")
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--chunk-kib", type=int, default=1024)
-    p.add_argument("--kill-step", type=int, default=6)
+    p.add_argument("--kill-step", type=int, default=30)
+    p.add_argument(
+        "--dcp-every", type=int, default=10, help="disk checkpoints in the failure phase (the storage host's)"
+    )
     p.add_argument("--label", default="")
     p.add_argument("--timeout-s", type=float, default=900.0)
     p.add_argument("--results-dir", default=str(pathlib.Path(__file__).parent / "results"))
@@ -317,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = _summary(overhead, recovery, args)
     date = datetime.date.today().isoformat()
     label = args.label or f"4x{args.rate}_storage{args.storage_rate}"
-    meta = {"date": date, "label": label, "command": " ".join(["python", "experiments/resilience_bench.py", *forwarded]),
+    command = " ".join(["python", "experiments/resilience_bench.py", *forwarded])
+    meta = {"date": date, "label": label, "command": command,
             "rate": args.rate, "storage_rate": args.storage_rate, "steps": args.steps, "warmup": args.warmup,
             "rounds": args.rounds, "replicas": args.replicas, "chunk_kib": args.chunk_kib, "kill_step": args.kill_step,
             "seed": config.seed, **versions()}  # fmt: skip

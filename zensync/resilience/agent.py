@@ -68,7 +68,7 @@ class CheckpointAgent:
             AgentBusy: If a live agent holds it.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        lock = open(self.root / _LOCK, "a+")
+        lock = open(self.root / _LOCK, "a+")  # noqa: SIM115 - held open while the agent lives (the flock)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -47,7 +47,7 @@ from zensync.resilience.placement import PLACEMENTS
 from zensync.resilience.recover import RecoveryPlan, plan_recovery
 from zensync.resilience.replicate import Replicator, exchange, pack, unpack
 from zensync.resilience.store import ShardStore, flatten, unflatten
-from zensync.transport import Transport, transport_for_group
+from zensync.transport import TorchTransport, Transport, transport_for_group
 from zensync.transport.dcp import dcp_load_rank, dcp_save_rank, dcp_steps
 
 __all__ = ["ROOT_ENV", "CheckpointConfig", "Checkpointer"]
@@ -204,12 +204,14 @@ class Checkpointer:
         if plan.source != "dcp":
             return self.store.load(self.rank, plan.step)
         assert self.config.dcp_dir is not None
-        flat: dict[str, Any] = dict(dcp_load_rank(pathlib.Path(self.config.dcp_dir) / f"step{plan.step}", self.transport))  # type: ignore[arg-type]
+        flat: dict[str, Any] = dict(
+            dcp_load_rank(pathlib.Path(self.config.dcp_dir) / f"step{plan.step}", self._torch())
+        )
         values = flat.pop(_VALUES_KEY)
         flat.update(json.loads(bytes(values.tolist())))
         state = unflatten(flat)
         if not any(v.step >= plan.step for v in self.store.versions(self.rank)):
-            self.store.save(self.rank, plan.step, state)  # memory holds it again
+            self.store.save(self.rank, plan.step, dict(state))  # type: ignore[arg-type]  # memory holds it again
         return state
 
     def _agree(self, failure: BaseException | None) -> None:
@@ -257,11 +259,11 @@ class Checkpointer:
                                   "dcp_s": time.perf_counter() - started_s - saved_s}  # fmt: skip
         if self.replicator is not None:
             traffic = self.replicator.take_step()
+            error = self.replicator.error
             record.update(replicated_bytes=traffic.sent_bytes, chunks=traffic.chunks, windows_used=len(traffic.windows),
                           max_delay_s=traffic.max_delay_s, completed=traffic.completed,
-                          sent_fractions=traffic.sent_fractions,
-                          complete_step=traffic.complete_step,
-                          replication_error=None if self.replicator.error is None else repr(self.replicator.error))  # fmt: skip
+                          sent_fractions=traffic.sent_fractions, complete_step=traffic.complete_step,
+                          replication_error=None if error is None else repr(error))  # fmt: skip
             self.replicator.notify(step)
         self.history.append(record)
         if self._jsonl is not None:
@@ -273,7 +275,13 @@ class Checkpointer:
         assert self.config.dcp_dir is not None
         tensors, values = flatten(state)
         tensors[_VALUES_KEY] = torch.frombuffer(bytearray(json.dumps(values).encode()), dtype=torch.uint8)
-        dcp_save_rank(pathlib.Path(self.config.dcp_dir) / f"step{step}", tensors, self.transport)  # type: ignore[arg-type]
+        dcp_save_rank(pathlib.Path(self.config.dcp_dir) / f"step{step}", tensors, self._torch())
+
+    def _torch(self) -> TorchTransport:
+        """The checkpointer's transport, for torch.distributed.checkpoint (which needs a process group)."""
+        if not isinstance(self.transport, TorchTransport):
+            raise ValueError(f"dcp_dir needs a torch.distributed transport, not {type(self.transport).__name__}")
+        return self.transport
 
     def wait_replicated(self, timeout_s: float | None = None) -> bool:
         """Block until the newest saved step has all its replicas (before a planned stop, say);
@@ -288,4 +296,3 @@ class Checkpointer:
         if self.replicator is not None:
             self.replicator.close()
             self.replicator = None
-

@@ -6,18 +6,19 @@ local index on ``m`` other hosts.
 
 - **group** (Gemini, SOSP'23 Sec. 4.2, the default): the hosts form groups of m + 1 consecutive
   hosts, and each host's shard goes to the other m members of its group. A group keeps its
-  checkpoints as long as one member survives, so up to m failures lose nothing unless they fall in
-  one group, which is less likely than any m + 1 hosts (Gemini's Theorem 1). When m + 1 does not
+  checkpoints as long as one member survives: any m failures lose nothing, and m + 1 lose a shard
+  only when they fall in one group, which is less likely than under any other placement (Gemini's
+  Theorem 1). When m + 1 does not
   divide the hosts, the last group takes the remainder and uses a ring inside itself (Gemini's
   mixed placement).
 - **ring**: host h's shard goes to hosts h + 1, ..., h + m.
 
 Example::
 
-    replica_peers(0, 8, 1)                    # [1]: groups {0,1} {2,3} {4,5} {6,7}
+    replica_peers(0, 8, 1)  # [1]: groups {0,1} {2,3} {4,5} {6,7}
     replica_peers(0, 8, 1, placement="ring")  # [1]
-    replica_peers(1, 8, 1)                    # [0]; with the ring: [2]
-    replica_peers(4, 5, 1)                    # [2]: the last group {2,3,4} is a ring
+    replica_peers(1, 8, 1)  # [0]; with the ring: [2]
+    replica_peers(4, 5, 1)  # [2]: the last group {2,3,4} is a ring
 """
 
 from __future__ import annotations
@@ -68,7 +69,13 @@ def replica_peers(
 def replica_sources(
     rank: int, world_size: int, m: int, *, ranks_per_host: int = 1, placement: str = "group"
 ) -> list[int]:
-    """The ranks whose shards ``rank`` holds replicas of (``replica_peers`` inverted), ascending."""
+    """The ranks whose shards ``rank`` holds replicas of (``replica_peers`` inverted), ascending.
+
+    Raises:
+        ValueError: As ``replica_peers``, and for a ``rank`` outside ``world_size``.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is outside world_size={world_size}")
     return [
         source
         for source in range(world_size)

@@ -52,16 +52,22 @@ def plan_recovery(reports: list[Report], dcp_steps: list[int], required: bool = 
     """
     n = len(reports)
     available: list[dict[int, int]] = [{} for _ in range(n)]  # rank -> {step: lowest holder}
+    own: list[set[int]] = [set() for _ in range(n)]  # rank -> the steps its own host holds
     for holder in range(n):
-        for rank, steps in reports[holder]["have"].items():
+        for key, steps in reports[holder]["have"].items():
+            rank = int(key)
+            if not 0 <= rank < n:  # a replica of a rank of another (larger) job left in a store
+                continue
             for step in steps:
-                available[int(rank)].setdefault(int(step), holder)
+                available[rank].setdefault(int(step), holder)
+                if rank == holder:
+                    own[rank].add(int(step))
     seen = max((s for held in available for s in held), default=None)
     common = set(available[0]).intersection(*available[1:]) if n else set()
     memory = max(common, default=None)
     disk = max(dcp_steps, default=None)
     if memory is not None and (disk is None or memory >= disk):
-        senders = {r: available[r][memory] for r in range(n) if memory not in reports[r]["have"].get(str(r), [])}
+        senders = {r: available[r][memory] for r in range(n) if memory not in own[r]}
         source: Source = "peers" if senders else "local"
         return RecoveryPlan(source, memory, senders, max(0, (seen or memory) - memory))
     if disk is not None:
@@ -75,4 +81,3 @@ def plan_recovery(reports: list[Report], dcp_steps: list[int], required: bool = 
         f"{'none' if missing else 'no step in common with the others'} in any host's memory, and no "
         f"torch.distributed.checkpoint on disk is given (dcp_dir) or complete"
     )
-

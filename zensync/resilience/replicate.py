@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -115,9 +116,9 @@ def _mapped(info: ShardInfo) -> Iterator[torch.Tensor]:
 def _changed_blocks(a: torch.Tensor, b: torch.Tensor, block_bytes: int) -> torch.Tensor:
     """Indices of the ``block_bytes`` blocks where ``a`` and ``b`` differ (the last block may be short)."""
     full = a.numel() // block_bytes
-    word = 8 if block_bytes % 8 == 0 else 1
-    head = (a[: full * block_bytes].view(torch.int64 if word == 8 else torch.uint8).view(full, -1)
-            != b[: full * block_bytes].view(torch.int64 if word == 8 else torch.uint8).view(full, -1)).any(1)  # fmt: skip
+    word = torch.int64 if block_bytes % 8 == 0 else torch.uint8  # 8-byte compares where blocks allow
+    cut = full * block_bytes
+    head = (a[:cut].view(word).view(full, -1) != b[:cut].view(word).view(full, -1)).any(1)
     changed = head.nonzero().flatten()
     if full * block_bytes < a.numel() and not torch.equal(a[full * block_bytes :], b[full * block_bytes :]):
         changed = torch.cat([changed, torch.tensor([full])])
@@ -130,7 +131,7 @@ def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
     Raises:
         CorruptShard: If it does not verify or cannot be read (nothing is kept).
     """
-    raw = memoryview(blob.numpy() if isinstance(blob, torch.Tensor) else blob).cast("B")
+    raw = (blob.numpy().data if isinstance(blob, torch.Tensor) else memoryview(blob)).cast("B")
     try:
         length = int.from_bytes(raw[:_LENGTH], "little")
         header = json.loads(bytes(raw[_LENGTH : _LENGTH + length]))
@@ -139,18 +140,31 @@ def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
         if header["kind"] == "full":
             return store.put_raw(manifest, raw[at:]).step
         changed = int(header["changed"])
-        blocks = torch.frombuffer(bytearray(raw[at : at + 8 * changed]), dtype=torch.int64) if changed else torch.empty(0, dtype=torch.int64)
-        return store.put_delta(manifest, int(header["base"]), int(header["block"]), blocks, raw[at + 8 * changed :]).step
+        blocks = (
+            torch.frombuffer(bytearray(raw[at : at + 8 * changed]), dtype=torch.int64)
+            if changed
+            else torch.empty(0, dtype=torch.int64)
+        )
+        return store.put_delta(
+            manifest, int(header["base"]), int(header["block"]), blocks, raw[at + 8 * changed :]
+        ).step
     except CorruptShard:
         raise
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptShard(f"a shard received that cannot be read: {exc}") from None
 
 
-def exchange(transport: Transport, blobs: dict[int, torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
-    """Send ``blobs[j]`` to rank j (one all-to-all); returns the non-empty blobs received, by source."""
+def exchange(
+    transport: Transport, blobs: dict[int, torch.Tensor], expected: dict[int, int] | None = None
+) -> list[tuple[int, torch.Tensor]]:
+    """Send ``blobs[j]`` to rank j (one all-to-all); returns the non-empty blobs received, by source.
+
+    ``expected``: the bytes each source sends here, where the caller knows them (every other source
+    sends none): the all-to-all then skips its size exchange.
+    """
     parts = [blobs.get(j, _EMPTY) for j in range(transport.world_size)]
-    received, counts = transport.all_to_all_v(torch.cat(parts), [p.numel() for p in parts])
+    recv = None if expected is None else [expected.get(j, 0) for j in range(transport.world_size)]
+    received, counts = transport.all_to_all_v(torch.cat(parts), [p.numel() for p in parts], recv)
     out, offset = [], 0
     for source, count in enumerate(counts):
         if count:
@@ -276,7 +290,7 @@ class Replicator:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._stopping or self._wanted > attempted)
+                    self._cond.wait_for(functools.partial(self._woken, attempted))
                     stopping = self._stopping
                 newest = self.store.versions(self.transport.rank)
                 mine = newest[-1].step if newest else -1
@@ -292,6 +306,9 @@ class Replicator:
         finally:
             with self._cond:
                 self._cond.notify_all()
+
+    def _woken(self, attempted: int) -> bool:
+        return self._stopping or self._wanted > attempted
 
     def _base(self) -> int:
         """The complete step this rank can send deltas against and apply them to (-1: none): its own
@@ -327,10 +344,12 @@ class Replicator:
         incoming = {source: bytearray(sizes[source]) for source in self.sources}
         for k in range(chunks):
             window, sent_s = self.gate.wait_idle()  # type: ignore[misc]  # no timeout: never None
-            piece = blob[k * self.chunk_bytes : (k + 1) * self.chunk_bytes]
-            for source, data in exchange(self.transport, {peer: piece for peer in self.peers}):
-                at = k * self.chunk_bytes
-                incoming[source][at : at + data.numel()] = data.numpy().tobytes()
+            at = k * self.chunk_bytes
+            piece = blob[at : at + self.chunk_bytes]
+            expected = {s: max(0, min(self.chunk_bytes, sizes[s] - at)) for s in self.sources}
+            for source, data in exchange(self.transport, {peer: piece for peer in self.peers}, expected):
+                with data.numpy().data as view:
+                    incoming[source][at : at + data.numel()] = view
                 record.received_bytes += data.numel()
             delay_s = self.gate.chunk_done(sent_s)
             record.sent_bytes += piece.numel() * len(self.peers)
@@ -339,9 +358,9 @@ class Replicator:
             record.chunks += 1
             with self._cond:
                 self._step.add(piece.numel() * len(self.peers), window, delay_s)
-        for source, data in incoming.items():
+        for source, received in incoming.items():
             try:
-                unpack(self.store, data)
+                unpack(self.store, received)
             except CorruptShard as exc:
                 logger.error("zensync checkpoint: rank %d's replica of step %d rejected: %s", source, step, exc)
                 record.rejected.append(source)

@@ -459,7 +459,7 @@ def _write(f: Any, tensor: torch.Tensor) -> int:
     if not tensor.numel():
         return 0
     flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-    with memoryview(flat.numpy()) as view:
+    with flat.numpy().data as view:
         f.write(view)
         return zlib.crc32(view)
 

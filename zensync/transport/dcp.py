@@ -35,7 +35,9 @@ def dcp_save_rank(path: str | pathlib.Path, tensors: dict[str, torch.Tensor], tr
              checkpoint_id=str(path), process_group=_group(transport))  # fmt: skip
 
 
-def dcp_load_rank(path: str | pathlib.Path, transport: TorchTransport | None, rank: int | None = None) -> dict[str, torch.Tensor]:
+def dcp_load_rank(
+    path: str | pathlib.Path, transport: TorchTransport | None, rank: int | None = None
+) -> dict[str, torch.Tensor]:
     """Rank ``rank``'s tensors (default: ``transport``'s rank) of a checkpoint ``dcp_save_rank`` wrote:
     a collective of ``transport``'s ranks, or, with ``transport`` None, one process alone (DCP's
     ``no_dist``: the rank's files copied from remote storage, say).

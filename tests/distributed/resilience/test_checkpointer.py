@@ -116,7 +116,7 @@ def _run(rank: int, world_size: int, root: str, corrupt: bool) -> dict[str, Any]
 def test_a_replaced_host_restores_from_its_peer_and_goes_on_as_the_uninterrupted_run(tmp_path, corrupt: bool) -> None:
     results = launch(_run, WORLD, (str(tmp_path), corrupt), tmp_path)
     restored = CRASH_AFTER - 1 if corrupt else CRASH_AFTER  # the next step to run
-    for rank, out in enumerate(results):
+    for out in results:
         assert out["start"] == restored
         assert out["recovery"]["source"] == "peers" and out["recovery"]["step"] == restored - 1
         assert out["recovery"]["lost_steps"] == (1 if corrupt else 0)
@@ -138,7 +138,11 @@ def test_a_replaced_host_restores_from_its_peer_and_goes_on_as_the_uninterrupted
         # most blocks change; tests/unit/resilience/test_delta.py checks what a delta sends); a blob is
         # that data plus the manifest (a few KiB of JSON), block indices and a header
         assert len(fractions) == CRASH_AFTER - 1 and fractions[0] == 1.0 and all(0 < f <= 1 for f in fractions[1:])
-        assert shard * sum(fractions) < sent < (shard + MANIFEST_BYTES) * sum(fractions) + 8 * shard / 256 * (CRASH_AFTER - 2)
+        assert (
+            shard * sum(fractions)
+            < sent
+            < (shard + MANIFEST_BYTES) * sum(fractions) + 8 * shard / 256 * (CRASH_AFTER - 2)
+        )
         assert all(r["windows_used"] <= 1 for r in records) and out["windows"] >= CRASH_AFTER
         assert [r["complete_step"] for r in records] == [None, *range(CRASH_AFTER - 1)]
 
