@@ -220,7 +220,7 @@ def _summary(
     records = [rec for r in overhead for rec in r["on"]["records"]]
     # steady state: the steps after a run's first version had all its replicas (deltas from then on)
     on_steps, steady = slowest("on"), []
-    for i, rec in enumerate(overhead[0]["on"]["records"]):
+    for i in range(len(overhead[0]["on"]["records"])):
         if all(r["on"]["records"][i]["complete_step"] is not None for r in overhead):
             steady.append(on_steps[i])
     lags = [rec["step"] - rec["complete_step"] for rec in records if rec["complete_step"] is not None]

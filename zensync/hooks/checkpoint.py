@@ -31,6 +31,10 @@ STATE_DICT_VERSION = 3
 _KEYS = ("version", "step", "records", "scheme_correction", "cost_model", "compression")
 _KEYS_V2 = _KEYS[:-1]
 """Version 2 had no compression state (its error feedback restarted from zero): still loaded."""
+_OPTIONAL = {"buckets", "seed"}
+"""DDP's bucket layout of the last step (parameter names per bucket, in order) and Zen's agreed hash
+seed: optional, so that version-3 checkpoints saved before them still load."""
+_MAX_SEED = 2**63
 _MAX_STEP = 2**62
 """Steps beyond this cannot come from training (and would overflow the int64 agreement)."""
 
@@ -46,6 +50,11 @@ class LoadedState:
     compression: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
     """Per (compressor spec, collective): its error-feedback memories and compressor state
     (``CompressedSync.state_dict``), rank-local."""
+    buckets: list[list[str]] | None = None
+    """DDP's bucket layout when it was saved (``ZenSyncState.bucket_layout``); None: not saved."""
+    seed: int | None = None
+    """Zen's hash seed when it was saved (the partition of every row: the owners' sums in the same
+    order as before); None: not saved, the registration's seed stays."""
 
 
 def parse_state_dict(state: Any, param_names: Collection[str]) -> LoadedState:
@@ -59,7 +68,7 @@ def parse_state_dict(state: Any, param_names: Collection[str]) -> LoadedState:
         raise ValueError(f"zensync hook state_dict must be a dict, got {type(state).__name__}")
     keys = set(state)
     expected = _KEYS_V2 if state.get("version") == 2 else _KEYS
-    if keys != set(expected):
+    if keys - _OPTIONAL != set(expected):
         raise ValueError(
             f"zensync hook state_dict keys {sorted(map(str, keys))} are not {sorted(expected)} (saved by another "
             f"version or not a zensync hook state_dict)"
@@ -79,7 +88,23 @@ def parse_state_dict(state: Any, param_names: Collection[str]) -> LoadedState:
     records = {name: _record(fields, f"records[{name!r}]") for name, fields in records_in.items()}
     correction = _positive_map(state["scheme_correction"], "scheme_correction")
     compression = _compression(state.get("compression", {}))
-    return LoadedState(step, records, correction, _cost_model(state["cost_model"]), compression)
+    buckets = _buckets(state.get("buckets"), param_names)
+    seed = None if state.get("seed") is None else _integer(state["seed"], "seed", _MAX_SEED)
+    return LoadedState(step, records, correction, _cost_model(state["cost_model"]), compression, buckets, seed)
+
+
+def _buckets(value: Any, param_names: Collection[str]) -> list[list[str]] | None:
+    """``state_dict['buckets']``: None, or lists of this model's parameter names, each name at most once."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(b, list) and all(isinstance(n, str) for n in b) for b in value
+    ):
+        raise ValueError("state_dict['buckets'] must be a list of lists of parameter names")
+    names = [n for b in value for n in b]
+    if len(set(names)) != len(names) or not set(names) <= set(param_names):
+        raise ValueError("state_dict['buckets'] must name this model's parameters, each at most once")
+    return [list(b) for b in value]
 
 
 def _compression(value: Any) -> dict[tuple[str, str], dict[str, Any]]:
@@ -100,11 +125,18 @@ def _compression(value: Any) -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
-def fingerprint(step: int, schemes: Mapping[str, str], correction: Mapping[str, float], model: CostModel | None) -> int:
+def fingerprint(
+    step: int,
+    schemes: Mapping[str, str],
+    correction: Mapping[str, float],
+    model: CostModel | None,
+    seed: int | None = None,
+) -> int:
     """CRC32 of what every rank must agree on (rank-local measurements are left out)."""
     text = json.dumps(
         {
             "step": step,
+            "seed": seed,
             "schemes": sorted(schemes.items()),
             "correction": sorted(correction.items()),
             "model": None if model is None else dataclasses.asdict(model),

@@ -13,6 +13,7 @@ message; a bucket that fails makes the step's remaining buckets on that rank ski
 from __future__ import annotations
 
 import functools
+import math
 import time
 import weakref
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from zensync.hooks.config import HookConfig
-from zensync.hooks.pipeline import async_dense, bucket_job, check_step_job, sparse_gradient_job
+from zensync.hooks.pipeline import async_dense, bucket_job, check_step_job, param_views, sparse_gradient_job
 from zensync.hooks.state import ZenSyncState
 from zensync.transport import GradBucket, Handle
 
@@ -136,20 +137,14 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     params = list(bucket.parameters())
     names = [state.name_of(p) for p in params]
     is_last = bucket.is_last()
-    step = state.step
-    if state.warmup is not None:
-        state.warmup.bucket(step, names)
-    decider, runtime = state.decider, state.runtime
-    dense_only = decider.skips_detection(state.step, names)
-    plain = not decider.compresses(state.step)
-    job: Handle[torch.Tensor]
-    if buffer.layout == torch.sparse_coo:  # a sparse-gradient parameter, alone in its bucket
-        job = state.submit(sparse_gradient_job(state, buffer, names[0]))
-    elif dense_only and plain and runtime.dense_transport is not runtime.transport:
-        job = async_dense(state, buffer, [p.numel() for p in params], names)
-    else:
-        submitted_s = time.perf_counter()
-        job = state.submit(bucket_job(state, buffer, [p.shape for p in params], names, dense_only, submitted_s))
+    step, runtime = state.step, state.runtime
+    groups = state.replay_groups(names, is_last) if buffer.layout != torch.sparse_coo else None
+    replayed: list[tuple[list[str], Handle[torch.Tensor]]] = []
+    if groups is None:
+        job = _start_bucket(state, buffer, [p.shape for p in params], names)
+    else:  # the first step after a checkpoint load, synced as the saved step's buckets (is_last)
+        replayed = _start_replayed(state, buffer, params, names, groups)
+        job = replayed[-1][1]
     if not is_last:
         return job.to_torch_future()
     # The last bucket: DDP has queued every other bucket of the step before it, and backward has no
@@ -163,8 +158,53 @@ def zensync_hook(state: ZenSyncState, bucket: GradBucketLike) -> torch.futures.F
     if failure is not None:
         raise failure
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    done.set_result(job.outcome())
+    done.set_result(_gather_replayed(buffer, params, names, replayed) if replayed else job.outcome())
     return done
+
+
+def _start_bucket(
+    state: ZenSyncState, buffer: torch.Tensor, shapes: list[torch.Size], names: list[str]
+) -> Handle[torch.Tensor]:
+    """Start one bucket's sync (its path by the decider: a sparse gradient, DDP's own all-reduce
+    on the dense transport, or a step job on the lane); the handle of the synced buffer."""
+    state.note_bucket(names)
+    if state.warmup is not None:
+        state.warmup.bucket(state.step, names)
+    decider, runtime = state.decider, state.runtime
+    dense_only = decider.skips_detection(state.step, names)
+    plain = not decider.compresses(state.step)
+    if buffer.layout == torch.sparse_coo:  # a sparse-gradient parameter, alone in its bucket
+        return state.submit(sparse_gradient_job(state, buffer, names[0]))
+    if dense_only and plain and runtime.dense_transport is not runtime.transport:
+        return async_dense(state, buffer, [math.prod(shape) for shape in shapes], names)
+    submitted_s = time.perf_counter()
+    return state.submit(bucket_job(state, buffer, shapes, names, dense_only, submitted_s))
+
+
+def _start_replayed(state: ZenSyncState, buffer: torch.Tensor, params: list[torch.Tensor], names: list[str],
+                    groups: list[list[str]]) -> list[tuple[list[str], Handle[torch.Tensor]]]:  # fmt: skip
+    """Sync ``buffer`` as the saved layout's buckets (``ZenSyncState.replay_groups``), each gathered
+    into a buffer of its own, in the saved order; (names, handle) per bucket."""
+    views = dict(zip(names, param_views(buffer, [p.shape for p in params]), strict=True))
+    started = []
+    for group in groups:
+        gathered = torch.cat([views[n].reshape(-1) for n in group])
+        started.append((group, _start_bucket(state, gathered, [views[n].shape for n in group], group)))
+    return started
+
+
+def _gather_replayed(buffer: torch.Tensor, params: list[torch.Tensor], names: list[str],
+                     replayed: list[tuple[list[str], Handle[torch.Tensor]]]) -> torch.Tensor:  # fmt: skip
+    """The replayed buckets' synced buffers written back into DDP's bucket (all done: the step drained)."""
+    views = dict(zip(names, param_views(buffer, [p.shape for p in params]), strict=True))
+    for group, job in replayed:
+        synced = job.outcome()
+        offset = 0
+        for name in group:
+            view = views[name]
+            view.copy_(synced[offset : offset + view.numel()].view_as(view))
+            offset += view.numel()
+    return buffer
 
 
 # DDP.register_comm_hook compares the annotations with the real GradBucket and Future types, and this

@@ -145,6 +145,10 @@ class ZenSyncState:
         "warmup",
         "forward_end_hook",
         "_sync_listeners",
+        # DDP's bucket layout: this step's so far, the last finished step's, a loaded one to replay.
+        "_layout",
+        "bucket_layout",
+        "_replay",
         "_profiled_step",
     )
 
@@ -231,6 +235,11 @@ class ZenSyncState:
             shapes = {name: tuple(p.shape) for p, name in self.param_names.items()}
             dtype_bytes = next(iter(self.param_names)).element_size()
             self.warmup = WarmupProfiler(config.warmup_steps, shapes, dtype_bytes, config.auto_compressors)
+        self._layout: list[list[str]] = []
+        self.bucket_layout: list[list[str]] | None = None
+        """The parameter names of each bucket of the last finished step, in the order they synced."""
+        self._replay: list[list[str]] | None = None
+        """A loaded checkpoint's bucket layout, for the first step after it (``replay_groups``)."""
         self._sync_listeners: list[SyncListener] = []
         """Told when each step's collectives begin and end (``add_sync_listener``)."""
         self.forward_end_hook: Any = None
@@ -564,9 +573,33 @@ class ZenSyncState:
             failure, self.step_error = self.step_error, None
             self.log.finish(failure)
         self.step_open = False
+        self.bucket_layout, self._layout = self._layout, []
         for listener in self._sync_listeners:
             listener.sync_ends()
         return failure
+
+    def note_bucket(self, names: list[str]) -> None:
+        """A bucket of this step syncs ``names`` (its parameters, in its order): the step's layout."""
+        self._layout.append(list(names))
+
+    def replay_groups(self, names: list[str], is_last: bool) -> list[list[str]] | None:
+        """The buckets to sync the first bucket after a checkpoint load as, or None (as it is).
+
+        DDP's first iteration after it is built fuses every gradient into one bucket, and only then
+        rebuilds its buckets in the order gradients become ready. A run restored from a checkpoint
+        would sync that iteration's gradients in one bucket where the uninterrupted run synced them
+        in its rebuilt buckets (their parameters in the order of readiness, not the model's): a ring
+        all-reduce then sums some elements in another order, and a fused compressor compresses
+        other groups. Synced as the saved layout's buckets, in their order, the restored step
+        issues the very collectives the uninterrupted one did. Only the one-bucket case is replayed
+        (every parameter of the layout in this last bucket).
+        """
+        replay, self._replay = self._replay, None
+        if replay is None or not is_last or replay == [names]:
+            return None
+        if sorted(names) != sorted(n for group in replay for n in group):
+            return None
+        return replay
 
     def add_sync_listener(self, listener: SyncListener) -> None:
         """Tell ``listener`` when each step's gradient collectives begin (the first bucket, on the
@@ -617,6 +650,8 @@ class ZenSyncState:
             "scheme_correction": dict(self.memory.scheme_correction),
             "cost_model": None if model is None else dataclasses.asdict(model),
             "compression": {f"{key[0]}|{key[1]}": sync.state_dict() for key, sync in self.memory.compressed.items()},
+            "buckets": None if self.bucket_layout is None else [list(b) for b in self.bucket_layout],
+            "seed": self.runtime.h0_seed,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -651,11 +686,15 @@ class ZenSyncState:
             for (spec, collective), part in loaded.compression.items():
                 self.memory.compressed_sync(spec, collective).load_state_dict(part)
             self.runtime.cost_model = loaded.cost_model
+            self._replay = self.bucket_layout = loaded.buckets
+            if loaded.seed is not None:
+                self.runtime.h0_seed = loaded.seed
             self._load_mark = fingerprint(
                 loaded.step,
                 {n: r.scheme for n, r in loaded.records.items()},
                 loaded.scheme_correction,
                 loaded.cost_model,
+                loaded.seed,
             )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 hook, SGD with momentum, a checkpoint every step replicated to 1 peer (Gemini's group placement).
 
 - Host 1 is replaced (its store wiped) after step 3: ``restore`` takes step 3 from rank 1's peer, and
-  the run goes on as the uninterrupted one: the same hook step, and the same losses and parameters
-  to float32 rounding (``PARAM_ATOL``).
+  the run goes on as the uninterrupted one, bit for bit: losses, parameters, the hook's step (the
+  first step after the restore syncs as the saved step's buckets: ``ZenSyncState.replay_groups``).
 - A replica that fails its checksums mid-replication (step 3's copy of rank 1's shard, on its
   holder) leaves step 2 the newest complete version: host 1 replaced, every rank restores step 2
   (one step lost beyond the one in flight) and still goes on as the uninterrupted run.
@@ -30,10 +30,6 @@ from tests.distributed.hooks.test_fsdp import _batch, _Net
 from zensync.resilience import CheckpointConfig, Checkpointer
 
 WORLD, STEPS, CRASH_AFTER = 4, 6, 4
-PARAM_ATOL = 1e-6
-"""DDP's first iteration after a restart fuses every gradient into one bucket, not the rebuilt
-buckets of the uninterrupted run, so a 4-rank ring sums some elements in another order (seen:
-<= 3e-8 on parameters of size ~1; 2 ranks, where a + b = b + a, are bit for bit)."""
 REPLICATION_TIMEOUT_S = 30.0
 MANIFEST_BYTES = 16 << 10
 """Above the JSON manifest of this model's state (about 7 KiB: 30-odd entries)."""
@@ -113,16 +109,16 @@ def _run(rank: int, world_size: int, root: str, corrupt: bool) -> dict[str, Any]
 
 
 @pytest.mark.parametrize("corrupt", [False, True], ids=["replaced-host", "corrupt-replica"])
-def test_a_replaced_host_restores_from_its_peer_and_goes_on_as_the_uninterrupted_run(tmp_path, corrupt: bool) -> None:
+def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path, corrupt: bool) -> None:
     results = launch(_run, WORLD, (str(tmp_path), corrupt), tmp_path)
     restored = CRASH_AFTER - 1 if corrupt else CRASH_AFTER  # the next step to run
     for out in results:
         assert out["start"] == restored
         assert out["recovery"]["source"] == "peers" and out["recovery"]["step"] == restored - 1
         assert out["recovery"]["lost_steps"] == (1 if corrupt else 0)
-        torch.testing.assert_close(out["losses"], out["want_losses"], rtol=0, atol=PARAM_ATOL)
+        assert out["losses"] == out["want_losses"]
         for got, want in zip(out["params"], out["want_params"], strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=PARAM_ATOL)
+            assert torch.equal(got, want)
         assert out["hook_step"] == STEPS
     fetched = [out["recovery"]["fetched_bytes"] for out in results]
     assert fetched[1] > 0 and fetched[0] == fetched[2] == fetched[3] == 0
@@ -175,9 +171,9 @@ def test_with_every_host_gone_the_disk_checkpoint_is_restored(tmp_path) -> None:
         # dcp_every=2 saved steps 0 and 2 to disk; memory is gone: step 2 from disk, step 3 lost
         assert out["recovery"]["source"] == "dcp" and out["recovery"]["step"] == 2 and out["start"] == 3
         want_losses, want_params = out["want"]
-        torch.testing.assert_close(out["after"], want_losses[3:], rtol=0, atol=PARAM_ATOL)
+        assert out["after"] == want_losses[3:]
         for got, want in zip(out["params"], want_params, strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=PARAM_ATOL)
+            assert torch.equal(got, want)
 
 
 def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_path) -> None:

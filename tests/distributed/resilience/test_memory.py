@@ -1,10 +1,11 @@
 """``MemoryCheckpoint`` on 2 gloo ranks: DDP with zensync's hook and SGD with momentum, saved to shared
 memory every step; after a simulated restart (fresh model, optimizer and hook, restored from memory):
 
-- lossless strategies go on bit for bit as the uninterrupted run: parameters, losses, the hook's step;
-- a compressor with error feedback gets its residuals back exactly. Its run is not bit for bit the
-  uninterrupted one: DDP's first iteration after a restart uses its initial buckets, not the ones it
-  rebuilt, so that one step compresses the gradients fused in another order.
+- the run goes on bit for bit as the uninterrupted run: parameters, losses, the hook's step, for
+  lossless strategies and for a fused compressor with error feedback (qsgd), whose residuals come
+  back exactly: DDP's first iteration after a restart fuses every gradient into one bucket, and the
+  hook syncs it as the saved step's buckets (``ZenSyncState.replay_groups``), so that step
+  compresses the same groups as the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _run(rank: int, world_size: int, root: str, strategy: str) -> dict[str, Any]
             "last": last, "hook_step": hook_step}  # fmt: skip
 
 
-@pytest.mark.parametrize("strategy", ["auto", pytest.param("zen", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("strategy", ["auto", "qsgd:127", pytest.param("zen", marks=pytest.mark.slow)])
 def test_a_restart_from_memory_goes_on_as_the_uninterrupted_run(tmp_path, strategy: str) -> None:
     results = launch(_run, 2, (str(tmp_path / "shm"), strategy), tmp_path)
     for out in results:

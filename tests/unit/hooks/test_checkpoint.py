@@ -75,7 +75,31 @@ BAD = {
     "compression unknown spec": lambda d: d.update(compression={"nope:3|auto": {}}),
     "compression residual not a tensor": lambda d: d.update(compression={"topk:0.1|auto": {"worker": {"w": 3}}}),
     "version 2 with compression": lambda d: d.update(version=2),
+    "buckets not lists": lambda d: d.update(buckets=["0.weight"]),
+    "buckets of another model": lambda d: d.update(buckets=[["decoder.weight"]]),
+    "a parameter in two buckets": lambda d: d.update(buckets=[["0.weight"], ["0.weight", "1.bias"]]),
+    "negative seed": lambda d: d.update(seed=-3),
+    "float seed": lambda d: d.update(seed=2.5),
 }
+
+
+def test_a_version_3_state_dict_without_layout_or_seed_loads() -> None:
+    """Version 3 saved before the bucket layout and Zen's seed were: the registration's seed stays."""
+    old = _saved()
+    old.pop("buckets"), old.pop("seed")
+    loaded = parse_state_dict(old, {"0.weight", "1.weight", "1.bias"})
+    assert loaded.buckets is None and loaded.seed is None
+
+
+def test_the_seed_and_the_layout_are_restored() -> None:
+    saved = _saved()
+    saved["seed"], saved["buckets"] = 12345, [["1.bias", "1.weight"], ["0.weight"]]
+    with _state() as state:
+        state.load_state_dict(copy.deepcopy(saved))
+        assert state.runtime.h0_seed == 12345 and state.bucket_layout == saved["buckets"]
+        # the first bucket after the load, holding every parameter, syncs as the saved buckets
+        assert state.replay_groups(["0.weight", "1.weight", "1.bias"], is_last=True) == saved["buckets"]
+        assert state.replay_groups(["0.weight", "1.weight", "1.bias"], is_last=True) is None  # once only
 
 
 def test_a_version_2_state_dict_loads_without_compression() -> None:
