@@ -218,6 +218,12 @@ def _summary(
 
     off, on = statistics.median(slowest("off")), statistics.median(slowest("on"))
     records = [rec for r in overhead for rec in r["on"]["records"]]
+    runs = [
+        r["on"]["records"][i : i + args.steps] for r in overhead for i in range(0, len(r["on"]["records"]), args.steps)
+    ]
+    # each run's rounds after its first (whole) one: deltas
+    deltas = [f for run in runs for f in [f for rec in run for f in rec["sent_fractions"]][1:]]
+    rounds = [t for rec in records for t in rec["round_s"]]
     # steady state: the steps after a run's first version had all its replicas (deltas from then on)
     on_steps, steady = slowest("on"), []
     for i in range(len(overhead[0]["on"]["records"])):
@@ -236,7 +242,8 @@ def _summary(
         "max_delay_s": max(rec["max_delay_s"] for rec in records),
         "median_delay_s": statistics.median(rec["max_delay_s"] for rec in records),
         "coverage_lag_median": statistics.median(lags) if lags else None, "coverage_lag_max": max(lags, default=None),
-        "sent_fraction_median": statistics.median(f for rec in records for f in rec["sent_fractions"][1:] or [1.0]),
+        "sent_fraction_median": statistics.median(deltas) if deltas else None,
+        "round_s_median": statistics.median(rounds) if rounds else None,
         "recovery": victim["recovery"], "storage": victim["storage"],
         "recovery_speedup": (victim["storage"]["seconds"] / victim["recovery"]["seconds"]
                              if victim["recovery"]["source"] == "peers" else None),
@@ -262,7 +269,9 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| shard per rank (MB) | {s['shard_bytes'] / 1e6:.2f} |",
         f"| save into shared memory (ms, median) | {1e3 * s['save_s']:.2f} |",
         f"| replicated per step per rank (MB) | {s['replicated_bytes_per_step'] / 1e6:.2f} |",
-        f"| of a version's data sent as a delta (median) | {s['sent_fraction_median']:.3f} |",
+        f"| of a version's data sent as a delta (median over rounds after a run's first) | "
+        f"{s['sent_fraction_median']} |",
+        f"| replication round, start to every replica verified (s, median) | {s['round_s_median']} |",
         f"| idle windows used per step | {s['windows_used_per_step']:.2f} |",
         f"| delay a chunk imposed on a gradient sync (ms, median / max) | "
         f"{1e3 * s['median_delay_s']:.2f} / {1e3 * s['max_delay_s']:.2f} |",

@@ -262,7 +262,8 @@ class Checkpointer:
             error = self.replicator.error
             record.update(replicated_bytes=traffic.sent_bytes, chunks=traffic.chunks, windows_used=len(traffic.windows),
                           max_delay_s=traffic.max_delay_s, completed=traffic.completed,
-                          sent_fractions=traffic.sent_fractions, complete_step=traffic.complete_step,
+                          sent_fractions=traffic.sent_fractions,
+                round_s=traffic.round_s, complete_step=traffic.complete_step,
                           replication_error=None if error is None else repr(error))  # fmt: skip
             self.replicator.notify(step)
         self.history.append(record)

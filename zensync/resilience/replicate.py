@@ -210,6 +210,8 @@ class StepTraffic:
     """Steps that became complete meanwhile."""
     sent_fractions: list[float] = dataclasses.field(default_factory=list)
     """Of each completed round's shard data, the part sent (below 1: a delta)."""
+    round_s: list[float] = dataclasses.field(default_factory=list)
+    """Each completed round's wall time, from its start to its agreement that every replica verified."""
     complete_step: int | None = None
     """The newest complete step when taken."""
 
@@ -378,6 +380,7 @@ class Replicator:
             if record.complete:
                 self._step.completed.append(step)
                 self._step.sent_fractions.append(record.sent_fraction)
+                self._step.round_s.append(record.duration_s)
             self._cond.notify_all()
 
     def take_step(self) -> StepTraffic:

@@ -341,24 +341,16 @@ class ShardStore:
         base = [i for i in self.versions(rank) if i.step == base_step]
         if not base:
             raise CorruptShard(f"a delta of rank {rank}'s step {step} against step {base_step}, which is not here")
+        with self.pinned(rank, base_step):
+            rebuilt = bytearray((base[0].path / "data.bin").read_bytes())
+        if len(rebuilt) != nbytes:
+            raise CorruptShard(f"a delta of rank {rank}'s step {step} ({nbytes} bytes) against {len(rebuilt)} bytes")
+        _patch(rebuilt, block_bytes, blocks, data, f"rank {rank}'s step {step}")
         target = self._dir(rank, step)
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
-        with self.pinned(rank, base_step):
-            shutil.copyfile(base[0].path / "data.bin", target / "data.bin")
-        with open(target / "data.bin", "r+b") as f:
-            f.truncate(nbytes)
-            at = 0
-            for index in blocks.tolist():
-                start = index * block_bytes
-                size = min(block_bytes, nbytes - start)
-                if size <= 0 or at + size > len(data):
-                    shutil.rmtree(target, ignore_errors=True)
-                    raise CorruptShard(f"a delta of rank {rank}'s step {step} has block {index} out of place")
-                f.seek(start)
-                f.write(data[at : at + size])
-                at += size
+        (target / "data.bin").write_bytes(rebuilt)
         return self._complete_received(target, manifest, rank, step, nbytes)
 
     def _complete_received(self, target: pathlib.Path, manifest: bytes, rank: int, step: int,
@@ -486,6 +478,30 @@ def _read(buf: mmap.mmap, entry: dict[str, Any], path: pathlib.Path) -> torch.Te
         finally:
             del source
     return out
+
+
+def _patch(out: bytearray, block_bytes: int, blocks: torch.Tensor, data: bytes | memoryview, what: str) -> None:
+    """Write ``data`` (the ``block_bytes`` blocks ``blocks`` back to back, the last block of ``out``
+    possibly short) over ``out``'s blocks.
+
+    Raises:
+        CorruptShard: If the blocks and the data do not fit ``out``.
+    """
+    n, full = len(out), len(out) // block_bytes
+    tail = n - full * block_bytes
+    indices = blocks.tolist()
+    sizes = [block_bytes if i < full else tail for i in indices]
+    if any(not 0 <= i <= full for i in indices) or 0 in sizes or sum(sizes) != len(data):
+        raise CorruptShard(f"a delta of {what} does not fit its {n} bytes (blocks {indices[:5]}...)")
+    target = torch.frombuffer(out, dtype=torch.uint8)
+    source = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+    whole = blocks[blocks < full]
+    if whole.numel():
+        target[: full * block_bytes].view(full, block_bytes)[whole] = source[: whole.numel() * block_bytes].view(
+            -1, block_bytes
+        )
+    if whole.numel() < blocks.numel():  # the short last block
+        target[full * block_bytes :] = source[whole.numel() * block_bytes :]
 
 
 def _span(entry: dict[str, Any], size: int, path: pathlib.Path) -> tuple[int, int]:
