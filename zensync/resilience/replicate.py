@@ -332,15 +332,20 @@ class Replicator:
         return int(table[:, 0].min()), base, bool(table[:, 1].any())
 
     def _round(self, step: int, base: int | None) -> None:
-        """Steps 2-4 of the module docstring for ``step`` (a delta against ``base`` when given)."""
+        """Steps 2-4 of the module docstring for ``step`` (a delta against ``base`` when given). The
+        step's local version stays pinned until the round ends: saves meanwhile must not prune the
+        version that becomes the newest complete one (the next round's base)."""
+        with self.store.pinned(self.transport.rank, step):
+            self._send(step, base)
+
+    def _send(self, step: int, base: int | None) -> None:
         rank = self.transport.rank
         record = RoundRecord(step, base=base)
         started_s = time.perf_counter()
-        with self.store.pinned(rank, step):
-            if base is not None and base < step:
-                blob, record.sent_fraction = pack_delta(self.store, rank, step, base, self.delta_block_bytes)
-            else:
-                blob = pack(self.store, rank, step)
+        if base is not None and base < step:
+            blob, record.sent_fraction = pack_delta(self.store, rank, step, base, self.delta_block_bytes)
+        else:
+            blob = pack(self.store, rank, step)
         sizes = [int(t) for t in torch.cat(self.transport.all_gather(torch.tensor([blob.numel()])))]
         chunks = max(math.ceil(size / self.chunk_bytes) for size in sizes)
         incoming = {source: bytearray(sizes[source]) for source in self.sources}

@@ -180,3 +180,34 @@ def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_p
     results = launch(_every_host_gone, WORLD, (str(tmp_path), False), tmp_path)
     errors = {out["error"] for out in results}
     assert len(errors) == 1 and "ranks [0, 1, 2, 3]" in errors.pop()
+
+
+def _unwaited(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.EmbeddingBag(4000, 16), nn.Linear(16, 4))  # 256 KiB of rows, few touched per step
+    ddp = DistributedDataParallel(model)
+    state = zensync.register(ddp, strategy="auto")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: untouched rows keep their bytes
+    ckpt = Checkpointer(CheckpointConfig(root=f"{root}/host{rank}", replicas=1), hook_state=state)
+    ckpt.restore(model=model, optimizer=opt, zensync=state)
+    fractions = []
+    for step in range(12):  # saves do not wait for replication: rounds overlap the next steps
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(torch.randint(0, 4000, (4, 3), generator=gen)), torch.zeros(4).long()).backward()
+        opt.step()
+        fractions += ckpt.save(step, model=model, optimizer=opt, zensync=state)["sent_fractions"]
+    replicated = ckpt.wait_replicated(REPLICATION_TIMEOUT_S)
+    fractions += ckpt.replicator.take_step().sent_fractions if ckpt.replicator else []
+    ckpt.close()
+    state.close()
+    return {"fractions": fractions, "replicated": replicated}
+
+
+def test_later_versions_travel_as_deltas_while_training_goes_on(tmp_path) -> None:
+    for out in launch(_unwaited, WORLD, (str(tmp_path),), tmp_path):
+        assert out["replicated"]
+        first, *later = out["fractions"]
+        # the first version whole; then 4 ranks x 4 bags x 3 rows of 64-byte rows per step (and the
+        # Linear) change: a small part of the 256 KiB table, even over the steps a round overlaps
+        assert first == 1.0 and later and max(later) < 0.25
