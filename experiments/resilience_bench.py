@@ -89,7 +89,7 @@ def _step(ddp: Any, opt: torch.optim.Optimizer, corpus: torch.Tensor, config: De
 
 def _ckpt_config(args: argparse.Namespace, **kw: Any) -> CheckpointConfig:
     return CheckpointConfig(root=f"{args.stores}/host{dist.get_rank()}", replicas=args.replicas, ranks_per_host=1,
-                            chunk_bytes=args.chunk_kib << 10, **kw)  # fmt: skip
+                            chunk_bytes=args.chunk_kib << 10, replicate_every=args.replicate_every, **kw)  # fmt: skip
 
 
 def _train(args: argparse.Namespace, corpus: torch.Tensor, checkpoint: bool) -> dict[str, Any]:
@@ -259,7 +259,8 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"Command: `{meta['command']}`. zensync {meta['zensync']}, torch {meta['torch']}, Python {meta['python']}, "
         f"{meta['cpus']} CPUs. {WORKERS} worker hosts at {meta['rate']}, storage host at {meta['storage_rate']}; "
         f"demo LM, DDP + zensync auto, SGD; replicas={meta['replicas']} (group placement), "
-        f"chunk {meta['chunk_kib']} KiB; {meta['rounds']} rounds x {meta['steps']} steps after {meta['warmup']}.", "",
+        f"chunk {meta['chunk_kib']} KiB, replicated every {meta['replicate_every']} step(s); "
+        f"{meta['rounds']} rounds x {meta['steps']} steps after {meta['warmup']}.", "",
         "| | value |", "|---|---|",
         f"| step without checkpoints (s, median of max over ranks) | {s['step_s_off']:.4f} |",
         f"| step with a checkpoint every step + {meta['replicas']} replica (s) | {s['step_s_on']:.4f} |",
@@ -298,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--chunk-kib", type=int, default=1024)
+    p.add_argument("--replicate-every", type=int, default=1, help="steps between replication rounds")
     p.add_argument("--kill-step", type=int, default=30)
     p.add_argument(
         "--dcp-every", type=int, default=10, help="disk checkpoints in the failure phase (the storage host's)"
@@ -345,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python", "experiments/resilience_bench.py", *forwarded])
     meta = {"date": date, "label": label, "command": command,
             "rate": args.rate, "storage_rate": args.storage_rate, "steps": args.steps, "warmup": args.warmup,
-            "rounds": args.rounds, "replicas": args.replicas, "chunk_kib": args.chunk_kib, "kill_step": args.kill_step,
+            "rounds": args.rounds, "replicas": args.replicas, "chunk_kib": args.chunk_kib,
+            "replicate_every": args.replicate_every, "kill_step": args.kill_step,
             "seed": config.seed, **versions()}  # fmt: skip
     write(args.results_dir, f"resilience_{label}_{date}", meta, summary, _markdown(meta, summary))
     return 0

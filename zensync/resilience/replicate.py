@@ -90,8 +90,11 @@ def pack_delta(store: ShardStore, rank: int, step: int, base_step: int, block_by
         return pack(store, rank, step), 1.0
     with _mapped(new) as a, _mapped(base) as b:
         changed = _changed_blocks(a, b, block_bytes)
-        payload = [a[i * block_bytes : (i + 1) * block_bytes] for i in changed.tolist()]
-        data = torch.cat(payload) if payload else torch.empty(0, dtype=torch.uint8)
+        full = a.numel() // block_bytes
+        whole = changed[changed < full]
+        data = a[: full * block_bytes].view(full, block_bytes)[whole].reshape(-1)
+        if whole.numel() < changed.numel():  # the short last block
+            data = torch.cat([data, a[full * block_bytes :]])
         blob = _blob({"kind": "delta", "manifest": len(manifest), "base": base_step, "block": block_bytes,
                       "changed": changed.numel()}, manifest, changed.numpy().tobytes(), data.numpy())  # fmt: skip
     return blob, data.numel() / new.nbytes
@@ -236,14 +239,17 @@ class Replicator:
         gate: The network's idle windows (``IdleGate``, fed by zensync's hook).
         delta_block_bytes: Send a new version as the blocks of this size that changed since the newest
             complete one, which every holder has (0: whole versions only).
+        every: Start a round once the newest version is this many steps past the last round's (1:
+            each version, as soon as the previous round ends).
     """
 
     def __init__(self, store: ShardStore, transport: Transport, *, m: int, placement: str, ranks_per_host: int,
-                 chunk_bytes: int, gate: IdleGate, delta_block_bytes: int = 0) -> None:  # fmt: skip
+                 chunk_bytes: int, gate: IdleGate, delta_block_bytes: int = 0, every: int = 1) -> None:  # fmt: skip
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be >= 1")
-        if delta_block_bytes < 0:
-            raise ValueError(f"delta_block_bytes={delta_block_bytes} must be >= 0")
+        if delta_block_bytes < 0 or every < 1:
+            raise ValueError(f"delta_block_bytes={delta_block_bytes} must be >= 0 and every={every} >= 1")
+        self.every = every
         self.store, self.transport, self.gate, self.chunk_bytes = store, transport, gate, chunk_bytes
         self.delta_block_bytes = delta_block_bytes
         rank, n = transport.rank, transport.world_size
@@ -310,7 +316,7 @@ class Replicator:
                 self._cond.notify_all()
 
     def _woken(self, attempted: int) -> bool:
-        return self._stopping or self._wanted > attempted
+        return self._stopping or self._wanted >= attempted + self.every
 
     def _base(self) -> int:
         """The complete step this rank can send deltas against and apply them to (-1: none): its own

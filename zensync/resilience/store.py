@@ -311,16 +311,11 @@ class ShardStore:
             rank, step = int(header["rank"]), int(header["step"])
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptShard(f"a shard received with an unreadable manifest: {exc}") from None
-        target = self._dir(rank, step)
         held = [i for i in self.versions(rank) if i.step == step]
         if held and (held[0].path / "manifest.json").read_bytes() == manifest:
             self.verify(held[0])  # the same version, already here (a host holding its own replica)
             return held[0]
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        (target / "data.bin").write_bytes(data)
-        return self._complete_received(target, manifest, rank, step, len(data))
+        return self._received(manifest, header, rank, step, data)
 
     def put_delta(self, manifest: bytes, base_step: int, block_bytes: int, blocks: torch.Tensor,
                   data: bytes | memoryview) -> ShardInfo:  # fmt: skip
@@ -341,30 +336,41 @@ class ShardStore:
         base = [i for i in self.versions(rank) if i.step == base_step]
         if not base:
             raise CorruptShard(f"a delta of rank {rank}'s step {step} against step {base_step}, which is not here")
-        with self.pinned(rank, base_step):
-            rebuilt = bytearray((base[0].path / "data.bin").read_bytes())
-        if len(rebuilt) != nbytes:
-            raise CorruptShard(f"a delta of rank {rank}'s step {step} ({nbytes} bytes) against {len(rebuilt)} bytes")
+        if base[0].nbytes != nbytes:
+            raise CorruptShard(f"a delta of rank {rank}'s step {step} ({nbytes} bytes) against {base[0].nbytes} bytes")
+        rebuilt = bytearray(nbytes)
+        with self.pinned(rank, base_step), open(base[0].path / "data.bin", "rb") as f:
+            f.readinto(rebuilt)
         _patch(rebuilt, block_bytes, blocks, data, f"rank {rank}'s step {step}")
-        target = self._dir(rank, step)
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        (target / "data.bin").write_bytes(rebuilt)
-        return self._complete_received(target, manifest, rank, step, nbytes)
+        return self._received(manifest, header, rank, step, rebuilt)
 
-    def _complete_received(self, target: pathlib.Path, manifest: bytes, rank: int, step: int,
-                           nbytes: int) -> ShardInfo:  # fmt: skip
+    def _received(self, manifest: bytes, header: dict[str, Any], rank: int, step: int,
+                  data: bytes | bytearray | memoryview) -> ShardInfo:  # fmt: skip
+        """Verify a received shard's bytes in memory, then write them as a complete version (into a
+        version the save prunes, when one of that size is there: no fresh pages, no unlink).
+
+        Raises:
+            CorruptShard: If they do not match the manifest (nothing is written).
+        """
+        where = f"rank {rank}'s step {step} received"
+        try:
+            nbytes, entries = int(header["nbytes"]), header["entries"]
+            if not isinstance(entries, list):
+                raise TypeError("entries is not a list")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptShard(f"{where}: manifest unreadable: {exc}") from None
+        if len(data) != nbytes:
+            raise CorruptShard(f"{where}: {len(data)} bytes, the manifest {nbytes}")
+        with memoryview(data) as view:
+            _check(entries, view.cast("B"), where)
+            target = self._claim(rank, step, nbytes)
+            with open(target / "data.bin", "r+b" if (target / "data.bin").exists() else "w+b") as f:
+                f.truncate(nbytes)
+                f.write(view)
         (target / "manifest.json.tmp").write_bytes(manifest)
         os.replace(target / "manifest.json.tmp", target / "manifest.json")
-        info = ShardInfo(rank, step, target, nbytes)
-        try:
-            self.verify(info)
-        except CorruptShard:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
         self._prune(rank)
-        return info
+        return ShardInfo(rank, step, target, nbytes)
 
     def newest_verified(self, rank: int) -> ShardInfo | None:
         """``rank``'s newest complete shard whose bytes verify (None: none)."""
@@ -398,11 +404,7 @@ class ShardStore:
         manifest, nbytes = self._manifest(info)
         if nbytes:
             with open(info.path / "data.bin", "rb") as f, mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ) as buf:
-                for entry in manifest["entries"]:
-                    offset, size = _span(entry, len(buf), info.path)
-                    with memoryview(buf)[offset : offset + size] as view:
-                        if size and zlib.crc32(view) != entry.get("crc32"):
-                            raise CorruptShard(f"{info.path}: {entry['key']!r} does not match its checksum")
+                _check(manifest["entries"], buf, str(info.path))
 
     def _manifest(self, info: ShardInfo) -> tuple[dict[str, Any], int]:
         """A shard's manifest and data size, checked against its data file's size."""
@@ -480,6 +482,19 @@ def _read(buf: mmap.mmap, entry: dict[str, Any], path: pathlib.Path) -> torch.Te
     return out
 
 
+def _check(entries: list[dict[str, Any]], buf: Any, where: str) -> None:
+    """Every entry of a manifest inside ``buf`` (a buffer of the data) and matching its CRC-32.
+
+    Raises:
+        CorruptShard: On any mismatch.
+    """
+    for entry in entries:
+        offset, size = _span(entry, len(buf), pathlib.Path(where))
+        with memoryview(buf)[offset : offset + size] as view:
+            if size and zlib.crc32(view) != entry.get("crc32"):
+                raise CorruptShard(f"{where}: {entry['key']!r} does not match its checksum")
+
+
 def _patch(out: bytearray, block_bytes: int, blocks: torch.Tensor, data: bytes | memoryview, what: str) -> None:
     """Write ``data`` (the ``block_bytes`` blocks ``blocks`` back to back, the last block of ``out``
     possibly short) over ``out``'s blocks.
@@ -489,13 +504,13 @@ def _patch(out: bytearray, block_bytes: int, blocks: torch.Tensor, data: bytes |
     """
     n, full = len(out), len(out) // block_bytes
     tail = n - full * block_bytes
-    indices = blocks.tolist()
-    sizes = [block_bytes if i < full else tail for i in indices]
-    if any(not 0 <= i <= full for i in indices) or 0 in sizes or sum(sizes) != len(data):
-        raise CorruptShard(f"a delta of {what} does not fit its {n} bytes (blocks {indices[:5]}...)")
+    whole = blocks[blocks < full]
+    short = blocks.numel() - whole.numel()  # the last block, if it is short and sent: at most once, last
+    fits = bool((blocks >= 0).all()) and bool((blocks <= full).all()) and short <= (1 if tail else 0)
+    if not fits or (short and int(blocks[-1]) != full) or whole.numel() * block_bytes + short * tail != len(data):
+        raise CorruptShard(f"a delta of {what} does not fit its {n} bytes (blocks {blocks[:5].tolist()}...)")
     target = torch.frombuffer(out, dtype=torch.uint8)
     source = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
-    whole = blocks[blocks < full]
     if whole.numel():
         target[: full * block_bytes].view(full, block_bytes)[whole] = source[: whole.numel() * block_bytes].view(
             -1, block_bytes

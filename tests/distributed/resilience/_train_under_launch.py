@@ -26,6 +26,10 @@ import zensync
 from zensync.resilience import CheckpointConfig, Checkpointer
 
 
+FIXED = {"adapt": False, "latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8}
+"""auto's choices from a fixed network model, not from measured times: two runs choose alike."""
+
+
 def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 * step + rank)
     return (torch.rand(8, 5, generator=gen) ** 3 * 500).long(), torch.randint(0, 4, (8,), generator=gen)
@@ -37,7 +41,7 @@ def main(out_dir: str, steps: int, kill_step: int, kill_rank: int) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.EmbeddingBag(500, 16), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4))
     ddp = DistributedDataParallel(model)
-    state = zensync.register(ddp, strategy="auto")
+    state = zensync.register(ddp, strategy="auto", **FIXED)
     opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
     ckpt = Checkpointer(CheckpointConfig(replicas=0), hook_state=state)
     start = ckpt.restore(model=model, optimizer=opt, zensync=state)

@@ -29,6 +29,8 @@ from tests.distributed._launch import launch
 from tests.distributed.hooks.test_fsdp import _batch, _Net
 from zensync.resilience import CheckpointConfig, Checkpointer
 
+FIXED = {"adapt": False, "latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8}
+"""auto's choices from a fixed network model, not from measured times: two runs choose alike."""
 WORLD, STEPS, CRASH_AFTER = 4, 6, 4
 REPLICATION_TIMEOUT_S = 30.0
 MANIFEST_BYTES = 16 << 10
@@ -40,7 +42,7 @@ def _setup() -> tuple[nn.Module, Any, torch.optim.Optimizer, Any]:
     torch.manual_seed(0)
     model = _Net()
     ddp = DistributedDataParallel(model)
-    state = zensync.register(ddp, strategy="auto")
+    state = zensync.register(ddp, strategy="auto", **FIXED)
     return model, ddp, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), state
 
 
@@ -186,7 +188,7 @@ def _unwaited(rank: int, world_size: int, root: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.EmbeddingBag(4000, 16), nn.Linear(16, 4))  # 256 KiB of rows, few touched per step
     ddp = DistributedDataParallel(model)
-    state = zensync.register(ddp, strategy="auto")
+    state = zensync.register(ddp, strategy="auto", **FIXED)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: untouched rows keep their bytes
     ckpt = Checkpointer(CheckpointConfig(root=f"{root}/host{rank}", replicas=1), hook_state=state)
     ckpt.restore(model=model, optimizer=opt, zensync=state)
