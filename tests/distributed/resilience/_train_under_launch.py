@@ -25,7 +25,6 @@ from torch.nn.parallel import DistributedDataParallel
 import zensync
 from zensync.resilience import CheckpointConfig, Checkpointer
 
-
 FIXED = {"adapt": False, "latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8}
 """auto's choices from a fixed network model, not from measured times: two runs choose alike."""
 

@@ -72,7 +72,9 @@ def _run(rank: int, world_size: int, root: str, strategy: str) -> dict[str, Any]
             "last": last, "hook_step": hook_step}  # fmt: skip
 
 
-@pytest.mark.parametrize("strategy", ["auto", "qsgd:127", pytest.param("zen", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "strategy", ["auto", pytest.param("qsgd:127", marks=pytest.mark.slow), pytest.param("zen", marks=pytest.mark.slow)]
+)
 def test_a_restart_from_memory_goes_on_as_the_uninterrupted_run(tmp_path, strategy: str) -> None:
     results = launch(_run, 2, (str(tmp_path / "shm"), strategy), tmp_path)
     for out in results:
