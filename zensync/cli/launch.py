@@ -28,7 +28,10 @@ from typing import Any
 from zensync.cli._errors import CommandFailed, UsageError
 from zensync.resilience.agent import AgentBusy, CheckpointAgent, default_root
 
-__all__ = ["add_agent", "add_launch"]
+__all__ = ["AGENT_FLAGS", "LAUNCH_FLAGS", "add_agent", "add_launch"]
+
+AGENT_FLAGS = ("--ckpt-root", "--keep-store")
+LAUNCH_FLAGS = (*AGENT_FLAGS, "--job-id")
 
 
 def add_launch(sub: argparse._SubParsersAction) -> None:

@@ -144,7 +144,8 @@ class Checkpointer:
         self.recovery: dict[str, Any] | None = None
         """How ``restore`` got its state: {"source", "step", "lost_steps", "seconds", "fetched_bytes"}."""
         self._jsonl = self.config.jsonl_path.replace("{rank}", str(self.rank)) if self.config.jsonl_path else None
-        self._last_save_s: float | None = None
+        self._saved: int | None = None
+        """The newest step saved (its version may still be completed on the replication thread)."""
 
     # -- restore -----------------------------------------------------------------------------------
     def restore(self, require: bool | None = None, **parts: Any) -> int:
@@ -256,7 +257,12 @@ class Checkpointer:
         started_s = time.perf_counter()
         state: dict[str, Any] = {name: state_of(part) for name, part in parts.items()}
         state[_STEP] = step
-        info = self.store.save(self.rank, step, state)
+        # the tensors written now; their checksums and manifest on the replication thread (if any)
+        pending = self.store.write(self.rank, step, state)
+        if self.replicator is None:
+            self.store.finish(pending)
+        info = pending.info
+        self._saved = step
         saved_s = time.perf_counter() - started_s
         if self.config.dcp_every and step % self.config.dcp_every == 0:
             self._save_dcp(step, state)
@@ -270,7 +276,7 @@ class Checkpointer:
                           sent_fractions=traffic.sent_fractions,
                 round_s=traffic.round_s, complete_step=traffic.complete_step,
                           replication_error=None if error is None else repr(error))  # fmt: skip
-            self.replicator.notify(step)
+            self.replicator.notify(step, pending)
         self.history.append(record)
         if self._jsonl is not None:
             with open(self._jsonl, "a") as f:
@@ -292,13 +298,13 @@ class Checkpointer:
     def wait_replicated(self, timeout_s: float | None = None) -> bool:
         """Block until the newest saved step has all its replicas (before a planned stop, say);
         False when replication ended (``Replicator.error``) or ``timeout_s`` passed first."""
-        newest = self.store.versions(self.rank)
-        if self.replicator is None or not newest:
+        if self.replicator is None or self._saved is None:
             return self.replicator is None and self.config.replicas == 0
-        return self.replicator.wait_complete(newest[-1].step, timeout_s)
+        return self.replicator.wait_complete(self._saved, timeout_s)
 
     def close(self) -> None:
-        """Stop replication (every rank calls it: its last round is a collective)."""
+        """Stop replication (every rank calls it: its last round is a collective); every saved version
+        is complete once it returns."""
         if self.replicator is not None:
             self.replicator.close()
             self.replicator = None

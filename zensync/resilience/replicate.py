@@ -24,6 +24,7 @@ rank saves a new version it starts a *round*, a collective of every rank's repli
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -40,7 +41,7 @@ import torch
 
 from zensync.resilience.gate import IdleGate
 from zensync.resilience.placement import replica_peers, replica_sources
-from zensync.resilience.store import CorruptShard, ShardInfo, ShardStore
+from zensync.resilience.store import CorruptShard, PendingShard, ShardInfo, ShardStore
 from zensync.transport import Transport
 
 __all__ = ["Replicator", "RoundRecord", "StepTraffic", "exchange", "pack", "pack_delta", "unpack"]
@@ -264,15 +265,44 @@ class Replicator:
         self._wanted = -1  # the newest step saved here
         self._stopping = False
         self._step = StepTraffic()
+        self._pending: collections.deque[PendingShard] = collections.deque()
+        self._finished_step = -1
+        self._accepting = True
         self._tried = -1  # the step of the last round finished, complete or not
         self._thread = threading.Thread(target=self._main, name="zensync-replicator", daemon=True)
         self._thread.start()
 
-    def notify(self, step: int) -> None:
-        """A new local version of ``step`` is saved: replicate it (the thread starts a round)."""
+    def notify(self, step: int, pending: PendingShard | None = None) -> None:
+        """A new local version of ``step`` is saved: replicate it (the thread starts a round). With
+        ``pending`` (``ShardStore.write``'s), the thread first completes it (checksums, manifest): the
+        saving thread goes on meanwhile."""
         with self._cond:
+            accepted = pending is None or self._accepting
+            if pending is not None and accepted:
+                self._pending.append(pending)
             self._wanted = max(self._wanted, step)
             self._cond.notify_all()
+        if not accepted:  # the thread has ended: complete it here
+            assert pending is not None
+            self.store.finish(pending)
+
+    def _finish_pending(self, last: bool = False) -> None:
+        """Complete the versions handed over by ``notify``, oldest first (``last``: and accept no more)."""
+        while True:
+            with self._cond:
+                if not self._pending:
+                    self._accepting = self._accepting and not last
+                    return
+                pending = self._pending.popleft()
+            self.store.finish(pending)
+            with self._cond:
+                self._finished_step = pending.info.step
+                self._cond.notify_all()
+
+    def wait_finished(self, step: int, timeout_s: float | None = None) -> bool:
+        """Block until this rank's version ``step`` is complete locally (``notify``'s pending one)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._finished_step >= step or not self._thread.is_alive(), timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Stop after one last round that every rank joins (every rank must call it); waits for it."""
@@ -280,6 +310,11 @@ class Replicator:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        """The thread runs (it ends at ``close`` or on an error: ``error``)."""
+        return self._thread.is_alive()
 
     def wait_complete(self, step: int, timeout_s: float | None = None) -> bool:
         """Block until ``step`` (or a later one) is complete; False when its round ended incomplete,
@@ -299,7 +334,11 @@ class Replicator:
             while True:
                 with self._cond:
                     self._cond.wait_for(functools.partial(self._woken, attempted))
-                    stopping = self._stopping
+                self._finish_pending()
+                with self._cond:
+                    stopping, due = self._stopping, self._wanted >= attempted + self.every
+                if not (stopping or due):
+                    continue
                 newest = self.store.versions(self.transport.rank)
                 mine = newest[-1].step if newest else -1
                 common, base, anyone_stops = self._agree(mine, stopping)
@@ -312,11 +351,16 @@ class Replicator:
             self.error = exc
             logger.error("zensync checkpoint: replication stopped on rank %d: %r", self.transport.rank, exc)
         finally:
+            try:  # versions handed over and not complete yet: complete them (their bytes are written)
+                self._finish_pending(last=True)
+            except OSError as exc:
+                logger.error("zensync checkpoint: completing a version failed on rank %d: %r", self.transport.rank, exc)
             with self._cond:
+                self._accepting = False
                 self._cond.notify_all()
 
     def _woken(self, attempted: int) -> bool:
-        return self._stopping or self._wanted >= attempted + self.every
+        return self._stopping or bool(self._pending) or self._wanted >= attempted + self.every
 
     def _base(self) -> int:
         """The complete step this rank can send deltas against and apply them to (-1: none): its own

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CorruptShard", "ShardInfo", "ShardStore", "flatten", "unflatten"]
+__all__ = ["CorruptShard", "PendingShard", "ShardInfo", "ShardStore", "flatten", "unflatten"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,14 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
 
 class CorruptShard(ValueError):
     """A shard's bytes do not match its manifest (a checksum, a size or the manifest itself)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PendingShard:
+    """A version whose tensors are written and whose checksums and manifest are not (``ShardStore.write``)."""
+
+    info: ShardInfo
+    manifest: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -157,6 +165,16 @@ class ShardStore:
         place last, so a crash mid-save leaves no complete shard for ``step``.
 
         Raises:
+            ValueError: As ``write``.
+        """
+        return self.finish(self.write(rank, step, state))
+
+    def write(self, rank: int, step: int, state: dict[str, Any]) -> PendingShard:
+        """The first half of ``save``: the tensors written, the version not complete yet (no
+        checksums, no manifest) and kept from pruning until ``finish`` completes it, on any thread:
+        the state may change once this returns (its bytes are in the store).
+
+        Raises:
             ValueError: For a state ``flatten`` refuses, a negative step or rank, or a step at or below
                 the newest complete version's (versions only go forward).
         """
@@ -174,17 +192,40 @@ class ShardStore:
                             "shape": list(tensor.shape), "offset": offset, "nbytes": nbytes})  # fmt: skip
             offset += nbytes
         target = self._claim(rank, step, offset)
+        with self._lock:
+            self._pins[rank, step] = self._pins.get((rank, step), 0) + 1
         with open(target / "data.bin", "r+b" if (target / "data.bin").exists() else "w+b") as f:
             f.truncate(offset)
-            for entry, tensor in zip(entries, tensors.values(), strict=True):
-                entry["crc32"] = _write(f, tensor)
+            for tensor in tensors.values():
+                _write(f, tensor)
         manifest = {"format": FORMAT, "rank": rank, "step": step, "nbytes": offset, "entries": entries}
         manifest["values"] = values
-        tmp = target / "manifest.json.tmp"
-        tmp.write_text(json.dumps(manifest))
-        os.replace(tmp, target / "manifest.json")
-        self._prune(rank)
-        return ShardInfo(rank, step, target, offset)
+        return PendingShard(ShardInfo(rank, step, target, offset), manifest)
+
+    def finish(self, pending: PendingShard) -> ShardInfo:
+        """Complete a version ``write`` began: each tensor's CRC-32 from the written bytes, then the
+        manifest renamed into place; older versions pruned."""
+        info, manifest = pending.info, pending.manifest
+        try:
+            if info.nbytes:
+                with (
+                    open(info.path / "data.bin", "rb") as f,
+                    mmap.mmap(f.fileno(), info.nbytes, access=mmap.ACCESS_READ) as buf,
+                ):
+                    for entry in manifest["entries"]:
+                        with memoryview(buf)[entry["offset"] : entry["offset"] + entry["nbytes"]] as view:
+                            entry["crc32"] = zlib.crc32(view) if entry["nbytes"] else 0
+            else:
+                for entry in manifest["entries"]:
+                    entry["crc32"] = 0
+            tmp = info.path / "manifest.json.tmp"
+            tmp.write_text(json.dumps(manifest))
+            os.replace(tmp, info.path / "manifest.json")
+        finally:
+            with self._lock:
+                self._pins[info.rank, info.step] -= 1
+        self._prune(info.rank)
+        return info
 
     def _claim(self, rank: int, step: int, nbytes: int) -> pathlib.Path:
         """The directory of ``rank``'s new version ``step``: a version the save will prune, renamed, when
@@ -211,7 +252,8 @@ class ShardStore:
         complete = self.complete_step(rank)
         pinned = {s for (r, s), n in self._pins.items() if r == rank and n > 0}
         kept = {info.path for info in infos[max(0, len(infos) - newest) :]} if newest > 0 else set()
-        return kept | {info.path for info in infos if info.step == complete or info.step in pinned}
+        kept |= {self._dir(rank, step) for step in pinned}  # pinned writes not finished are kept too
+        return kept | {info.path for info in infos if info.step == complete}
 
     @contextmanager
     def pinned(self, rank: int, step: int) -> Iterator[None]:
@@ -447,15 +489,14 @@ class ShardStore:
         self.root.mkdir(parents=True, exist_ok=True)
 
 
-def _write(f: Any, tensor: torch.Tensor) -> int:
+def _write(f: Any, tensor: torch.Tensor) -> None:
     """Write ``tensor``'s bytes at ``f``'s position (one copy, by the kernel into tmpfs: no page faults
-    in a mapping); returns the CRC-32 of the bytes written, computed on the tensor's own memory."""
+    in a mapping)."""
     if not tensor.numel():
-        return 0
+        return
     flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
     with flat.numpy().data as view:
         f.write(view)
-        return zlib.crc32(view)
 
 
 def _read(buf: mmap.mmap, entry: dict[str, Any], path: pathlib.Path) -> torch.Tensor:

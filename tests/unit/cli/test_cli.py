@@ -51,6 +51,8 @@ def _demo_parser():
         ["profile", "--help"],
         ["bench", "--help"],
         ["simulate", "--help"],
+        ["launch", "--help"],
+        ["agent", "--help"],
     ],
 )
 def test_help_exits_zero(argv, capsys):
@@ -165,6 +167,7 @@ def _subparser(name):
 
 def test_plan_profile_tune_and_bench_flags_are_pinned():
     from zensync.cli import bench as cli_bench
+    from zensync.cli import launch as cli_launch
     from zensync.cli import plan as cli_plan
     from zensync.cli import profile as cli_profile
     from zensync.cli import simulate as cli_simulate
@@ -176,6 +179,8 @@ def test_plan_profile_tune_and_bench_flags_are_pinned():
         ("tune", set(cli_tune.TUNE_FLAGS)),
         ("bench", set(cli_bench.BENCH_FLAGS)),
         ("simulate", set(cli_simulate.SIMULATE_FLAGS)),
+        ("launch", set(cli_launch.LAUNCH_FLAGS)),
+        ("agent", set(cli_launch.AGENT_FLAGS)),
     ):
         parser = _subparser(name)
         flags = {s for action in parser._actions for s in action.option_strings if s.startswith("--")} - {"--help"}
