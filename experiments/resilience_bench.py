@@ -225,14 +225,14 @@ def _summary(
         r["on"]["records"][i : i + args.steps] for r in overhead for i in range(0, len(r["on"]["records"]), args.steps)
     ]
     # each run's rounds after its first (whole) one: deltas
-    deltas = [f for run in runs for f in [f for rec in run for f in rec["sent_fractions"]][1:]]
-    rounds = [t for rec in records for t in rec["round_s"]]
+    deltas = [f for run in runs for f in [f for rec in run for f in rec.get("sent_fractions", [])][1:]]
+    rounds = [t for rec in records for t in rec.get("round_s", [])]
     # steady state: the steps after a run's first version had all its replicas (deltas from then on)
     on_steps, steady = slowest("on"), []
     for i in range(len(overhead[0]["on"]["records"])):
-        if all(r["on"]["records"][i]["complete_step"] is not None for r in overhead):
+        if all(r["on"]["records"][i].get("complete_step") is not None for r in overhead):
             steady.append(on_steps[i])
-    lags = [rec["step"] - rec["complete_step"] for rec in records if rec["complete_step"] is not None]
+    lags = [rec["step"] - rec.get("complete_step") for rec in records if rec.get("complete_step") is not None]
     victim = recovery[VICTIM]
     return {
         "step_s_off": off, "step_s_on": on, "overhead": on / off - 1.0,
@@ -240,10 +240,10 @@ def _summary(
         "overhead_steady": statistics.median(steady) / off - 1.0 if steady else None,
         "shard_bytes": statistics.median(rec["bytes"] for rec in records),
         "save_s": statistics.median(rec["save_s"] for rec in records),
-        "replicated_bytes_per_step": statistics.mean(rec["replicated_bytes"] for rec in records),
-        "windows_used_per_step": statistics.mean(rec["windows_used"] for rec in records),
-        "max_delay_s": max(rec["max_delay_s"] for rec in records),
-        "median_delay_s": statistics.median(rec["max_delay_s"] for rec in records),
+        "replicated_bytes_per_step": statistics.mean(rec.get("replicated_bytes", 0) for rec in records),
+        "windows_used_per_step": statistics.mean(rec.get("windows_used", 0) for rec in records),
+        "max_delay_s": max(rec.get("max_delay_s", 0.0) for rec in records),
+        "median_delay_s": statistics.median(rec.get("max_delay_s", 0.0) for rec in records),
         "coverage_lag_median": statistics.median(lags) if lags else None, "coverage_lag_max": max(lags, default=None),
         "sent_fraction_median": statistics.median(deltas) if deltas else None,
         "round_s_median": statistics.median(rounds) if rounds else None,

@@ -1,14 +1,19 @@
 """Each rank's checkpoint shards copied to peers' stores in the network's idle windows (Gemini, Sec. 5).
 
 ``Replicator`` is a background thread of each rank, with a transport of its own (its own process
-group, with the user's timeout: its collectives never interleave with the gradients'). Each time a
-rank saves a new version it starts a *round*, a collective of every rank's replicator:
+group, with the user's timeout: its collectives never interleave with the gradients'). A save hands
+it the version it wrote (``ShardStore.write``), which the thread completes first (checksums,
+manifest: off the training thread). Every ``every`` saved steps it starts a *round*, a collective
+of every rank's replicator:
 
-1. The ranks exchange their newest complete local step; the round replicates the newest step every
-   rank has (ranks save in lockstep, so it is the step just saved, or the one before on a rank
-   that is one save ahead). No new common step: nothing moves.
-2. Each rank reads its shard of that step (pinned: a save on the main thread cannot reuse it) as
-   bytes: an 8-byte header length, the manifest's JSON, the data (no pickle crosses hosts).
+1. The ranks exchange their newest complete local step and the complete step they can send and
+   apply deltas against; the round replicates the newest step every rank has (ranks save in
+   lockstep, so it is the step just saved, or the one before on a rank one save ahead). No new
+   common step: nothing moves.
+2. Each rank packs its shard of that step (pinned until the round ends: a save on the main thread
+   cannot reuse it, and it is the next round's base) as bytes: a JSON header, the manifest, then
+   the data, or, when every rank holds the newest complete step, only the ``delta_block_bytes``
+   blocks that changed since it, with their indices (``pack_delta``; no pickle crosses hosts).
 3. The shards move in chunks of ``chunk_bytes``, one all-to-all per chunk, each rank sending to its
    ``m`` placement peers (``placement.replica_peers``). Before each chunk the thread waits until the
    gate (``gate.IdleGate``) is idle, so checkpoint traffic flows between a step's last bucket and
