@@ -7,6 +7,8 @@
 shared-memory store across worker restarts), then runs ``python -m torch.distributed.run
 TORCHRUN_ARGS...`` with ``ZENSYNC_CKPT_ROOT`` set for the workers (``Checkpointer`` finds the store
 there). torchrun's ``--max-restarts`` restarts failed workers; they restore from the agent's store.
+torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set otherwise (restarts reuse
+stale peer addresses with the shared store: pytorch/pytorch#135712).
 The exit status is torchrun's; the store is removed when torchrun exits (``--keep-store`` keeps
 it). The default directory is ``/dev/shm/zensync-ckpt-<job id>``, the job id from --job-id, else
 torchrun's --rdzv-id / --rdzv_id, else ``$TORCHELASTIC_RUN_ID``, else ``local``.
@@ -30,6 +32,11 @@ from zensync.resilience.agent import AgentBusy, CheckpointAgent, default_root
 
 __all__ = ["AGENT_FLAGS", "LAUNCH_FLAGS", "add_agent", "add_launch"]
 
+_UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+"""Set to 1 for torchrun unless the user set it: with the rendezvous store shared with the workers'
+process group (torch's default), a restarted worker can read a killed peer's address from the
+previous attempt and fail with "connectFullMesh failed ... Connection refused" (pytorch/pytorch#135712;
+here 3 of 3 restarts failed with it shared, 0 of 3 with it unshared)."""
 AGENT_FLAGS = ("--ckpt-root", "--keep-store")
 LAUNCH_FLAGS = (*AGENT_FLAGS, "--job-id")
 
@@ -81,8 +88,8 @@ def _launch(args: argparse.Namespace, _: Any) -> int:
     except (AgentBusy, OSError) as exc:
         raise CommandFailed(str(exc)) from None
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun],
-                                env={**os.environ, **agent.env()})  # fmt: skip
+        env = {_UNSHARED_STORE: "1", **os.environ, **agent.env()}  # the user's setting wins
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun], env=env)
         forward = _forward_signals(proc)
         try:
             return proc.wait()

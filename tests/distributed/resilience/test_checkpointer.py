@@ -26,11 +26,10 @@ from torch.nn.parallel import DistributedDataParallel
 import zensync
 import zensync.resilience.replicate as replicate_module
 from tests.distributed._launch import launch
-from tests.distributed.hooks.test_fsdp import _batch, _Net
+from tests.distributed.resilience.test_memory import FIXED, _steps
+from tests.distributed.resilience.test_memory import _setup as _memory_setup
 from zensync.resilience import CheckpointConfig, Checkpointer
 
-FIXED = {"adapt": False, "latency_s": 1e-5, "bandwidth_bytes_per_s": 1e8}
-"""auto's choices from a fixed network model, not from measured times: two runs choose alike."""
 WORLD, STEPS, CRASH_AFTER = 4, 6, 4
 REPLICATION_TIMEOUT_S = 30.0
 MANIFEST_BYTES = 16 << 10
@@ -39,27 +38,15 @@ MANIFEST_BYTES = 16 << 10
 
 
 def _setup() -> tuple[nn.Module, Any, torch.optim.Optimizer, Any]:
-    torch.manual_seed(0)
-    model = _Net()
-    ddp = DistributedDataParallel(model)
-    state = zensync.register(ddp, strategy="auto", **FIXED)
-    return model, ddp, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), state
+    return _memory_setup("auto")
 
 
 def _train(ddp: Any, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: Checkpointer | None,
            model: nn.Module, state: Any) -> list[float]:  # fmt: skip
-    losses = []
-    for step in steps:
-        opt.zero_grad()
-        ids, target = _batch(rank, step)
-        loss = nn.functional.cross_entropy(ddp(ids), target)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-        if ckpt is not None:
-            ckpt.save(step, model=model, optimizer=opt, zensync=state)
-            assert ckpt.wait_replicated(REPLICATION_TIMEOUT_S) or step == CRASH_AFTER - 1
-    return losses
+    def replicated(step: int) -> None:  # each version replicated before the next (the crash step's may not be)
+        assert ckpt is not None and (ckpt.wait_replicated(REPLICATION_TIMEOUT_S) or step == CRASH_AFTER - 1)
+
+    return _steps(ddp, opt, rank, steps, ckpt, model, state, replicated)
 
 
 def _uninterrupted(rank: int) -> tuple[list[float], list[torch.Tensor]]:

@@ -31,7 +31,7 @@ def _launch(tmp_path: Path, name: str, kill_step: int, kill_rank: int) -> list[d
 
 
 @pytest.mark.slow  # two torchrun jobs, one restarted: about 40 s of process start-up on 2 cores
-@pytest.mark.parametrize("seed", [0])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_a_worker_killed_at_a_random_step_resumes_from_memory(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     kill_step, kill_rank = rng.randrange(1, STEPS - 1), rng.randrange(2)

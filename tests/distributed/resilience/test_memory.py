@@ -10,6 +10,7 @@ memory every step; after a simulated restart (fresh model, optimizer and hook, r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,8 +36,10 @@ def _setup(strategy: str) -> tuple[nn.Module, Any, torch.optim.Optimizer, Any]:
     return model, ddp, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), state
 
 
-def _steps(ddp: Any, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: MemoryCheckpoint | None,
-           model: nn.Module, state: Any) -> list[float]:  # fmt: skip
+def _steps(ddp: Any, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: Any, model: nn.Module,
+           state: Any, after_save: Callable[[int], None] = lambda step: None) -> list[float]:  # fmt: skip
+    """Train ``steps``; after each, ``ckpt.save`` (a MemoryCheckpoint or a Checkpointer; None: no
+    checkpoints), then ``after_save(step)``."""
     losses = []
     for step in steps:
         opt.zero_grad()
@@ -47,6 +50,7 @@ def _steps(ddp: Any, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: 
         losses.append(float(loss))
         if ckpt is not None:
             ckpt.save(step, model=model, optimizer=opt, zensync=state)
+            after_save(step)
     return losses
 
 
