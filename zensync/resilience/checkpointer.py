@@ -30,6 +30,7 @@ state is passed as a part, so a restored run goes on as the uninterrupted one wo
 
 from __future__ import annotations
 
+import builtins
 import collections
 import dataclasses
 import json
@@ -58,8 +59,6 @@ ROOT_ENV = "ZENSYNC_CKPT_ROOT"
 """The host's store directory, set by ``zensync launch`` (its agent owns the directory)."""
 _VALUES_KEY = "__values__"
 _STEP = "step"
-_ERRORS: dict[str, type[Exception]] = {e.__name__: e for e in (
-    ValueError, KeyError, FileNotFoundError, RuntimeError, TypeError, OSError)}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -164,11 +163,11 @@ class Checkpointer:
                 cannot take it (the failing rank's type and message).
         """
         started_s = time.perf_counter()
-        plan, failure, fetched = None, None, 0
+        if require is None:
+            require = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        plan = self._plan(require)  # its errors are raised on every rank alike
+        failure, fetched = None, 0
         try:
-            if require is None:
-                require = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-            plan = self._plan(require)
             fetched = self._fetch(plan)
             if plan.step is not None:
                 load_parts(self._state_at(plan), parts)
@@ -176,7 +175,6 @@ class Checkpointer:
         except (FileNotFoundError, KeyError, ValueError, RuntimeError, OSError) as exc:
             failure = exc
         self._agree(failure)
-        assert plan is not None
         self.recovery = {"source": plan.source, "step": plan.step, "lost_steps": plan.lost_steps,
                          "seconds": time.perf_counter() - started_s, "fetched_bytes": fetched}  # fmt: skip
         if self.rank == 0:
@@ -186,10 +184,14 @@ class Checkpointer:
 
     def _plan(self, required: bool) -> RecoveryPlan:
         """Every rank's report gathered, and the plan all compute alike (recover.plan_recovery)."""
-        have = {str(r): self.store.verified(r) for r in self.store.ranks()}
-        disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
-        mine = torch.frombuffer(bytearray(json.dumps({"have": have, "dcp": disk}).encode()), dtype=torch.uint8)
+        try:  # this rank's stores: an error here still joins the gather (its peers must not wait)
+            disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
+            report: dict[str, Any] = {"have": {str(r): self.store.verified(r) for r in self.store.ranks()}, "dcp": disk}
+        except OSError as exc:
+            report = {"error": [type(exc).__name__, str(exc)]}
+        mine = torch.frombuffer(bytearray(json.dumps(report).encode()), dtype=torch.uint8)
         reports = [json.loads(bytes(t.tolist())) for t in self.transport.all_gather_v(mine)]
+        _raise_failures([(r, rep["error"]) for r, rep in enumerate(reports) if "error" in rep], None)
         common_disk = sorted(set(reports[0]["dcp"]).intersection(*(r["dcp"] for r in reports[1:])))
         return plan_recovery(reports, common_disk, required)
 
@@ -225,11 +227,7 @@ class Checkpointer:
         said = json.dumps([] if failure is None else [type(failure).__name__, str(failure)]).encode()
         gathered = self.transport.all_gather_v(torch.frombuffer(bytearray(said), dtype=torch.uint8))
         errors = [(r, json.loads(bytes(t.tolist()))) for r, t in enumerate(gathered)]
-        failing = [(r, e) for r, e in errors if e]
-        if failing:
-            kind = _ERRORS.get(failing[0][1][0], RuntimeError)
-            told = "; ".join(f"rank {r}: {name}: {msg}" for r, (name, msg) in failing)
-            raise kind(f"zensync checkpoint restore failed on rank(s) {[r for r, _ in failing]}: {told}") from failure
+        _raise_failures([(r, e) for r, e in errors if e], failure)
 
     def _start_replication(self) -> None:
         if self.config.replicas == 0 or self.replicator is not None:
@@ -308,3 +306,12 @@ class Checkpointer:
         if self.replicator is not None:
             self.replicator.close()
             self.replicator = None
+
+
+def _raise_failures(failing: list[tuple[int, list[str]]], cause: BaseException | None) -> None:
+    """Raise the ranks' errors ([type name, message] each) on this rank, as the first one's type."""
+    if failing:
+        named = getattr(builtins, failing[0][1][0], None)  # a builtin exception keeps its type
+        kind = named if isinstance(named, type) and issubclass(named, Exception) else RuntimeError
+        told = "; ".join(f"rank {r}: {name}: {msg}" for r, (name, msg) in failing)
+        raise kind(f"zensync checkpoint restore failed on rank(s) {[r for r, _ in failing]}: {told}") from cause

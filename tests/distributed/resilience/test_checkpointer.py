@@ -206,3 +206,26 @@ def test_later_versions_travel_as_deltas_while_training_goes_on(tmp_path) -> Non
         # the first version whole; then 4 ranks x 4 bags x 3 rows of 64-byte rows per step (and the
         # Linear) change: a small part of the 256 KiB table, even over the steps a round overlaps
         assert first == 1.0 and later and max(later) < 0.25
+
+
+def _unreadable_store(rank: int, world_size: int, root: str) -> str:
+    model, _ddp, opt, state = _setup()
+    ckpt = Checkpointer(CheckpointConfig(root=f"{root}/host{rank}", replicas=1), hook_state=state)
+    if rank == 1:
+
+        def verified(_: int) -> list[int]:
+            raise PermissionError("the store is unreadable")
+
+        ckpt.store.verified = verified  # type: ignore[method-assign]
+        ckpt.store.save(1, 0, {"w": torch.zeros(1)})  # a shard to report
+    try:
+        ckpt.restore(model=model, optimizer=opt, zensync=state)
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "restored"
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_read_its_store_fails_every_rank_alike(tmp_path) -> None:
+    said = {out for out in launch(_unreadable_store, WORLD, (str(tmp_path),), tmp_path)}
+    assert len(said) == 1 and "rank(s) [1]" in (only := said.pop()) and "PermissionError" in only
