@@ -4,7 +4,7 @@
 ``state_dict()`` / ``load_state_dict()``, or a plain dict of tensors and JSON values) as one
 ``ShardStore`` shard per step, and restores the newest complete shard that verifies into the same
 parts. The engine's state travels with the model's, so a run restored from memory goes on as the
-uninterrupted one would (tests/unit/resilience/test_memory.py checks it on DDP with zensync's hook).
+uninterrupted one would (tests/distributed/resilience/test_memory.py checks it on DDP with zensync's hook).
 
 Example::
 
