@@ -55,10 +55,10 @@ import zensync
 from zensync.demo.config import DemoConfig
 from zensync.demo.model import DemoModel, batch, lm_config
 from zensync.resilience import CheckpointConfig, Checkpointer
+from zensync.resilience.checkpointer import load_dcp_state
 from zensync.resilience.memory import load_parts
-from zensync.resilience.store import unflatten
 from zensync.testbed import EmulatedCluster
-from zensync.transport.dcp import METADATA, dcp_load_rank, dcp_rank_files, dcp_steps
+from zensync.transport.dcp import METADATA, dcp_rank_files, dcp_steps
 from zensync.workloads import lm
 
 _PORT, _HTTP_PORT = 29741, 8731
@@ -149,14 +149,10 @@ def _from_storage(args: argparse.Namespace, step: int) -> dict[str, Any]:
         fetched += _download(f"{url}/{name}", local / name)
     for name in dcp_rank_files(local, VICTIM):
         fetched += _download(f"{url}/{name}", local / name)
-    flat: dict[str, Any] = dict(dcp_load_rank(local, None, rank=VICTIM))
-    values = flat.pop("__values__")
-    import json
-
-    flat.update(json.loads(bytes(values.tolist())))
+    state = load_dcp_state(local, None, rank=VICTIM)
     config = DemoConfig()
     model = DemoModel(config, generator=torch.Generator().manual_seed(config.seed))
-    load_parts(unflatten(flat), {"model": model})
+    load_parts(state, {"model": model})
     shutil.rmtree(local)
     return {"seconds": time.perf_counter() - start, "bytes": fetched, "step": step}
 

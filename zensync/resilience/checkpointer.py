@@ -48,15 +48,17 @@ from zensync.resilience.placement import PLACEMENTS
 from zensync.resilience.recover import RecoveryPlan, plan_recovery
 from zensync.resilience.replicate import Replicator, exchange, pack, unpack
 from zensync.resilience.store import ShardStore, flatten, unflatten
+from zensync.sync.agreement import describe_failure, gather_messages_async
 from zensync.transport import TorchTransport, Transport, transport_for_group
 from zensync.transport.dcp import dcp_load_rank, dcp_save_rank, dcp_steps
 
-__all__ = ["ROOT_ENV", "CheckpointConfig", "Checkpointer"]
+__all__ = ["ROOT_ENV", "CheckpointConfig", "Checkpointer", "load_dcp_state"]
 
 logger = logging.getLogger(__name__)
 
 ROOT_ENV = "ZENSYNC_CKPT_ROOT"
 """The host's store directory, set by ``zensync launch`` (its agent owns the directory)."""
+_PHASE = "checkpoint"
 _VALUES_KEY = "__values__"
 _STEP = "step"
 
@@ -188,7 +190,7 @@ class Checkpointer:
             disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
             report: dict[str, Any] = {"have": {str(r): self.store.verified(r) for r in self.store.ranks()}, "dcp": disk}
         except OSError as exc:
-            report = {"error": [type(exc).__name__, str(exc)]}
+            report = {"error": describe_failure(exc).decode(errors="replace")}
         mine = torch.frombuffer(bytearray(json.dumps(report).encode()), dtype=torch.uint8)
         reports = [json.loads(bytes(t.tolist())) for t in self.transport.all_gather_v(mine)]
         _raise_failures([(r, rep["error"]) for r, rep in enumerate(reports) if "error" in rep], None)
@@ -212,22 +214,16 @@ class Checkpointer:
         if plan.source != "dcp":
             return self.store.load(self.rank, plan.step)
         assert self.config.dcp_dir is not None
-        flat: dict[str, Any] = dict(
-            dcp_load_rank(pathlib.Path(self.config.dcp_dir) / f"step{plan.step}", self._torch())
-        )
-        values = flat.pop(_VALUES_KEY)
-        flat.update(json.loads(bytes(values.tolist())))
-        state = unflatten(flat)
+        state = load_dcp_state(pathlib.Path(self.config.dcp_dir) / f"step{plan.step}", self._torch())
         if not any(v.step >= plan.step for v in self.store.versions(self.rank)):
             self.store.save(self.rank, plan.step, dict(state))  # type: ignore[arg-type]  # memory holds it again
         return state
 
     def _agree(self, failure: BaseException | None) -> None:
-        """Raise every failing rank's error on every rank (the first's type), or return."""
-        said = json.dumps([] if failure is None else [type(failure).__name__, str(failure)]).encode()
-        gathered = self.transport.all_gather_v(torch.frombuffer(bytearray(said), dtype=torch.uint8))
-        errors = [(r, json.loads(bytes(t.tolist()))) for r, t in enumerate(gathered)]
-        _raise_failures([(r, e) for r, e in errors if e], failure)
+        """Raise every failing rank's error on every rank (the first's type), or return: step 2 of
+        the one agreement protocol (``zensync.sync.agreement``)."""
+        said = self.transport.run(gather_messages_async(self.transport, describe_failure(failure), phase=_PHASE))
+        _raise_failures([(r, message) for r, message in enumerate(said) if message], failure)
 
     def _start_replication(self) -> None:
         if self.config.replicas == 0 or self.replicator is not None:
@@ -308,10 +304,21 @@ class Checkpointer:
             self.replicator = None
 
 
-def _raise_failures(failing: list[tuple[int, list[str]]], cause: BaseException | None) -> None:
-    """Raise the ranks' errors ([type name, message] each) on this rank, as the first one's type."""
+def load_dcp_state(
+    path: str | pathlib.Path, transport: TorchTransport | None, rank: int | None = None
+) -> dict[str | int, Any]:
+    """A rank's state from a disk checkpoint ``Checkpointer`` saved (``dcp_every``): a collective of
+    ``transport``'s ranks, or with ``transport`` None rank ``rank``'s alone (``dcp_load_rank``)."""
+    flat: dict[str, Any] = dict(dcp_load_rank(path, transport, rank))
+    values = flat.pop(_VALUES_KEY)
+    flat.update(json.loads(bytes(values.tolist())))
+    return unflatten(flat)
+
+
+def _raise_failures(failing: list[tuple[int, str]], cause: BaseException | None) -> None:
+    """Raise the ranks' errors ("Type: message" each, ``describe_failure``'s) here, as the first one's type."""
     if failing:
-        named = getattr(builtins, failing[0][1][0], None)  # a builtin exception keeps its type
+        named = getattr(builtins, failing[0][1].split(":", 1)[0], None)  # a builtin exception keeps its type
         kind = named if isinstance(named, type) and issubclass(named, Exception) else RuntimeError
-        told = "; ".join(f"rank {r}: {name}: {msg}" for r, (name, msg) in failing)
+        told = "; ".join(f"rank {r}: {message}" for r, message in failing)
         raise kind(f"zensync checkpoint restore failed on rank(s) {[r for r, _ in failing]}: {told}") from cause

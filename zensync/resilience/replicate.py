@@ -69,10 +69,10 @@ def _blob(header: dict[str, Any], *parts: Any) -> torch.Tensor:
 
 
 def _info(store: ShardStore, rank: int, step: int) -> ShardInfo:
-    infos = [i for i in store.versions(rank) if i.step == step]
-    if not infos:
+    info = store.version(rank, step)
+    if info is None:
         raise FileNotFoundError(f"no complete shard of rank {rank} at step {step} to send")
-    return infos[-1]
+    return info
 
 
 def pack(store: ShardStore, rank: int, step: int) -> torch.Tensor:
@@ -374,7 +374,7 @@ class Replicator:
         if step is None or self.delta_block_bytes == 0:
             return -1
         ranks = [self.transport.rank, *self.sources]
-        held = all(any(i.step == step for i in self.store.versions(r)) for r in ranks)
+        held = all(self.store.version(r, step) is not None for r in ranks)
         return step if held else -1
 
     def _agree(self, mine: int, stopping: bool) -> tuple[int, int | None, bool]:

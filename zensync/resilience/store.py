@@ -192,8 +192,7 @@ class ShardStore:
                             "shape": list(tensor.shape), "offset": offset, "nbytes": nbytes})  # fmt: skip
             offset += nbytes
         target = self._claim(rank, step, offset)
-        with self._lock:
-            self._pins[rank, step] = self._pins.get((rank, step), 0) + 1
+        self._pin(rank, step, +1)
         with open(target / "data.bin", "r+b" if (target / "data.bin").exists() else "w+b") as f:
             f.truncate(offset)
             for tensor in tensors.values():
@@ -222,8 +221,7 @@ class ShardStore:
             tmp.write_text(json.dumps(manifest))
             os.replace(tmp, info.path / "manifest.json")
         finally:
-            with self._lock:
-                self._pins[info.rank, info.step] -= 1
+            self._pin(info.rank, info.step, -1)
         self._prune(info.rank)
         return info
 
@@ -235,8 +233,9 @@ class ShardStore:
         if target.exists():  # a cut-off write of this step
             shutil.rmtree(target)
         with self._lock:
-            kept = self._kept(rank, self.keep - 1)
-            for info in self.versions(rank):
+            infos = self.versions(rank)
+            kept = self._kept(rank, self.keep - 1, infos)
+            for info in infos:
                 data = info.path / "data.bin"
                 if info.path not in kept and data.exists() and data.stat().st_size == nbytes:
                     (info.path / "manifest.json").unlink()
@@ -245,10 +244,9 @@ class ShardStore:
         target.mkdir(parents=True)
         return target
 
-    def _kept(self, rank: int, newest: int) -> set[pathlib.Path]:
-        """The versions pruning keeps: the ``newest`` newest, the one marked complete, the pinned ones
-        (the caller holds ``_lock``)."""
-        infos = self.versions(rank)
+    def _kept(self, rank: int, newest: int, infos: list[ShardInfo]) -> set[pathlib.Path]:
+        """Of ``infos`` (``versions(rank)``), the ones pruning keeps: the ``newest`` newest, the one
+        marked complete, and the pinned writes (the caller holds ``_lock``)."""
         complete = self.complete_step(rank)
         pinned = {s for (r, s), n in self._pins.items() if r == rank and n > 0}
         kept = {info.path for info in infos[max(0, len(infos) - newest) :]} if newest > 0 else set()
@@ -258,13 +256,15 @@ class ShardStore:
     @contextmanager
     def pinned(self, rank: int, step: int) -> Iterator[None]:
         """Keep ``rank``'s version ``step`` while the block reads it (a replicator on another thread)."""
-        with self._lock:
-            self._pins[rank, step] = self._pins.get((rank, step), 0) + 1
+        self._pin(rank, step, +1)
         try:
             yield
         finally:
-            with self._lock:
-                self._pins[rank, step] -= 1
+            self._pin(rank, step, -1)
+
+    def _pin(self, rank: int, step: int, change: int) -> None:
+        with self._lock:
+            self._pins[rank, step] = self._pins.get((rank, step), 0) + change
 
     def mark_complete(self, rank: int, step: int) -> None:
         """Record that ``rank``'s version ``step`` has all its replicas (kept until a newer one has)."""
@@ -295,6 +295,10 @@ class ShardStore:
                 except (ValueError, KeyError, TypeError) as exc:
                     logger.warning("zensync checkpoint: unreadable manifest %s skipped: %s", manifest, exc)
         return sorted(found, key=lambda info: info.step)
+
+    def version(self, rank: int, step: int) -> ShardInfo | None:
+        """``rank``'s complete version of ``step`` (None: none)."""
+        return next((info for info in self.versions(rank) if info.step == step), None)
 
     def load(self, rank: int, step: int | None = None) -> dict[str | int, Any]:
         """The newest complete shard of ``rank`` that verifies (or the one at ``step``), as a nested
@@ -336,7 +340,7 @@ class ShardStore:
 
     def raw(self, info: ShardInfo) -> tuple[bytes, bytes]:
         """(manifest text, data bytes) of a complete shard, as they are on disk (for a peer's copy)."""
-        return (info.path / "manifest.json").read_bytes(), (info.path / "data.bin").read_bytes()
+        return self.raw_manifest(info), (info.path / "data.bin").read_bytes()
 
     def raw_manifest(self, info: ShardInfo) -> bytes:
         """A complete shard's manifest text, as it is on disk."""
@@ -348,16 +352,12 @@ class ShardStore:
         Raises:
             CorruptShard: If the manifest is unreadable or the bytes do not match it (nothing is kept).
         """
-        try:
-            header = json.loads(manifest)
-            rank, step = int(header["rank"]), int(header["step"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptShard(f"a shard received with an unreadable manifest: {exc}") from None
-        held = [i for i in self.versions(rank) if i.step == step]
-        if held and (held[0].path / "manifest.json").read_bytes() == manifest:
-            self.verify(held[0])  # the same version, already here (a host holding its own replica)
-            return held[0]
-        return self._received(manifest, header, rank, step, data)
+        header, rank, step, _ = _header(manifest)
+        held = self.version(rank, step)
+        if held is not None and self.raw_manifest(held) == manifest:
+            self.verify(held)  # the same version, already here (a host holding its own replica)
+            return held
+        return self._received(manifest, header, data)
 
     def put_delta(self, manifest: bytes, base_step: int, block_bytes: int, blocks: torch.Tensor,
                   data: bytes | memoryview) -> ShardInfo:  # fmt: skip
@@ -370,37 +370,28 @@ class ShardStore:
             CorruptShard: If the manifest is unreadable, the base is missing, or the result does not
                 verify (nothing is kept).
         """
-        try:
-            header = json.loads(manifest)
-            rank, step, nbytes = int(header["rank"]), int(header["step"]), int(header["nbytes"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptShard(f"a delta shard received with an unreadable manifest: {exc}") from None
-        base = [i for i in self.versions(rank) if i.step == base_step]
-        if not base:
+        header, rank, step, nbytes = _header(manifest)
+        base = self.version(rank, base_step)
+        if base is None:
             raise CorruptShard(f"a delta of rank {rank}'s step {step} against step {base_step}, which is not here")
-        if base[0].nbytes != nbytes:
-            raise CorruptShard(f"a delta of rank {rank}'s step {step} ({nbytes} bytes) against {base[0].nbytes} bytes")
+        if base.nbytes != nbytes:
+            raise CorruptShard(f"a delta of rank {rank}'s step {step} ({nbytes} bytes) against {base.nbytes} bytes")
         rebuilt = bytearray(nbytes)
-        with self.pinned(rank, base_step), open(base[0].path / "data.bin", "rb") as f:
+        with self.pinned(rank, base_step), open(base.path / "data.bin", "rb") as f:
             f.readinto(rebuilt)
         _patch(rebuilt, block_bytes, blocks, data, f"rank {rank}'s step {step}")
-        return self._received(manifest, header, rank, step, rebuilt)
+        return self._received(manifest, header, rebuilt)
 
-    def _received(self, manifest: bytes, header: dict[str, Any], rank: int, step: int,
-                  data: bytes | bytearray | memoryview) -> ShardInfo:  # fmt: skip
-        """Verify a received shard's bytes in memory, then write them as a complete version (into a
-        version the save prunes, when one of that size is there: no fresh pages, no unlink).
+    def _received(self, manifest: bytes, header: dict[str, Any], data: bytes | bytearray | memoryview) -> ShardInfo:
+        """Verify a received shard's bytes in memory against its manifest (``header``, parsed by
+        ``_header``), then write them as a complete version (into a version the save prunes, when one
+        of that size is there: no fresh pages, no unlink).
 
         Raises:
             CorruptShard: If they do not match the manifest (nothing is written).
         """
+        rank, step, nbytes, entries = header["rank"], header["step"], header["nbytes"], header["entries"]
         where = f"rank {rank}'s step {step} received"
-        try:
-            nbytes, entries = int(header["nbytes"]), header["entries"]
-            if not isinstance(entries, list):
-                raise TypeError("entries is not a list")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptShard(f"{where}: manifest unreadable: {exc}") from None
         if len(data) != nbytes:
             raise CorruptShard(f"{where}: {len(data)} bytes, the manifest {nbytes}")
         with memoryview(data) as view:
@@ -416,26 +407,20 @@ class ShardStore:
 
     def newest_verified(self, rank: int) -> ShardInfo | None:
         """``rank``'s newest complete shard whose bytes verify (None: none)."""
-        for info in reversed(self.versions(rank)):
-            try:
-                self.verify(info)
-            except CorruptShard as exc:
-                logger.error("zensync checkpoint: %s", exc)
-                continue
-            return info
-        return None
+        return next((info for info in reversed(self.versions(rank)) if self._verifies(info)), None)
 
     def verified(self, rank: int) -> list[int]:
         """The steps of ``rank``'s complete versions whose bytes verify, oldest first."""
-        steps = []
-        for info in self.versions(rank):
-            try:
-                self.verify(info)
-            except CorruptShard as exc:
-                logger.error("zensync checkpoint: %s", exc)
-                continue
-            steps.append(info.step)
-        return steps
+        return [info.step for info in self.versions(rank) if self._verifies(info)]
+
+    def _verifies(self, info: ShardInfo) -> bool:
+        """Whether ``verify`` passes (a failure is logged)."""
+        try:
+            self.verify(info)
+        except CorruptShard as exc:
+            logger.error("zensync checkpoint: %s", exc)
+            return False
+        return True
 
     def verify(self, info: ShardInfo) -> None:
         """Check a shard's bytes against its manifest (sizes and CRC-32s) without copying them out.
@@ -451,12 +436,10 @@ class ShardStore:
     def _manifest(self, info: ShardInfo) -> tuple[dict[str, Any], int]:
         """A shard's manifest and data size, checked against its data file's size."""
         try:
-            manifest = json.loads((info.path / "manifest.json").read_text())
-            nbytes = int(manifest["nbytes"])
-            if not isinstance(manifest["entries"], list):
-                raise TypeError("entries is not a list")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            text = (info.path / "manifest.json").read_bytes()
+        except OSError as exc:
             raise CorruptShard(f"{info.path}: manifest unreadable: {exc}") from None
+        manifest, _, _, nbytes = _header(text, str(info.path))
         data = info.path / "data.bin"
         size = data.stat().st_size if data.exists() else -1
         if size != nbytes:
@@ -471,7 +454,7 @@ class ShardStore:
     def _prune(self, rank: int) -> None:
         """Keep the newest ``keep`` complete versions of ``rank``; remove older ones and cut-off writes."""
         with self._lock:
-            kept = self._kept(rank, self.keep)
+            kept = self._kept(rank, self.keep, self.versions(rank))
             for child in (self.root / f"rank{rank}").iterdir():
                 if child.is_dir() and child not in kept:  # older versions, cut-off writes (one writer per rank)
                     shutil.rmtree(child, ignore_errors=True)
@@ -521,6 +504,26 @@ def _read(buf: mmap.mmap, entry: dict[str, Any], path: pathlib.Path) -> torch.Te
         finally:
             del source
     return out
+
+
+def _header(manifest: bytes, where: str = "a shard received") -> tuple[dict[str, Any], int, int, int]:
+    """A manifest's JSON with its rank, step and data size checked (as ints) and its entries a list.
+
+    Raises:
+        CorruptShard: If it is not such a manifest.
+    """
+    try:
+        header = json.loads(manifest)
+        header["rank"], header["step"], header["nbytes"] = (
+            int(header["rank"]),
+            int(header["step"]),
+            int(header["nbytes"]),
+        )
+        if not isinstance(header["entries"], list):
+            raise TypeError("entries is not a list")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptShard(f"{where}: manifest unreadable: {exc}") from None
+    return header, header["rank"], header["step"], header["nbytes"]
 
 
 def _check(entries: list[dict[str, Any]], buf: Any, where: str) -> None:
