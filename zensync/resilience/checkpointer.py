@@ -19,7 +19,9 @@ Usage on each rank (under ``zensync launch``, which runs the host's checkpoint a
    restore (``recover.plan_recovery``): from its own host's memory (a worker restarted), from a
    peer's memory (a host replaced: its store is empty), or from the disk checkpoint when memory
    cannot serve every rank. A failure on any rank fails every rank with its type and message.
-3. Each step's record (``history``, and ``jsonl_path``) gives the checkpoint's bytes and save time,
+3. Each step's record (``history``, and ``jsonl_path``) gives the checkpoint's bytes, the bytes the
+   save wrote (the blocks that changed: ``dirty.ChangeTracker`` lists the rows the optimizer's steps
+   touched, the store hashes the rest) and its time,
    the replication traffic since the last save (bytes, chunks, idle windows used, the longest delay
    a chunk imposed on a gradient sync) and the replica coverage (the newest step whose every shard
    has its replicas); ``recovery`` gives the path restore took, its step, the steps lost and its time.
@@ -42,6 +44,7 @@ from typing import Any, Literal
 
 import torch
 
+from zensync.resilience.dirty import ChangeTracker
 from zensync.resilience.gate import IdleGate
 from zensync.resilience.memory import load_parts, state_of
 from zensync.resilience.placement import PLACEMENTS
@@ -81,9 +84,15 @@ class CheckpointConfig:
     replicate_every: int = 1
     """Replicate every this many steps (the newest version then): fewer rounds, less CPU and wire per
     step, more steps lost when a host is replaced (a worker restart loses none: every step is local)."""
-    delta_block_bytes: int = 256
-    """Replicate a version as its blocks of this size that changed since the newest complete one (an
-    embedding row of 64 float32 is 256 bytes: rows no step touched are not sent again); 0: whole."""
+    deltas: bool = True
+    """Replicate a version as its blocks (rows of a matrix, or whole tensors) that changed since the
+    newest complete one: rows no step touched are not sent again (False: whole versions)."""
+    track_changes: bool = True
+    """Know the rows each save must write from the optimizers' steps (``dirty.ChangeTracker``) instead
+    of hashing every row: a save then reads only what changed (False: hash every block)."""
+    audit_rows: int = 16
+    """Random rows of each tracked tensor whose hashes a save checks against the previous version (a
+    mismatch: the tensor is hashed whole from then on, with a warning)."""
     keep: int = 2
     """Local versions kept (>= 2: a rank one save ahead still has its peers' step)."""
     dcp_dir: str | None = None
@@ -101,8 +110,8 @@ class CheckpointConfig:
             raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
         if self.replicate_every < 1:
             raise ValueError(f"replicate_every={self.replicate_every} must be >= 1")
-        if self.delta_block_bytes < 0:
-            raise ValueError(f"delta_block_bytes={self.delta_block_bytes} must be >= 0 (0: whole versions)")
+        if self.audit_rows < 0:
+            raise ValueError(f"audit_rows={self.audit_rows} must be >= 0")
         if self.chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={self.chunk_bytes} must be >= 1")
         if self.keep < 2:
@@ -147,6 +156,7 @@ class Checkpointer:
         self._jsonl = self.config.jsonl_path.replace("{rank}", str(self.rank)) if self.config.jsonl_path else None
         self._saved: int | None = None
         """The newest step saved (its version may still be completed on the replication thread)."""
+        self.tracker = ChangeTracker() if self.config.track_changes else None
 
     # -- restore -----------------------------------------------------------------------------------
     def restore(self, require: bool | None = None, **parts: Any) -> int:
@@ -232,7 +242,7 @@ class Checkpointer:
         self.replicator = Replicator(
             self.store, own, m=self.config.replicas, placement=self.config.placement,
             ranks_per_host=self.config.host_ranks(), chunk_bytes=self.config.chunk_bytes, gate=self.gate,
-            delta_block_bytes=self.config.delta_block_bytes, every=self.config.replicate_every,
+            deltas=self.config.deltas, every=self.config.replicate_every,
         )  # fmt: skip
 
     # -- save --------------------------------------------------------------------------------------
@@ -251,8 +261,17 @@ class Checkpointer:
         started_s = time.perf_counter()
         state: dict[str, Any] = {name: state_of(part) for name, part in parts.items()}
         state[_STEP] = step
-        # the tensors written now; their checksums and manifest on the replication thread (if any)
-        pending = self.store.write(self.rank, step, state)
+        # the changed blocks written and hashed now; the manifest on the replication thread (if any)
+        changed = None
+        if self.tracker is not None:
+            self.tracker.attach(parts)
+            changed = self.tracker.changes(flatten(state)[0])
+        pending = self.store.write(self.rank, step, state, changed=changed, since=self._saved,
+                                   audit_rows=self.config.audit_rows)  # fmt: skip
+        if self.tracker is not None:
+            for key in pending.violations:
+                self.tracker.disable(key)
+            self.tracker.saved()
         if self.replicator is None:
             self.store.finish(pending)
         info = pending.info
@@ -260,7 +279,8 @@ class Checkpointer:
         saved_s = time.perf_counter() - started_s
         if self.config.dcp_every and step % self.config.dcp_every == 0:
             self._save_dcp(step, state)
-        record: dict[str, Any] = {"step": step, "bytes": info.nbytes, "save_s": saved_s,
+        record: dict[str, Any] = {"step": step, "bytes": info.nbytes, "written_bytes": pending.written,
+                                  "listed": len(changed or {}), "save_s": saved_s,
                                   "dcp_s": time.perf_counter() - started_s - saved_s}  # fmt: skip
         if self.replicator is not None:
             traffic = self.replicator.take_step()
@@ -302,6 +322,8 @@ class Checkpointer:
         if self.replicator is not None:
             self.replicator.close()
             self.replicator = None
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def load_dcp_state(

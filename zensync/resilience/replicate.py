@@ -2,8 +2,8 @@
 
 ``Replicator`` is a background thread of each rank, with a transport of its own (its own process
 group, with the user's timeout: its collectives never interleave with the gradients'). A save hands
-it the version it wrote (``ShardStore.write``), which the thread completes first (checksums,
-manifest: off the training thread). Every ``every`` saved steps it starts a *round*, a collective
+it the version it wrote (``ShardStore.write``: the changed blocks, hashed), which the thread
+completes first (the manifest: off the training thread). Every ``every`` saved steps it starts a *round*, a collective
 of every rank's replicator:
 
 1. The ranks exchange their newest complete local step and the complete step they can send and
@@ -11,15 +11,17 @@ of every rank's replicator:
    lockstep, so it is the step just saved, or the one before on a rank one save ahead). No new
    common step: nothing moves.
 2. Each rank packs its shard of that step (pinned until the round ends: a save on the main thread
-   cannot reuse it, and it is the next round's base) as bytes: a JSON header, the manifest, then
-   the data, or, when every rank holds the newest complete step, only the ``delta_block_bytes``
-   blocks that changed since it, with their indices (``pack_delta``; no pickle crosses hosts).
+   cannot reuse it, and it is the next round's base) as bytes: a JSON header, the manifest, the
+   sums table, then the data, or, when every rank holds the newest complete step, only the blocks
+   whose hashes changed since it, with their indices and hashes (``pack_delta``; no pickle crosses
+   hosts).
 3. The shards move in chunks of ``chunk_bytes``, one all-to-all per chunk, each rank sending to its
    ``m`` placement peers (``placement.replica_peers``). Before each chunk the thread waits until the
    gate (``gate.IdleGate``) is idle, so checkpoint traffic flows between a step's last bucket and
    the next step's first one; a chunk in flight when a sync begins delays it by at most one chunk's
    wire time, which the gate measures.
-4. A peer keeps a replica only once its bytes verify against its manifest's checksums; then the
+4. A peer keeps a replica only once it verifies (each block against its hash as it is written, the
+   table against the manifest's hash: ``ShardStore.put_delta``); then the
    ranks agree whether every replica verified, and only then the step is *complete*: each rank
    marks it in its store, so that pruning keeps it until a newer step is complete. A failure
    mid-round (a crash, a corrupt copy) leaves the previous complete step.
@@ -30,18 +32,16 @@ of every rank's replicator:
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import math
-import mmap
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from zensync.resilience.gate import IdleGate
@@ -76,62 +76,29 @@ def _info(store: ShardStore, rank: int, step: int) -> ShardInfo:
 
 
 def pack(store: ShardStore, rank: int, step: int) -> torch.Tensor:
-    """``rank``'s shard at ``step`` as one byte tensor: a header, the manifest, the data.
+    """``rank``'s shard at ``step`` as one byte tensor: a header, the manifest, the sums table, the data.
 
     Raises:
         FileNotFoundError: If the store has no complete shard of ``rank`` at ``step``.
     """
-    manifest, data = store.raw(_info(store, rank, step))
-    return _blob({"kind": "full", "manifest": len(manifest)}, manifest, data)
+    manifest, sums, data = store.raw(_info(store, rank, step))
+    return _blob({"kind": "full", "manifest": len(manifest), "sums": len(sums)}, manifest, sums, data)
 
 
-def pack_delta(store: ShardStore, rank: int, step: int, base_step: int, block_bytes: int) -> tuple[torch.Tensor, float]:
-    """``rank``'s shard at ``step`` as the blocks of ``block_bytes`` that differ from its version
-    ``base_step`` (which the receivers hold); the whole shard (``pack``) when the two versions'
-    layouts differ. Returns (the blob, the fraction of the data sent).
+def pack_delta(store: ShardStore, rank: int, step: int, base_step: int) -> tuple[torch.Tensor, float]:
+    """``rank``'s shard at ``step`` as its blocks whose hashes differ from its version ``base_step``'s
+    (which the receivers hold; no pass over the data finds them), with their hashes; the whole shard
+    (``pack``) when the two versions' layouts differ. Returns (the blob, the fraction of the data sent).
     """
     new, base = _info(store, rank, step), _info(store, rank, base_step)
-    manifest, base_manifest = store.raw_manifest(new), store.raw_manifest(base)
-    if _layout(manifest) != _layout(base_manifest) or not new.nbytes:
+    with store.pinned(rank, base_step):
+        delta = store.delta(new, base)
+    if delta is None or not new.nbytes:
         return pack(store, rank, step), 1.0
-    with _mapped(new) as a, _mapped(base) as b:
-        changed = _changed_blocks(a, b, block_bytes)
-        full = a.numel() // block_bytes
-        whole = changed[changed < full]
-        data = a[: full * block_bytes].view(full, block_bytes)[whole].reshape(-1)
-        if whole.numel() < changed.numel():  # the short last block
-            data = torch.cat([data, a[full * block_bytes :]])
-        blob = _blob({"kind": "delta", "manifest": len(manifest), "base": base_step, "block": block_bytes,
-                      "changed": changed.numel()}, manifest, changed.numpy().tobytes(), data.numpy())  # fmt: skip
-    return blob, data.numel() / new.nbytes
-
-
-def _layout(manifest: bytes) -> Any:
-    parsed = json.loads(manifest)
-    return parsed["nbytes"], [(e["key"], e["dtype"], e["shape"], e["offset"]) for e in parsed["entries"]]
-
-
-@contextlib.contextmanager
-def _mapped(info: ShardInfo) -> Iterator[torch.Tensor]:
-    """A shard's data as a uint8 tensor over a private map of its file (no copy until written)."""
-    with open(info.path / "data.bin", "rb") as f, mmap.mmap(f.fileno(), info.nbytes, access=mmap.ACCESS_COPY) as buf:
-        view = torch.frombuffer(buf, dtype=torch.uint8)
-        try:
-            yield view
-        finally:
-            del view
-
-
-def _changed_blocks(a: torch.Tensor, b: torch.Tensor, block_bytes: int) -> torch.Tensor:
-    """Indices of the ``block_bytes`` blocks where ``a`` and ``b`` differ (the last block may be short)."""
-    full = a.numel() // block_bytes
-    word = torch.int64 if block_bytes % 8 == 0 else torch.uint8  # 8-byte compares where blocks allow
-    cut = full * block_bytes
-    head = (a[:cut].view(word).view(full, -1) != b[:cut].view(word).view(full, -1)).any(1)
-    changed = head.nonzero().flatten()
-    if full * block_bytes < a.numel() and not torch.equal(a[full * block_bytes :], b[full * block_bytes :]):
-        changed = torch.cat([changed, torch.tensor([full])])
-    return changed
+    ids, sums, payload = delta
+    manifest = store.raw_manifest(new)
+    header = {"kind": "delta", "manifest": len(manifest), "base": base_step, "blocks": int(ids.size)}
+    return _blob(header, manifest, ids, sums, payload), payload.size / new.nbytes
 
 
 def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
@@ -147,16 +114,15 @@ def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
         at = _LENGTH + length
         manifest, at = bytes(raw[at : at + int(header["manifest"])]), at + int(header["manifest"])
         if header["kind"] == "full":
-            return store.put_raw(manifest, raw[at:]).step
-        changed = int(header["changed"])
-        blocks = (
-            torch.frombuffer(bytearray(raw[at : at + 8 * changed]), dtype=torch.int64)
-            if changed
-            else torch.empty(0, dtype=torch.int64)
-        )
-        return store.put_delta(
-            manifest, int(header["base"]), int(header["block"]), blocks, raw[at + 8 * changed :]
-        ).step
+            sums, at = raw[at : at + int(header["sums"])], at + int(header["sums"])
+            return store.put_full(manifest, sums, raw[at:]).step
+        count = int(header["blocks"])
+        body = np.frombuffer(raw, dtype=np.uint8, offset=at)
+        if body.size < 16 * count:
+            raise ValueError(f"{body.size} bytes for {count} blocks' indices and hashes")
+        ids = body[: 8 * count].copy().view(np.int64)
+        sums = body[8 * count : 16 * count].copy().view(np.uint64)
+        return store.put_delta(manifest, int(header["base"]), ids, sums, body[16 * count :]).step
     except CorruptShard:
         raise
     except (ValueError, KeyError, TypeError) as exc:
@@ -243,21 +209,21 @@ class Replicator:
         ranks_per_host: Consecutive ranks that share a host (their replicas go to other hosts).
         chunk_bytes: Bytes per chunk (the most a sync that begins mid-chunk waits for, on the wire).
         gate: The network's idle windows (``IdleGate``, fed by zensync's hook).
-        delta_block_bytes: Send a new version as the blocks of this size that changed since the newest
-            complete one, which every holder has (0: whole versions only).
+        deltas: Send a new version as its blocks that changed since the newest complete one, which
+            every holder has (False: whole versions only).
         every: Start a round once the newest version is this many steps past the last round's (1:
             each version, as soon as the previous round ends).
     """
 
     def __init__(self, store: ShardStore, transport: Transport, *, m: int, placement: str, ranks_per_host: int,
-                 chunk_bytes: int, gate: IdleGate, delta_block_bytes: int = 0, every: int = 1) -> None:  # fmt: skip
+                 chunk_bytes: int, gate: IdleGate, deltas: bool = True, every: int = 1) -> None:  # fmt: skip
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be >= 1")
-        if delta_block_bytes < 0 or every < 1:
-            raise ValueError(f"delta_block_bytes={delta_block_bytes} must be >= 0 and every={every} >= 1")
+        if every < 1:
+            raise ValueError(f"every={every} must be >= 1")
         self.every = every
         self.store, self.transport, self.gate, self.chunk_bytes = store, transport, gate, chunk_bytes
-        self.delta_block_bytes = delta_block_bytes
+        self.deltas = deltas
         rank, n = transport.rank, transport.world_size
         self.peers = replica_peers(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
         self.sources = replica_sources(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
@@ -371,7 +337,7 @@ class Replicator:
         """The complete step this rank can send deltas against and apply them to (-1: none): its own
         version of it and its replicas of every source's."""
         step = self.complete_step
-        if step is None or self.delta_block_bytes == 0:
+        if step is None or not self.deltas:
             return -1
         ranks = [self.transport.rank, *self.sources]
         held = all(self.store.version(r, step) is not None for r in ranks)
@@ -398,7 +364,7 @@ class Replicator:
         record = RoundRecord(step, base=base)
         started_s = time.perf_counter()
         if base is not None and base < step:
-            blob, record.sent_fraction = pack_delta(self.store, rank, step, base, self.delta_block_bytes)
+            blob, record.sent_fraction = pack_delta(self.store, rank, step, base)
         else:
             blob = pack(self.store, rank, step)
         sizes = [int(t) for t in torch.cat(self.transport.all_gather(torch.tensor([blob.numel()])))]

@@ -1,21 +1,26 @@
 """Versioned checkpoint shards in a host's shared memory, as issue 18's checkpoint agent keeps them.
 
-One shard is one rank's state at one step: every tensor's bytes back to back in ``data.bin`` and a
-JSON manifest (each tensor's key, dtype, shape, offset, size and CRC-32, plus the state's JSON
-values). No pickle: a shard can cross hosts and be read by anything that reads JSON and bytes.
+One shard is one rank's state at one step: every tensor's bytes in ``data.bin`` (each at a multiple
+of 64 bytes), one 64-bit hash per block (a row, or a whole tensor: ``blocks``) in ``sums.bin``, and a
+JSON manifest (each tensor's key, dtype, shape, offset, size and blocks, the sums table's hash, the
+state's JSON values). No pickle: a shard can cross hosts and be read by anything that reads JSON and
+bytes.
 
 Layout under the store's root (``/dev/shm/...`` by default: memory that outlives the worker)::
 
     rank<r>/v<step:010d>/data.bin        the tensors' bytes
+    rank<r>/v<step:010d>/sums.bin        a hash per block
     rank<r>/v<step:010d>/manifest.json   written last, by an atomic rename: the shard is complete
     rank<r>/complete                     the newest step replicated on every peer (``mark_complete``)
 
 A shard whose manifest is missing was cut off mid-write (the worker died) and is never loaded; a
-shard whose bytes do not match its checksums is reported and skipped. ``load`` takes the newest
+shard whose bytes do not match its hashes is reported and skipped. ``load`` takes the newest
 complete shard that verifies, so a failure during a save leaves the previous version. ``save``
 keeps the newest ``keep`` complete versions, the version marked complete on every peer
-(``mark_complete``) and versions a reader holds (``pinned``), and removes the others and cut-off
-writes; it reuses a removed version's file when its size fits (no fresh tmpfs pages to fault in).
+(``mark_complete``) and versions a reader holds (``pinned``), and overwrites an older one of the
+same layout in place: only the blocks that changed since that version are written (and hashed, in
+the same pass), into pages already mapped. A replica from a peer arrives whole (``put_full``) or as
+the blocks that changed since a version both hold (``delta`` -> ``put_delta``).
 
 Example::
 
@@ -29,23 +34,36 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import mmap
 import os
 import pathlib
 import shutil
 import threading
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
+
+from zensync.resilience.blocks import (
+    Entry,
+    Mapped,
+    changed,
+    copy_from,
+    copy_hash_in,
+    entries_for,
+    gather,
+    hash_bytes,
+    hash_of,
+    payload_places,
+    write_blocks,
+)
 
 __all__ = ["CorruptShard", "PendingShard", "ShardInfo", "ShardStore", "flatten", "unflatten"]
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 _SEP = "/"
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -57,12 +75,16 @@ class CorruptShard(ValueError):
     """A shard's bytes do not match its manifest (a checksum, a size or the manifest itself)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class PendingShard:
-    """A version whose tensors are written and whose checksums and manifest are not (``ShardStore.write``)."""
+    """A version whose blocks are written and whose manifest is not (``ShardStore.write``)."""
 
     info: ShardInfo
     manifest: dict[str, Any]
+    written: int = 0
+    """Bytes written (the blocks that changed)."""
+    violations: list[str] = dataclasses.field(default_factory=list)
+    """Tensors whose listed changed rows missed a change (``write``'s audit): written by hashes."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,14 +173,20 @@ class ShardStore:
             raise ValueError(f"keep={keep} must be >= 1")
         self.root, self.keep = pathlib.Path(root), keep
         self.root.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._pins: dict[tuple[int, int], int] = {}
         """(rank, step) -> readers holding that version (``pinned``): never pruned or reused meanwhile."""
+        self._maps: dict[int, Mapped] = {}
+        """Writable maps of the versions this process writes, by data file inode (kept across saves:
+        a recycled version's pages are mapped once, not faulted in again at every save)."""
+        self._writing: dict[tuple[int, int], dict[str, Any]] = {}
+        """Manifests of versions ``write`` began and ``finish`` has not completed."""
 
     def _dir(self, rank: int, step: int) -> pathlib.Path:
         return self.root / f"rank{rank}" / f"v{step:010d}"
 
-    def save(self, rank: int, step: int, state: dict[str, Any]) -> ShardInfo:
+    # -- writing this rank's versions --------------------------------------------------------------
+    def save(self, rank: int, step: int, state: dict[str, Any], **kw: Any) -> ShardInfo:
         """Write ``rank``'s ``state`` at ``step`` as a new complete version; returns it.
 
         Tensors are written once, straight into the shared-memory file; the manifest is renamed into
@@ -167,12 +195,20 @@ class ShardStore:
         Raises:
             ValueError: As ``write``.
         """
-        return self.finish(self.write(rank, step, state))
+        return self.finish(self.write(rank, step, state, **kw))
 
-    def write(self, rank: int, step: int, state: dict[str, Any]) -> PendingShard:
-        """The first half of ``save``: the tensors written, the version not complete yet (no
-        checksums, no manifest) and kept from pruning until ``finish`` completes it, on any thread:
+    def write(self, rank: int, step: int, state: dict[str, Any], changed: dict[str, np.ndarray] | None = None,
+              since: int | None = None, audit_rows: int = 0) -> PendingShard:  # fmt: skip
+        """The first half of ``save``: the tensors' changed blocks written and hashed, the version not
+        complete yet (no manifest) and kept from pruning until ``finish`` completes it, on any thread:
         the state may change once this returns (its bytes are in the store).
+
+        The version overwrites an older one of the same layout when one can go (its unchanged blocks
+        are not written again). Which blocks changed: for a tensor in ``changed``, the blocks (rows)
+        it lists as changed since this rank's version ``since`` (``dirty.ChangeTracker``), plus
+        ``audit_rows`` random others, whose hashes must match version ``since``'s (a mismatch: the
+        tensor's listing was wrong; it is rewritten whole and its key is in ``violations``); for any
+        other tensor, the blocks whose hashes differ from the overwritten version's.
 
         Raises:
             ValueError: For a state ``flatten`` refuses, a negative step or rank, or a step at or below
@@ -184,65 +220,116 @@ class ShardStore:
         newest = self.versions(rank)
         if newest and newest[-1].step >= step:
             raise ValueError(f"rank {rank} has a complete version at step {newest[-1].step}; step={step} must be later")
-        entries: list[dict[str, Any]] = []
-        offset = 0
-        for key, tensor in tensors.items():
-            nbytes = tensor.numel() * tensor.element_size()
-            entries.append({"key": key, "dtype": str(tensor.dtype).removeprefix("torch."),
-                            "shape": list(tensor.shape), "offset": offset, "nbytes": nbytes})  # fmt: skip
-            offset += nbytes
-        target = self._claim(rank, step, offset)
+        entries, nbytes, nsums = entries_for(tensors)
+        manifest = {"format": FORMAT, "rank": rank, "step": step, "nbytes": nbytes, "nsums": nsums,
+                    "entries": [e.to_json() for e in entries], "values": values}  # fmt: skip
+        target, recycled = self._claim(rank, step, manifest)
         self._pin(rank, step, +1)
-        with open(target / "data.bin", "r+b" if (target / "data.bin").exists() else "w+b") as f:
-            f.truncate(offset)
-            for tensor in tensors.values():
-                _write(f, tensor)
-        manifest = {"format": FORMAT, "rank": rank, "step": step, "nbytes": offset, "entries": entries}
-        manifest["values"] = values
-        return PendingShard(ShardInfo(rank, step, target, offset), manifest)
+        self._writing[rank, step] = manifest
+        dst = self._mapped(target, nbytes, nsums, create=not recycled)
+        ref = self._reference(rank, since, manifest) if recycled and changed else None
+        pending = PendingShard(ShardInfo(rank, step, target, nbytes), manifest)
+        rng = np.random.default_rng(step)
+        for entry, tensor in zip(entries, tensors.values(), strict=True):
+            rows = changed.get(entry.key) if changed is not None and ref is not None else None
+            if rows is None or entry.blocks == 1:
+                pending.written += int(write_blocks(dst, entry, tensor, None).size) * entry.block_bytes
+                continue
+            assert ref is not None
+            span = slice(entry.first, entry.first + entry.blocks)
+            audit = rng.integers(0, entry.blocks, min(audit_rows, entry.blocks))
+            stale = np.flatnonzero(dst.sums[span] != ref.sums[span])  # changed between the two versions
+            write = np.unique(np.concatenate([rows, stale, audit]))
+            write_blocks(dst, entry, tensor, write)
+            unlisted = audit[~np.isin(audit, rows)]
+            if (dst.sums[span][unlisted] != ref.sums[span][unlisted]).any():
+                pending.violations.append(entry.key)  # the listing missed a change: rewrite by hashes
+                write = write_blocks(dst, entry, tensor, None)
+            pending.written += int(write.size) * entry.block_bytes
+        return pending
+
+    def _reference(self, rank: int, since: int | None, manifest: dict[str, Any]) -> Mapped | None:
+        """This rank's version ``since`` (written by this process, complete or not), when its layout
+        is ``manifest``'s: the base that ``write``'s ``changed`` rows are relative to."""
+        if since is None:
+            return None
+        path = self._dir(rank, since)
+        layout = self._writing.get((rank, since))
+        if layout is None:
+            try:
+                layout = json.loads((path / "manifest.json").read_bytes())
+            except (OSError, ValueError):
+                return None
+        if _layout(layout) != _layout(manifest):
+            return None
+        return self._mapped(path, manifest["nbytes"], manifest["nsums"])
 
     def finish(self, pending: PendingShard) -> ShardInfo:
-        """Complete a version ``write`` began: each tensor's CRC-32 from the written bytes, then the
-        manifest renamed into place; older versions pruned."""
+        """Complete a version ``write`` began: the sums table's hash into the manifest, the manifest
+        renamed into place; older versions pruned."""
         info, manifest = pending.info, pending.manifest
         try:
-            if info.nbytes:
-                with (
-                    open(info.path / "data.bin", "rb") as f,
-                    mmap.mmap(f.fileno(), info.nbytes, access=mmap.ACCESS_READ) as buf,
-                ):
-                    for entry in manifest["entries"]:
-                        with memoryview(buf)[entry["offset"] : entry["offset"] + entry["nbytes"]] as view:
-                            entry["crc32"] = zlib.crc32(view) if entry["nbytes"] else 0
-            else:
-                for entry in manifest["entries"]:
-                    entry["crc32"] = 0
+            dst = self._mapped(info.path, info.nbytes, manifest["nsums"])
+            manifest["sums_hash"] = f"{hash_bytes(dst.sums):016x}"
             tmp = info.path / "manifest.json.tmp"
             tmp.write_text(json.dumps(manifest))
             os.replace(tmp, info.path / "manifest.json")
         finally:
             self._pin(info.rank, info.step, -1)
+            self._writing.pop((info.rank, info.step), None)
         self._prune(info.rank)
         return info
 
-    def _claim(self, rank: int, step: int, nbytes: int) -> pathlib.Path:
-        """The directory of ``rank``'s new version ``step``: a version the save will prune, renamed, when
-        its data file has ``nbytes`` bytes (its manifest removed first: never complete with old bytes),
-        else a new one."""
+    def _claim(self, rank: int, step: int, manifest: dict[str, Any]) -> tuple[pathlib.Path, bool]:
+        """The directory of ``rank``'s new version ``step``, and whether it holds an older version of
+        the same layout: a version the save will prune, renamed (its manifest removed first: never
+        complete with old bytes), else a new one."""
         target = self._dir(rank, step)
-        if target.exists():  # a cut-off write of this step
-            shutil.rmtree(target)
         with self._lock:
+            if target.exists():  # a cut-off write of this step
+                self._remove(target)
             infos = self.versions(rank)
             kept = self._kept(rank, self.keep - 1, infos)
             for info in infos:
-                data = info.path / "data.bin"
-                if info.path not in kept and data.exists() and data.stat().st_size == nbytes:
+                if info.path in kept:
+                    continue
+                try:
+                    theirs = json.loads((info.path / "manifest.json").read_bytes())
+                except (OSError, ValueError):
+                    continue
+                if _layout(theirs) == _layout(manifest):
                     (info.path / "manifest.json").unlink()
                     info.path.rename(target)
-                    return target
-        target.mkdir(parents=True)
-        return target
+                    return target, True
+            target.mkdir(parents=True)
+            return target, False
+
+    def _mapped(self, directory: pathlib.Path, nbytes: int, nsums: int, create: bool = False) -> Mapped:
+        """A writable map of a version this process writes, from the cache when still valid."""
+        with self._lock:
+            try:
+                inode = os.stat(directory / "data.bin").st_ino
+            except FileNotFoundError:
+                inode = -1
+            cached = self._maps.pop(inode, None)
+            if cached is not None and cached.valid() and (cached.nbytes, cached.nsums) == (nbytes, nsums):
+                self._maps[inode] = cached
+                return cached
+            if cached is not None:
+                cached.close()
+            mapped = Mapped(directory, nbytes, nsums, writable=True, create=create)
+            self._maps[mapped.inode] = mapped
+            return mapped
+
+    def _remove(self, directory: pathlib.Path) -> None:
+        """Remove a version's directory, and its cached map (the caller holds ``_lock``)."""
+        try:
+            cached = self._maps.pop(os.stat(directory / "data.bin").st_ino, None)
+        except OSError:
+            cached = None
+        if cached is not None:
+            cached.close()
+        shutil.rmtree(directory, ignore_errors=True)
 
     def _kept(self, rank: int, newest: int, infos: list[ShardInfo]) -> set[pathlib.Path]:
         """Of ``infos`` (``versions(rank)``), the ones pruning keeps: the ``newest`` newest, the one
@@ -280,6 +367,7 @@ class ShardStore:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    # -- listing and reading -----------------------------------------------------------------------
     def versions(self, rank: int) -> list[ShardInfo]:
         """``rank``'s complete shards (a manifest in place), oldest first; their bytes are not checked."""
         base = self.root / f"rank{rank}"
@@ -292,7 +380,7 @@ class ShardStore:
                 try:
                     data = json.loads(manifest.read_text())
                     found.append(ShardInfo(rank, int(data["step"]), child, int(data["nbytes"])))
-                except (ValueError, KeyError, TypeError) as exc:
+                except (OSError, ValueError, KeyError, TypeError) as exc:
                     logger.warning("zensync checkpoint: unreadable manifest %s skipped: %s", manifest, exc)
         return sorted(found, key=lambda info: info.step)
 
@@ -321,87 +409,151 @@ class ShardStore:
                                 + (f"; skipped: {skipped}" if skipped else ""))  # fmt: skip
 
     def read(self, info: ShardInfo) -> dict[str | int, Any]:
-        """One shard, checked against its manifest (sizes and every tensor's CRC-32).
+        """One shard, checked against its manifest (sizes, every block's hash, the table's hash).
 
         Raises:
             CorruptShard: On any mismatch.
         """
-        manifest, nbytes = self._manifest(info)
-        entries, data = manifest["entries"], info.path / "data.bin"
-        flat: dict[str, Any] = dict(manifest.get("values", {}))
-        if nbytes:
-            with open(data, "rb") as f, mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_COPY) as buf:
-                for entry in entries:
-                    flat[entry["key"]] = _read(buf, entry, info.path)
-        else:
+        with self._checked(info) as (manifest, entries, mapped):
+            flat: dict[str, Any] = dict(manifest.get("values", {}))
             for entry in entries:
-                flat[entry["key"]] = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
+                out = torch.empty(entry.shape, dtype=_DTYPES[entry.dtype])
+                if entry.nbytes:
+                    out.view(-1).view(torch.uint8).numpy()[:] = mapped.data8[entry.offset : entry.offset + entry.nbytes]
+                flat[entry.key] = out
         return unflatten(flat)
 
-    def raw(self, info: ShardInfo) -> tuple[bytes, bytes]:
-        """(manifest text, data bytes) of a complete shard, as they are on disk (for a peer's copy)."""
-        return self.raw_manifest(info), (info.path / "data.bin").read_bytes()
+    def verify(self, info: ShardInfo) -> None:
+        """Check a shard's bytes against its manifest (sizes, block hashes, the table's hash) without
+        copying them out.
+
+        Raises:
+            CorruptShard: On any mismatch.
+        """
+        with self._checked(info):
+            pass
+
+    @contextmanager
+    def _checked(self, info: ShardInfo) -> Iterator[tuple[dict[str, Any], list[Entry], Mapped]]:
+        """A shard's manifest, entries and read-only map, once every check passed."""
+        try:
+            text = (info.path / "manifest.json").read_bytes()
+        except OSError as exc:
+            raise CorruptShard(f"{info.path}: manifest unreadable: {exc}") from None
+        manifest, _, _, nbytes = _header(text, str(info.path))
+        entries = _entries(manifest, str(info.path))
+        try:
+            mapped = Mapped(info.path, nbytes, manifest["nsums"], writable=False)
+        except (OSError, ValueError) as exc:
+            raise CorruptShard(f"{info.path}: {exc}") from None
+        try:
+            _check_blocks(manifest, entries, mapped, str(info.path))
+            yield manifest, entries, mapped
+        finally:
+            mapped.close()
+
+    def raw(self, info: ShardInfo) -> tuple[bytes, bytes, bytes]:
+        """(manifest text, sums table, data bytes) of a complete shard, as they are (for a peer's copy)."""
+        return self.raw_manifest(info), (info.path / "sums.bin").read_bytes(), (info.path / "data.bin").read_bytes()
 
     def raw_manifest(self, info: ShardInfo) -> bytes:
         """A complete shard's manifest text, as it is on disk."""
         return (info.path / "manifest.json").read_bytes()
 
-    def put_raw(self, manifest: bytes, data: bytes | memoryview) -> ShardInfo:
+    def delta(self, info: ShardInfo, base: ShardInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``info``'s blocks whose hashes differ from version ``base``'s of the same rank: (their
+        indices, their hashes, their bytes as a payload, ``blocks.payload_places``); None when the
+        two layouts differ."""
+        manifest, theirs = json.loads(self.raw_manifest(info)), json.loads(self.raw_manifest(base))
+        if _layout(manifest) != _layout(theirs):
+            return None
+        entries = _entries(manifest, str(info.path))
+        new = self._mapped(info.path, info.nbytes, manifest["nsums"])
+        old = self._mapped(base.path, base.nbytes, theirs["nsums"])
+        ids = changed(new.sums, old.sums)
+        starts, lengths = _spans(entries, ids)
+        return ids, new.sums[ids].copy(), gather(new, starts, lengths)
+
+    # -- replicas from peers -----------------------------------------------------------------------
+    def put_full(self, manifest: bytes, sums: bytes | memoryview, data: bytes | memoryview) -> ShardInfo:
         """Store a shard ``raw`` gave (another host's), as complete only once it verifies.
 
         Raises:
-            CorruptShard: If the manifest is unreadable or the bytes do not match it (nothing is kept).
+            CorruptShard: If the manifest is unreadable or the bytes do not match it (no complete
+                version is kept).
         """
-        header, rank, step, _ = _header(manifest)
+        header, rank, step, nbytes = _header(manifest)
         held = self.version(rank, step)
         if held is not None and self.raw_manifest(held) == manifest:
             self.verify(held)  # the same version, already here (a host holding its own replica)
             return held
-        return self._received(manifest, header, data)
+        entries = _entries(header, f"rank {rank}'s step {step} received")
+        table = np.frombuffer(bytes(sums), dtype=np.uint64) if len(sums) % 8 == 0 else None
+        if table is None or table.size != header["nsums"] or len(data) != nbytes:
+            raise CorruptShard(f"rank {rank}'s step {step} received: {len(sums)} bytes of sums and {len(data)} of "
+                               f"data, the manifest {8 * header['nsums']} and {nbytes}")  # fmt: skip
+        payload = np.frombuffer(data, dtype=np.uint8) if nbytes else np.zeros(0, np.uint8)
+        ids = np.arange(header["nsums"], dtype=np.int64)
+        return self._apply(manifest, header, entries, None, ids, table, payload, stored=True)
 
-    def put_delta(self, manifest: bytes, base_step: int, block_bytes: int, blocks: torch.Tensor,
-                  data: bytes | memoryview) -> ShardInfo:  # fmt: skip
-        """Store a shard sent as the blocks that changed since version ``base_step`` of the same rank,
-        held here: the base's bytes copied (by the kernel), the changed ``blocks`` (indices of
-        ``block_bytes``-byte blocks, ``data`` their bytes back to back) written over them, then
-        verified against ``manifest`` like ``put_raw``.
+    def put_delta(self, manifest: bytes, base_step: int, ids: np.ndarray, sums: np.ndarray,
+                  payload: np.ndarray) -> ShardInfo:  # fmt: skip
+        """Store a shard sent as its blocks ``ids`` that changed since version ``base_step`` of the
+        same rank, held here (``delta``'s output): written over an older version of that rank where
+        one can go (its other stale blocks copied from the base), each block checked against its
+        hash as it is written, then the whole table against the manifest's hash.
 
         Raises:
-            CorruptShard: If the manifest is unreadable, the base is missing, or the result does not
-                verify (nothing is kept).
+            CorruptShard: If the manifest is unreadable, the base is missing or of another layout, or
+                a block or the table does not verify (no complete version is kept).
         """
-        header, rank, step, nbytes = _header(manifest)
+        header, rank, step, _ = _header(manifest)
+        where = f"a delta of rank {rank}'s step {step}"
         base = self.version(rank, base_step)
         if base is None:
-            raise CorruptShard(f"a delta of rank {rank}'s step {step} against step {base_step}, which is not here")
-        if base.nbytes != nbytes:
-            raise CorruptShard(f"a delta of rank {rank}'s step {step} ({nbytes} bytes) against {base.nbytes} bytes")
-        rebuilt = bytearray(nbytes)
-        with self.pinned(rank, base_step), open(base.path / "data.bin", "rb") as f:
-            f.readinto(rebuilt)
-        _patch(rebuilt, block_bytes, blocks, data, f"rank {rank}'s step {step}")
-        return self._received(manifest, header, rebuilt)
+            raise CorruptShard(f"{where} against step {base_step}, which is not here")
+        theirs = json.loads(self.raw_manifest(base))
+        if _layout(theirs) != _layout(header):
+            raise CorruptShard(f"{where} against step {base_step}, whose layout differs")
+        entries = _entries(header, where)
+        with self.pinned(rank, base_step):
+            source = self._mapped(base.path, base.nbytes, theirs["nsums"])
+            return self._apply(manifest, header, entries, source, ids, sums, payload)
 
-    def _received(self, manifest: bytes, header: dict[str, Any], data: bytes | bytearray | memoryview) -> ShardInfo:
-        """Verify a received shard's bytes in memory against its manifest (``header``, parsed by
-        ``_header``), then write them as a complete version (into a version the save prunes, when one
-        of that size is there: no fresh pages, no unlink).
-
-        Raises:
-            CorruptShard: If they do not match the manifest (nothing is written).
-        """
-        rank, step, nbytes, entries = header["rank"], header["step"], header["nbytes"], header["entries"]
+    def _apply(self, manifest: bytes, header: dict[str, Any], entries: list[Entry], base: Mapped | None,
+               ids: np.ndarray, sums: np.ndarray, payload: np.ndarray, stored: bool = False) -> ShardInfo:  # fmt: skip
+        """Write a received version: blocks ``ids`` from ``payload`` (checked against ``sums``; laid
+        out as ``blocks.payload_places``, or, ``stored``, as in ``data.bin``), the other blocks that
+        differ from the overwritten version's from ``base``."""
+        rank, step, nbytes, nsums = header["rank"], header["step"], header["nbytes"], header["nsums"]
         where = f"rank {rank}'s step {step} received"
-        if len(data) != nbytes:
-            raise CorruptShard(f"{where}: {len(data)} bytes, the manifest {nbytes}")
-        with memoryview(data) as view:
-            _check(entries, view.cast("B"), where)
-            target = self._claim(rank, step, nbytes)
-            with open(target / "data.bin", "r+b" if (target / "data.bin").exists() else "w+b") as f:
-                f.truncate(nbytes)
-                f.write(view)
-        (target / "manifest.json.tmp").write_bytes(manifest)
-        os.replace(target / "manifest.json.tmp", target / "manifest.json")
+        if ids.size and (ids.min() < 0 or ids.max() >= nsums or (np.diff(ids) <= 0).any()):
+            raise CorruptShard(f"{where}: block indices out of place")
+        table = base.sums.copy() if base is not None else np.zeros(nsums, dtype=np.uint64)
+        if ids.size != sums.size:
+            raise CorruptShard(f"{where}: {ids.size} blocks and {sums.size} hashes")
+        table[ids] = sums
+        if f"{hash_bytes(table):016x}" != header.get("sums_hash"):
+            raise CorruptShard(f"{where}: its blocks do not make the table its manifest names")
+        starts, lengths = _spans(entries, ids)
+        sources, size = (starts, nbytes) if stored else payload_places(lengths)
+        if size != payload.size:
+            raise CorruptShard(f"{where}: {payload.size} bytes for {ids.size} blocks")
+        target, recycled = self._claim(rank, step, header)
+        self._pin(rank, step, +1)
+        try:
+            dst = self._mapped(target, nbytes, nsums, create=not recycled)
+            if base is not None:  # blocks the overwritten version lacks and the delta does not carry
+                stale = np.flatnonzero(dst.sums != table)
+                stale = stale[~np.isin(stale, ids)]
+                copy_from(dst, base, *_spans(entries, stale))
+            if not (copy_hash_in(dst, starts, lengths, payload, sources) == sums).all():
+                raise CorruptShard(f"{where}: a block does not match its hash")
+            dst.sums[:] = table
+            (target / "manifest.json.tmp").write_bytes(manifest)
+            os.replace(target / "manifest.json.tmp", target / "manifest.json")
+        finally:
+            self._pin(rank, step, -1)
         self._prune(rank)
         return ShardInfo(rank, step, target, nbytes)
 
@@ -422,157 +574,120 @@ class ShardStore:
             return False
         return True
 
-    def verify(self, info: ShardInfo) -> None:
-        """Check a shard's bytes against its manifest (sizes and CRC-32s) without copying them out.
-
-        Raises:
-            CorruptShard: On any mismatch.
-        """
-        manifest, nbytes = self._manifest(info)
-        if nbytes:
-            with open(info.path / "data.bin", "rb") as f, mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ) as buf:
-                _check(manifest["entries"], buf, str(info.path))
-
-    def _manifest(self, info: ShardInfo) -> tuple[dict[str, Any], int]:
-        """A shard's manifest and data size, checked against its data file's size."""
-        try:
-            text = (info.path / "manifest.json").read_bytes()
-        except OSError as exc:
-            raise CorruptShard(f"{info.path}: manifest unreadable: {exc}") from None
-        manifest, _, _, nbytes = _header(text, str(info.path))
-        data = info.path / "data.bin"
-        size = data.stat().st_size if data.exists() else -1
-        if size != nbytes:
-            raise CorruptShard(f"{info.path}: data.bin holds {size} bytes, the manifest {nbytes}")
-        return manifest, nbytes
-
     def ranks(self) -> list[int]:
         """The ranks this store holds shards of (its own and peers' replicas)."""
         found = [int(p.name[4:]) for p in self.root.glob("rank*") if p.name[4:].isdigit()]
         return sorted(found)
 
+    # -- removing ----------------------------------------------------------------------------------
     def _prune(self, rank: int) -> None:
         """Keep the newest ``keep`` complete versions of ``rank``; remove older ones and cut-off writes."""
         with self._lock:
             kept = self._kept(rank, self.keep, self.versions(rank))
             for child in (self.root / f"rank{rank}").iterdir():
                 if child.is_dir() and child not in kept:  # older versions, cut-off writes (one writer per rank)
-                    shutil.rmtree(child, ignore_errors=True)
+                    self._remove(child)
 
     def discard_after(self, step: int) -> None:
         """Remove every rank's versions after ``step`` (a restored run's abandoned future)."""
-        for rank in self.ranks():
-            for info in self.versions(rank):
-                if info.step > step:
-                    shutil.rmtree(info.path, ignore_errors=True)
+        with self._lock:
+            for rank in self.ranks():
+                for info in self.versions(rank):
+                    if info.step > step:
+                        self._remove(info.path)
 
     def clear(self) -> None:
         """Remove every shard under the root."""
-        shutil.rmtree(self.root, ignore_errors=True)
-        self.root.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            for mapped in self._maps.values():
+                mapped.close()
+            self._maps.clear()
+            shutil.rmtree(self.root, ignore_errors=True)
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        """Unmap the versions this store object mapped (the files stay)."""
+        with self._lock:
+            for mapped in self._maps.values():
+                mapped.close()
+            self._maps.clear()
 
 
-def _write(f: Any, tensor: torch.Tensor) -> None:
-    """Write ``tensor``'s bytes at ``f``'s position (one copy, by the kernel into tmpfs: no page faults
-    in a mapping)."""
-    if not tensor.numel():
-        return
-    flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-    with flat.numpy().data as view:
-        f.write(view)
-
-
-def _read(buf: mmap.mmap, entry: dict[str, Any], path: pathlib.Path) -> torch.Tensor:
-    """One entry's tensor, copied out of ``buf`` (a private, writable map) after its checksum.
-
-    Raises:
-        CorruptShard: If the entry lies outside the data, or its bytes or size do not match.
-    """
-    offset, nbytes = _span(entry, len(buf), path)
-    dtype = _DTYPES[entry["dtype"]]
-    out = torch.empty(entry["shape"], dtype=dtype)
-    if out.numel() * out.element_size() != nbytes:
-        raise CorruptShard(f"{path}: {entry['key']!r} has {nbytes} bytes for shape {entry['shape']} {dtype}")
-    if not nbytes:
-        return out
-    with memoryview(buf)[offset : offset + nbytes] as view:
-        if zlib.crc32(view) != entry.get("crc32"):
-            raise CorruptShard(f"{path}: {entry['key']!r} does not match its checksum")
-        source = torch.frombuffer(view, dtype=torch.uint8)
-        try:
-            out.view(-1).view(torch.uint8).copy_(source)
-        finally:
-            del source
-    return out
+def _layout(manifest: dict[str, Any]) -> Any:
+    """What two versions must share for one to be written over the other (or sent as a delta)."""
+    return manifest.get("format"), manifest["nbytes"], manifest.get("nsums"), manifest["entries"]
 
 
 def _header(manifest: bytes, where: str = "a shard received") -> tuple[dict[str, Any], int, int, int]:
-    """A manifest's JSON with its rank, step and data size checked (as ints) and its entries a list.
+    """A manifest's JSON with its rank, step, data size and block count checked (as ints) and its
+    entries a list.
 
     Raises:
-        CorruptShard: If it is not such a manifest.
+        CorruptShard: If it is not such a manifest (or of another format).
     """
     try:
         header = json.loads(manifest)
-        header["rank"], header["step"], header["nbytes"] = (
-            int(header["rank"]),
-            int(header["step"]),
-            int(header["nbytes"]),
-        )
-        if not isinstance(header["entries"], list):
-            raise TypeError("entries is not a list")
-    except (ValueError, KeyError, TypeError) as exc:
+        if header.get("format") != FORMAT:
+            raise ValueError(f"format {header.get('format')!r}, not {FORMAT}")
+        for field in ("rank", "step", "nbytes", "nsums"):
+            header[field] = int(header[field])
+        if not isinstance(header["entries"], list) or min(header["nbytes"], header["nsums"]) < 0:
+            raise TypeError("entries is not a list or a size is negative")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptShard(f"{where}: manifest unreadable: {exc}") from None
     return header, header["rank"], header["step"], header["nbytes"]
 
 
-def _check(entries: list[dict[str, Any]], buf: Any, where: str) -> None:
-    """Every entry of a manifest inside ``buf`` (a buffer of the data) and matching its CRC-32.
+def _entries(manifest: dict[str, Any], where: str) -> list[Entry]:
+    """A manifest's entries, each checked to lie inside the data and the sums table.
+
+    Raises:
+        CorruptShard: If one does not (or is malformed).
+    """
+    out = []
+    for raw in manifest["entries"]:
+        try:
+            entry = Entry(str(raw["key"]), str(raw["dtype"]), tuple(int(d) for d in raw["shape"]), int(raw["offset"]),
+                          int(raw["nbytes"]), int(raw["blocks"]), int(raw["first"]))  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            raise CorruptShard(f"{where}: a manifest entry is malformed: {raw!r}") from None
+        dtype = _DTYPES.get(entry.dtype)
+        numel = int(np.prod(entry.shape)) if entry.shape else 1
+        fits = (
+            dtype is not None and entry.offset >= 0 and entry.offset % 8 == 0 and entry.blocks >= 1
+            and entry.offset + entry.nbytes <= manifest["nbytes"] and entry.first >= 0
+            and entry.first + entry.blocks <= manifest["nsums"] and entry.nbytes % entry.blocks == 0
+            and (entry.blocks == 1 or entry.block_bytes % 8 == 0)
+            and numel * torch.empty(0, dtype=dtype).element_size() == entry.nbytes
+        )  # fmt: skip
+        if not fits:
+            raise CorruptShard(f"{where}: entry {entry.key!r} ({entry.dtype}, bytes {entry.offset}+{entry.nbytes}, "
+                               f"blocks {entry.first}+{entry.blocks}) is out of place")  # fmt: skip
+        out.append(entry)
+    return out
+
+
+def _spans(entries: list[Entry], ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(byte starts in ``data.bin``, lengths) of the blocks ``ids`` (indices into the sums table)."""
+    if not entries or not ids.size:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    firsts = np.array([e.first for e in entries], dtype=np.int64)
+    offsets = np.array([e.offset for e in entries], dtype=np.int64)
+    sizes = np.array([e.block_bytes for e in entries], dtype=np.int64)
+    which = np.searchsorted(firsts, ids, side="right") - 1
+    return offsets[which] + (ids - firsts[which]) * sizes[which], sizes[which]
+
+
+def _check_blocks(manifest: dict[str, Any], entries: list[Entry], mapped: Mapped, where: str) -> None:
+    """Every block's hash matches the table, and the table matches the manifest's hash.
 
     Raises:
         CorruptShard: On any mismatch.
     """
+    if f"{hash_bytes(mapped.sums):016x}" != manifest.get("sums_hash"):
+        raise CorruptShard(f"{where}: its sums table does not match its checksum")
     for entry in entries:
-        offset, size = _span(entry, len(buf), pathlib.Path(where))
-        with memoryview(buf)[offset : offset + size] as view:
-            if size and zlib.crc32(view) != entry.get("crc32"):
-                raise CorruptShard(f"{where}: {entry['key']!r} does not match its checksum")
-
-
-def _patch(out: bytearray, block_bytes: int, blocks: torch.Tensor, data: bytes | memoryview, what: str) -> None:
-    """Write ``data`` (the ``block_bytes`` blocks ``blocks`` back to back, the last block of ``out``
-    possibly short) over ``out``'s blocks.
-
-    Raises:
-        CorruptShard: If the blocks and the data do not fit ``out``.
-    """
-    n, full = len(out), len(out) // block_bytes
-    tail = n - full * block_bytes
-    whole = blocks[blocks < full]
-    short = blocks.numel() - whole.numel()  # the last block, if it is short and sent: at most once, last
-    fits = bool((blocks >= 0).all()) and bool((blocks <= full).all()) and short <= (1 if tail else 0)
-    if not fits or (short and int(blocks[-1]) != full) or whole.numel() * block_bytes + short * tail != len(data):
-        raise CorruptShard(f"a delta of {what} does not fit its {n} bytes (blocks {blocks[:5].tolist()}...)")
-    target = torch.frombuffer(out, dtype=torch.uint8)
-    source = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
-    if whole.numel():
-        target[: full * block_bytes].view(full, block_bytes)[whole] = source[: whole.numel() * block_bytes].view(
-            -1, block_bytes
-        )
-    if whole.numel() < blocks.numel():  # the short last block
-        target[full * block_bytes :] = source[whole.numel() * block_bytes :]
-
-
-def _span(entry: dict[str, Any], size: int, path: pathlib.Path) -> tuple[int, int]:
-    """(offset, nbytes) of a manifest entry, checked to lie inside ``size`` bytes with a known dtype.
-
-    Raises:
-        CorruptShard: If it does not.
-    """
-    try:
-        offset, nbytes, dtype = int(entry["offset"]), int(entry["nbytes"]), entry["dtype"]
-    except (KeyError, TypeError, ValueError):
-        raise CorruptShard(f"{path}: a manifest entry is malformed: {entry!r}") from None
-    if dtype not in _DTYPES or offset < 0 or nbytes < 0 or offset + nbytes > size:
-        raise CorruptShard(f"{path}: entry {entry.get('key')!r} ({dtype}, bytes {offset}+{nbytes}) is out of place")
-    return offset, nbytes
+        starts = entry.starts()
+        got = hash_of(mapped.data64, mapped.data8, starts, np.full(entry.blocks, entry.block_bytes, np.int64))
+        if not (got == mapped.sums[entry.first : entry.first + entry.blocks]).all():
+            raise CorruptShard(f"{where}: {entry.key!r} does not match its checksum")

@@ -62,7 +62,7 @@ def _corrupting(rank: int, step: int):  # the holder of rank 1's replicas flips 
     def unpack(store, blob):
         data = bytearray(blob)
         if data and store.root.name == "host0" and f'"rank": 1, "step": {step}'.encode() in data[:4096]:
-            data[-1] ^= 0xFF
+            data[len(data) // 2] ^= 0xFF  # inside a block (the headers, hashes and padding are far smaller)
         return real(store, data)
 
     return unpack

@@ -1,9 +1,11 @@
-"""Delta replication of a shard (``replicate.pack_delta`` / ``unpack``): a new version sent as the
-blocks that changed since a version the receiver holds comes back bit for bit, and only those blocks
-travel; a corrupt delta or a missing base is refused and nothing is kept."""
+"""Delta replication of a shard (``replicate.pack_delta`` / ``unpack``): a chain of new versions, each
+sent as the blocks whose hashes changed since a version the receiver holds, comes back bit for bit
+on a receiver that overwrites its older versions in place; only those blocks travel; a corrupt delta
+or a missing base is refused and nothing complete is kept."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -12,7 +14,8 @@ from hypothesis import strategies as st
 from zensync.resilience.replicate import pack, pack_delta, unpack
 from zensync.resilience.store import CorruptShard, ShardStore
 
-BLOCK = 256
+ROWS, DIM = 200, 64  # float32 rows of 256 bytes: one block each
+DATA_BYTES = ROWS * DIM * 4 + 64  # the bias's 20 bytes padded to 64
 
 
 def _state(rows: torch.Tensor, step: int) -> dict:
@@ -20,50 +23,67 @@ def _state(rows: torch.Tensor, step: int) -> dict:
 
 
 @settings(max_examples=25, deadline=None)
-@given(touched=st.sets(st.integers(0, 199), max_size=40), block=st.sampled_from([8, 64, 256, 1000]))
-def test_a_delta_rebuilds_the_new_version_bit_for_bit(tmp_path_factory, touched: set[int], block: int) -> None:
+@given(chain=st.lists(st.sets(st.integers(0, ROWS - 1), max_size=40), min_size=1, max_size=5), listed=st.booleans())
+def test_a_chain_of_deltas_rebuilds_every_version_bit_for_bit(tmp_path_factory, chain, listed: bool) -> None:
     here, there = ShardStore(tmp_path_factory.mktemp("a")), ShardStore(tmp_path_factory.mktemp("b"))
-    emb = torch.randn(200, 64, generator=torch.Generator().manual_seed(0))
+    emb = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(0))
     here.save(0, 1, _state(emb, 1))
     unpack(there, pack(here, 0, 1))  # the receiver holds the base
-    new = emb.clone()
-    new[sorted(touched)] += 1.0
-    here.save(0, 2, _state(new, 2))
-    blob, fraction = pack_delta(here, 0, 2, 1, block)
-    assert unpack(there, blob) == 2
-    got = there.load(0, step=2)
-    assert torch.equal(got["model"]["emb"], new) and torch.equal(got["model"]["bias"], torch.arange(5.0) + 2)
-    # only the blocks holding a touched row or the bias travel (the data: emb, then bias)
-    rows_per_block = {i * 256 // block for i in touched} | {(i * 256 + 255) // block for i in touched}
-    spans = {b for i in touched for b in range(i * 256 // block, (i * 256 + 255) // block + 1)}
-    spans |= set(range(200 * 256 // block, (200 * 256 + 20 - 1) // block + 1))  # the bias's 20 bytes
-    nbytes = 200 * 256 + 20
-    want = sum(min(block, nbytes - b * block) for b in spans)
-    assert fraction == pytest.approx(want / nbytes) and rows_per_block <= spans
+    for step, touched in enumerate(chain, start=2):
+        emb = emb.clone()
+        emb[sorted(touched)] += float(step)
+        rows = {"model/emb": np.array(sorted(touched), dtype=np.int64)} if listed else None
+        here.save(0, step, _state(emb, step), changed=rows, since=step - 1, audit_rows=8)
+        blob, fraction = pack_delta(here, 0, step, step - 1)
+        assert unpack(there, blob) == step
+        got = there.load(0, step=step)
+        assert torch.equal(got["model"]["emb"], emb) and torch.equal(got["model"]["bias"], torch.arange(5.0) + step)
+        assert torch.equal(here.load(0, step=step)["model"]["emb"], emb)
+        # exactly the touched rows and the bias travel (each block padded to 8 bytes)
+        assert fraction == pytest.approx((len(touched) * DIM * 4 + 24) / DATA_BYTES)
+        assert [v.step for v in there.versions(0)] == [step - 1, step]  # keep=2: older ones overwritten
 
 
 def test_a_delta_without_its_base_or_corrupt_is_refused(tmp_path) -> None:
     here, there = ShardStore(tmp_path / "a"), ShardStore(tmp_path / "b")
-    emb = torch.randn(20, 64)
+    emb = torch.randn(20, DIM)
     here.save(0, 1, _state(emb, 1))
     here.save(0, 2, _state(emb * 2, 2))
-    blob, _ = pack_delta(here, 0, 2, 1, BLOCK)
+    blob, _ = pack_delta(here, 0, 2, 1)
     with pytest.raises(CorruptShard, match="not here"):
         unpack(there, blob)  # the receiver never got step 1
     unpack(there, pack(here, 0, 1))
     flipped = blob.clone()
-    flipped[-1] ^= 0xFF
-    with pytest.raises(CorruptShard, match="checksum"):
+    flipped[-5] ^= 0xFF  # the bias's last byte (its block is padded to 24 bytes)
+    with pytest.raises(CorruptShard, match="does not match its hash"):
         unpack(there, flipped)
+    with pytest.raises(CorruptShard, match=r"cannot be read|bytes for"):
+        unpack(there, blob[:-9])  # cut off
     assert [v.step for v in there.versions(0)] == [1]
     assert unpack(there, blob) == 2 and torch.equal(there.load(0)["model"]["emb"], emb * 2)
 
 
+def test_a_delta_whose_hashes_do_not_make_the_manifests_table_is_refused(tmp_path) -> None:
+    here, there = ShardStore(tmp_path / "a"), ShardStore(tmp_path / "b")
+    here.save(0, 1, _state(torch.zeros(20, DIM), 1))
+    unpack(there, pack(here, 0, 1))
+    here.save(0, 2, _state(torch.ones(20, DIM), 2))
+    info = here.version(0, 2)
+    base = here.version(0, 1)
+    assert info is not None and base is not None
+    delta = here.delta(info, base)
+    assert delta is not None
+    ids, sums, payload = delta
+    with pytest.raises(CorruptShard, match="do not make the table"):
+        there.put_delta(here.raw_manifest(info), 1, ids[1:], sums[1:], payload[1024:])  # a block left out
+    assert [v.step for v in there.versions(0)] == [1]
+
+
 def test_versions_of_another_layout_go_whole(tmp_path) -> None:
     store = ShardStore(tmp_path)
-    store.save(0, 1, _state(torch.zeros(4, 64), 1))
-    store.save(0, 2, _state(torch.zeros(5, 64), 2))  # a row more: offsets moved
-    blob, fraction = pack_delta(store, 0, 2, 1, BLOCK)
+    store.save(0, 1, _state(torch.zeros(4, DIM), 1))
+    store.save(0, 2, _state(torch.zeros(5, DIM), 2))  # a row more: offsets moved
+    blob, fraction = pack_delta(store, 0, 2, 1)
     assert fraction == 1.0
     other = ShardStore(tmp_path / "other")
-    assert unpack(other, blob) == 2
+    assert unpack(other, blob) == 2 and torch.equal(other.load(0)["model"]["emb"], torch.zeros(5, DIM))
