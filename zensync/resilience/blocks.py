@@ -141,13 +141,18 @@ class Mapped:
         self._maps.append(buf)
         return np.frombuffer(buf, dtype=np.uint8)
 
-    def valid(self) -> bool:
-        """The files are still the mapped ones, at the mapped sizes (no one truncated or replaced them)."""
+    def valid(self, directory: pathlib.Path) -> bool:
+        """``directory`` holds the mapped files (renamed or not), at the mapped sizes (no one truncated
+        or replaced them); the map then follows the rename."""
         try:
-            data = os.stat(self.directory / "data.bin")
-            return data.st_ino == self.inode and data.st_size == self.nbytes
+            data = os.stat(directory / "data.bin")
+            sums = os.stat(directory / "sums.bin")
         except OSError:
             return False
+        if (data.st_ino, data.st_size, sums.st_size) != (self.inode, self.nbytes, 8 * self.nsums):
+            return False
+        self.directory = directory
+        return True
 
     def close(self) -> None:
         del self.data8, self.data64, self.sums

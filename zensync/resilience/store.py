@@ -312,7 +312,7 @@ class ShardStore:
             except FileNotFoundError:
                 inode = -1
             cached = self._maps.pop(inode, None)
-            if cached is not None and cached.valid() and (cached.nbytes, cached.nsums) == (nbytes, nsums):
+            if cached is not None and cached.valid(directory) and (cached.nbytes, cached.nsums) == (nbytes, nsums):
                 self._maps[inode] = cached
                 return cached
             if cached is not None:
@@ -369,20 +369,19 @@ class ShardStore:
 
     # -- listing and reading -----------------------------------------------------------------------
     def versions(self, rank: int) -> list[ShardInfo]:
-        """``rank``'s complete shards (a manifest in place), oldest first; their bytes are not checked."""
+        """``rank``'s complete shards (a manifest in place), oldest first, from the directories' names
+        and the data files' sizes; neither their manifests nor their bytes are checked (``verify``)."""
         base = self.root / f"rank{rank}"
         if not base.is_dir():
             return []
         found = []
         for child in sorted(base.iterdir()):
-            manifest = child / "manifest.json"
-            if child.name.startswith("v") and child.is_dir() and manifest.is_file():
+            if child.name.startswith("v") and child.name[1:].isdigit() and (child / "manifest.json").is_file():
                 try:
-                    data = json.loads(manifest.read_text())
-                    found.append(ShardInfo(rank, int(data["step"]), child, int(data["nbytes"])))
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    logger.warning("zensync checkpoint: unreadable manifest %s skipped: %s", manifest, exc)
-        return sorted(found, key=lambda info: info.step)
+                    found.append(ShardInfo(rank, int(child.name[1:]), child, (child / "data.bin").stat().st_size))
+                except OSError:  # removed meanwhile, or its data file is gone: not complete
+                    continue
+        return found
 
     def version(self, rank: int, step: int) -> ShardInfo | None:
         """``rank``'s complete version of ``step`` (None: none)."""
