@@ -12,6 +12,8 @@ Layout under the store's root (``/dev/shm/...`` by default: memory that outlives
     rank<r>/v<step:010d>/sums.bin        a hash per block
     rank<r>/v<step:010d>/manifest.json   written last, by an atomic rename: the shard is complete
     rank<r>/complete                     the newest step replicated on every peer (``mark_complete``)
+    rank<r>/spare<step>/                 a version no longer kept, its manifest renamed layout.json:
+                                         the next save's pages (``SPARES``)
 
 A shard whose manifest is missing was cut off mid-write (the worker died) and is never loaded; a
 shard whose bytes do not match its hashes is reported and skipped. ``load`` takes the newest
@@ -64,6 +66,9 @@ __all__ = ["CorruptShard", "PendingShard", "ShardInfo", "ShardStore", "flatten",
 logger = logging.getLogger(__name__)
 
 FORMAT = 2
+SPARES = 1
+"""Versions past ``keep`` held per rank as spares: the next save overwrites one in place (its pages
+mapped, only its stale blocks written) instead of writing a new file."""
 _SEP = "/"
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -282,24 +287,26 @@ class ShardStore:
 
     def _claim(self, rank: int, step: int, manifest: dict[str, Any]) -> tuple[pathlib.Path, bool]:
         """The directory of ``rank``'s new version ``step``, and whether it holds an older version of
-        the same layout: a version the save will prune, renamed (its manifest removed first: never
-        complete with old bytes), else a new one."""
+        the same layout (whose sums table describes its bytes): a spare (``_prune``), else a version
+        the save will prune, renamed (its manifest removed first: never complete with old bytes),
+        else a new one."""
         target = self._dir(rank, step)
         with self._lock:
             if target.exists():  # a cut-off write of this step
                 self._remove(target)
             infos = self.versions(rank)
             kept = self._kept(rank, self.keep - 1, infos)
-            for info in infos:
-                if info.path in kept:
-                    continue
+            spares = sorted((self.root / f"rank{rank}").glob("spare*"))
+            candidates = [(d, d / "layout.json") for d in spares]
+            candidates += [(i.path, i.path / "manifest.json") for i in infos if i.path not in kept]
+            for directory, described in candidates:
                 try:
-                    theirs = json.loads((info.path / "manifest.json").read_bytes())
+                    theirs = json.loads(described.read_bytes())
                 except (OSError, ValueError):
                     continue
                 if _layout(theirs) == _layout(manifest):
-                    (info.path / "manifest.json").unlink()
-                    info.path.rename(target)
+                    described.unlink()
+                    directory.rename(target)
                     return target, True
             target.mkdir(parents=True)
             return target, False
@@ -580,11 +587,21 @@ class ShardStore:
 
     # -- removing ----------------------------------------------------------------------------------
     def _prune(self, rank: int) -> None:
-        """Keep the newest ``keep`` complete versions of ``rank``; remove older ones and cut-off writes."""
+        """Keep the newest ``keep`` complete versions of ``rank``; older ones become spares (at most
+        ``SPARES``: their bytes, sums table and layout, no manifest), whose pages the next version
+        overwrites (``_claim``); the others and cut-off writes are removed."""
         with self._lock:
             kept = self._kept(rank, self.keep, self.versions(rank))
-            for child in (self.root / f"rank{rank}").iterdir():
-                if child.is_dir() and child not in kept:  # older versions, cut-off writes (one writer per rank)
+            base = self.root / f"rank{rank}"
+            spares = len(list(base.glob("spare*")))
+            for child in sorted(base.iterdir()):
+                if not child.is_dir() or child in kept or child.name.startswith("spare"):
+                    continue
+                if spares < SPARES and (child / "manifest.json").is_file():  # a complete version
+                    os.replace(child / "manifest.json", child / "layout.json")  # not complete from here
+                    child.rename(base / f"spare{child.name[1:]}")
+                    spares += 1
+                else:  # older versions, cut-off writes (one writer per rank)
                     self._remove(child)
 
     def discard_after(self, step: int) -> None:
