@@ -21,6 +21,7 @@ import dataclasses
 import mmap
 import os
 import pathlib
+import threading
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ __all__ = [
     "num_blocks",
     "payload_places",
     "tensor_words",
+    "warm_up",
     "write_blocks",
 ]
 
@@ -50,6 +52,8 @@ ALIGN = 64
 ROW_MIN_BYTES = 64
 """Rows shorter than this are not blocks of their own (a sums table as large as the data helps no one)."""
 _EMPTY = np.empty(0, dtype=np.int64)
+_warming: threading.Thread | None = None
+_warming_lock = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -241,3 +245,26 @@ def gather(src: Mapped, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     out = np.zeros(size, dtype=np.uint8)
     _k.copy_blocks(src.data64, src.data8, starts, out.view(np.uint64), out, places, lengths)
     return out
+
+
+def warm_up(wait: bool = False) -> None:
+    """Load the compiled loops on a background thread, once per process (numba's start-up, about
+    0.3 s: a restarted worker pays it while it starts, not in its restore); ``wait``: until done."""
+    global _warming
+    with _warming_lock:
+        if _warming is None:
+            _warming = threading.Thread(target=_load_kernels, name="zensync-blocks-warm-up", daemon=True)
+            _warming.start()
+    if wait:
+        _warming.join()
+
+
+def _load_kernels() -> None:
+    data = np.zeros(16, dtype=np.uint8)
+    frozen = data.copy()
+    frozen.setflags(write=False)  # read-only maps (``Mapped(writable=False)``) are a signature of their own
+    starts, lengths, out = np.zeros(1, np.int64), np.full(1, 16, np.int64), np.empty(1, np.uint64)
+    for src in (data, frozen):
+        _k.hash_blocks(src.view(np.uint64), src, starts, lengths, out)
+        _k.copy_hash_blocks(src.view(np.uint64), src, starts, data.view(np.uint64), data, starts, lengths, out)
+        _k.copy_blocks(src.view(np.uint64), src, starts, data.view(np.uint64), data, starts, lengths)

@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import torch
 
+from zensync.resilience.blocks import warm_up
 from zensync.resilience.dirty import ChangeTracker
 from zensync.resilience.gate import IdleGate
 from zensync.resilience.memory import load_parts, state_of
@@ -62,6 +63,7 @@ logger = logging.getLogger(__name__)
 ROOT_ENV = "ZENSYNC_CKPT_ROOT"
 """The host's store directory, set by ``zensync launch`` (its agent owns the directory)."""
 _PHASE = "checkpoint"
+warm_up()  # the store's compiled loops load while the worker starts (restore waits for them)
 _VALUES_KEY = "__values__"
 _STEP = "step"
 
@@ -174,6 +176,7 @@ class Checkpointer:
             KeyError, ValueError: On every rank, when a rank's part is not in its checkpoint or
                 cannot take it (the failing rank's type and message).
         """
+        warm_up(wait=True)
         started_s = time.perf_counter()
         if require is None:
             require = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
