@@ -122,6 +122,9 @@ class Mapped:
         self, directory: pathlib.Path, nbytes: int, nsums: int, *, writable: bool, create: bool = False
     ) -> None:
         self.directory, self.nbytes, self.nsums = directory, nbytes, nsums
+        self.layout: Any = None
+        """The layout of the version last written here (the store sets it: no manifest to parse)."""
+        self.entries: list[Entry] | None = None
         self._maps: list[mmap.mmap] = []
         self.data8 = self._map(directory / "data.bin", nbytes, writable, create)
         self.data64 = self.data8[: nbytes - nbytes % 8].view(np.uint64)

@@ -75,6 +75,8 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
 )}  # fmt: skip
 
+_ITEMSIZE = {name: torch.empty(0, dtype=dtype).element_size() for name, dtype in _DTYPES.items()}
+
 
 class CorruptShard(ValueError):
     """A shard's bytes do not match its manifest (a checksum, a size or the manifest itself)."""
@@ -232,6 +234,7 @@ class ShardStore:
         self._pin(rank, step, +1)
         self._writing[rank, step] = manifest
         dst = self._mapped(target, nbytes, nsums, create=not recycled)
+        dst.layout, dst.entries = _layout(manifest), entries
         ref = self._reference(rank, since, manifest) if recycled and changed else None
         pending = PendingShard(ShardInfo(rank, step, target, nbytes), manifest)
         rng = np.random.default_rng(step)
@@ -243,10 +246,13 @@ class ShardStore:
             assert ref is not None
             span = slice(entry.first, entry.first + entry.blocks)
             audit = rng.integers(0, entry.blocks, min(audit_rows, entry.blocks))
-            stale = np.flatnonzero(dst.sums[span] != ref.sums[span])  # changed between the two versions
-            write = np.unique(np.concatenate([rows, stale, audit]))
+            listed = np.zeros(entry.blocks, dtype=bool)
+            listed[rows] = True
+            unlisted = audit[~listed[audit]]
+            wanted = (dst.sums[span] != ref.sums[span]) | listed  # also the rows changed between the two versions
+            wanted[audit] = True
+            write = np.flatnonzero(wanted)
             write_blocks(dst, entry, tensor, write)
-            unlisted = audit[~np.isin(audit, rows)]
             if (dst.sums[span][unlisted] != ref.sums[span][unlisted]).any():
                 pending.violations.append(entry.key)  # the listing missed a change: rewrite by hashes
                 write = write_blocks(dst, entry, tensor, None)
@@ -258,16 +264,29 @@ class ShardStore:
         is ``manifest``'s: the base that ``write``'s ``changed`` rows are relative to."""
         if since is None:
             return None
-        path = self._dir(rank, since)
-        layout = self._writing.get((rank, since))
-        if layout is None:
-            try:
-                layout = json.loads((path / "manifest.json").read_bytes())
-            except (OSError, ValueError):
-                return None
-        if _layout(layout) != _layout(manifest):
+        found = self._described(self._dir(rank, since), "manifest.json")
+        return found if found is not None and found.layout == _layout(manifest) else None
+
+    def _described(self, directory: pathlib.Path, described: str) -> Mapped | None:
+        """A version's map, with its layout and entries: from the cache (a version this process
+        wrote), else from its ``described`` file (its manifest, or a spare's layout); None when it
+        cannot be read."""
+        try:
+            inode = os.stat(directory / "data.bin").st_ino
+        except OSError:
             return None
-        return self._mapped(path, manifest["nbytes"], manifest["nsums"])
+        with self._lock:
+            cached = self._maps.get(inode)
+            if cached is not None and cached.entries is not None and cached.valid(directory):
+                return cached
+        try:
+            header, _, _, nbytes = _header((directory / described).read_bytes(), str(directory))
+            entries = _entries(header, str(directory))
+            mapped = self._mapped(directory, nbytes, header["nsums"])
+        except (OSError, ValueError):  # CorruptShard is a ValueError
+            return None
+        mapped.layout, mapped.entries = _layout(header), entries
+        return mapped
 
     def finish(self, pending: PendingShard) -> ShardInfo:
         """Complete a version ``write`` began: the sums table's hash into the manifest, the manifest
@@ -296,15 +315,13 @@ class ShardStore:
                 self._remove(target)
             infos = self.versions(rank)
             kept = self._kept(rank, self.keep - 1, infos)
-            spares = sorted((self.root / f"rank{rank}").glob("spare*"))
-            candidates = [(d, d / "layout.json") for d in spares]
+            base = self.root / f"rank{rank}"
+            candidates = [(base / name, base / name / "layout.json") for name in self._children(rank)
+                          if name.startswith("spare")]  # fmt: skip
             candidates += [(i.path, i.path / "manifest.json") for i in infos if i.path not in kept]
             for directory, described in candidates:
-                try:
-                    theirs = json.loads(described.read_bytes())
-                except (OSError, ValueError):
-                    continue
-                if _layout(theirs) == _layout(manifest):
+                found = self._described(directory, described.name)
+                if found is not None and found.layout == _layout(manifest):
                     described.unlink()
                     directory.rename(target)
                     return target, True
@@ -378,21 +395,33 @@ class ShardStore:
     def versions(self, rank: int) -> list[ShardInfo]:
         """``rank``'s complete shards (a manifest in place), oldest first, from the directories' names
         and the data files' sizes; neither their manifests nor their bytes are checked (``verify``)."""
-        base = self.root / f"rank{rank}"
-        if not base.is_dir():
-            return []
+        base = f"{self.root}/rank{rank}"
         found = []
-        for child in sorted(base.iterdir()):
-            if child.name.startswith("v") and child.name[1:].isdigit() and (child / "manifest.json").is_file():
+        for name in self._children(rank):
+            if name.startswith("v") and name[1:].isdigit() and os.path.isfile(f"{base}/{name}/manifest.json"):
                 try:
-                    found.append(ShardInfo(rank, int(child.name[1:]), child, (child / "data.bin").stat().st_size))
+                    nbytes = os.stat(f"{base}/{name}/data.bin").st_size
                 except OSError:  # removed meanwhile, or its data file is gone: not complete
                     continue
+                found.append(ShardInfo(rank, int(name[1:]), pathlib.Path(base, name), nbytes))
         return found
+
+    def _children(self, rank: int) -> list[str]:
+        """The names under ``rank``'s directory, sorted (none when it does not exist)."""
+        try:
+            return sorted(os.listdir(f"{self.root}/rank{rank}"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def version(self, rank: int, step: int) -> ShardInfo | None:
         """``rank``'s complete version of ``step`` (None: none)."""
-        return next((info for info in self.versions(rank) if info.step == step), None)
+        path = self._dir(rank, step)
+        try:
+            if os.path.isfile(path / "manifest.json"):
+                return ShardInfo(rank, step, path, os.stat(path / "data.bin").st_size)
+        except OSError:
+            pass
+        return None
 
     def load(self, rank: int, step: int | None = None) -> dict[str | int, Any]:
         """The newest complete shard of ``rank`` that verifies (or the one at ``step``), as a nested
@@ -470,14 +499,11 @@ class ShardStore:
         """``info``'s blocks whose hashes differ from version ``base``'s of the same rank: (their
         indices, their hashes, their bytes as a payload, ``blocks.payload_places``); None when the
         two layouts differ."""
-        manifest, theirs = json.loads(self.raw_manifest(info)), json.loads(self.raw_manifest(base))
-        if _layout(manifest) != _layout(theirs):
+        new, old = self._described(info.path, "manifest.json"), self._described(base.path, "manifest.json")
+        if new is None or old is None or new.entries is None or new.layout != old.layout:
             return None
-        entries = _entries(manifest, str(info.path))
-        new = self._mapped(info.path, info.nbytes, manifest["nsums"])
-        old = self._mapped(base.path, base.nbytes, theirs["nsums"])
         ids = changed(new.sums, old.sums)
-        starts, lengths = _spans(entries, ids)
+        starts, lengths = _spans(new.entries, ids)
         return ids, new.sums[ids].copy(), gather(new, starts, lengths)
 
     # -- replicas from peers -----------------------------------------------------------------------
@@ -518,13 +544,11 @@ class ShardStore:
         base = self.version(rank, base_step)
         if base is None:
             raise CorruptShard(f"{where} against step {base_step}, which is not here")
-        theirs = json.loads(self.raw_manifest(base))
-        if _layout(theirs) != _layout(header):
-            raise CorruptShard(f"{where} against step {base_step}, whose layout differs")
-        entries = _entries(header, where)
         with self.pinned(rank, base_step):
-            source = self._mapped(base.path, base.nbytes, theirs["nsums"])
-            return self._apply(manifest, header, entries, source, ids, sums, payload)
+            source = self._described(base.path, "manifest.json")
+            if source is None or source.layout != _layout(header):
+                raise CorruptShard(f"{where} against step {base_step}, whose layout differs or cannot be read")
+            return self._apply(manifest, header, _entries(header, where), source, ids, sums, payload)
 
     def _apply(self, manifest: bytes, header: dict[str, Any], entries: list[Entry], base: Mapped | None,
                ids: np.ndarray, sums: np.ndarray, payload: np.ndarray, stored: bool = False) -> ShardInfo:  # fmt: skip
@@ -549,13 +573,15 @@ class ShardStore:
         self._pin(rank, step, +1)
         try:
             dst = self._mapped(target, nbytes, nsums, create=not recycled)
+            dst.layout, dst.entries = None, None  # until complete
             if base is not None:  # blocks the overwritten version lacks and the delta does not carry
-                stale = np.flatnonzero(dst.sums != table)
-                stale = stale[~np.isin(stale, ids)]
-                copy_from(dst, base, *_spans(entries, stale))
+                stale = dst.sums != table
+                stale[ids] = False
+                copy_from(dst, base, *_spans(entries, np.flatnonzero(stale)))
             if not (copy_hash_in(dst, starts, lengths, payload, sources) == sums).all():
                 raise CorruptShard(f"{where}: a block does not match its hash")
             dst.sums[:] = table
+            dst.layout, dst.entries = _layout(header), entries
             (target / "manifest.json.tmp").write_bytes(manifest)
             os.replace(target / "manifest.json.tmp", target / "manifest.json")
         finally:
@@ -593,9 +619,11 @@ class ShardStore:
         with self._lock:
             kept = self._kept(rank, self.keep, self.versions(rank))
             base = self.root / f"rank{rank}"
-            spares = len(list(base.glob("spare*")))
-            for child in sorted(base.iterdir()):
-                if not child.is_dir() or child in kept or child.name.startswith("spare"):
+            names = self._children(rank)
+            spares = sum(name.startswith("spare") for name in names)
+            for name in names:
+                child = base / name
+                if name.startswith("spare") or not name.startswith("v") or child in kept or not child.is_dir():
                     continue
                 if spares < SPARES and (child / "manifest.json").is_file():  # a complete version
                     os.replace(child / "manifest.json", child / "layout.json")  # not complete from here
@@ -674,7 +702,7 @@ def _entries(manifest: dict[str, Any], where: str) -> list[Entry]:
             and entry.offset + entry.nbytes <= manifest["nbytes"] and entry.first >= 0
             and entry.first + entry.blocks <= manifest["nsums"] and entry.nbytes % entry.blocks == 0
             and (entry.blocks == 1 or entry.block_bytes % 8 == 0)
-            and numel * torch.empty(0, dtype=dtype).element_size() == entry.nbytes
+            and numel * _ITEMSIZE[entry.dtype] == entry.nbytes
         )  # fmt: skip
         if not fits:
             raise CorruptShard(f"{where}: entry {entry.key!r} ({entry.dtype}, bytes {entry.offset}+{entry.nbytes}, "
