@@ -6,15 +6,16 @@ it the version it wrote (``ShardStore.write``: the changed blocks, hashed), whic
 completes first (the manifest: off the training thread). Every ``every`` saved steps it starts a *round*, a collective
 of every rank's replicator:
 
-1. The ranks exchange their newest complete local step and the complete step they can send and
-   apply deltas against; the round replicates the newest step every rank has (ranks save in
-   lockstep, so it is the step just saved, or the one before on a rank one save ahead). No new
+1. Each rank packs its newest local version (pinned until the round ends: a save on the main
+   thread cannot reuse it, and it is the next round's base) as bytes: a JSON header, the manifest,
+   the sums table, then the data, or, when it holds a complete step, only the blocks whose hashes
+   changed since it, with their indices and hashes (``pack_delta``; no pickle crosses hosts).
+2. The ranks exchange their newest local step, the complete step they can send and apply deltas
+   against, and their packed sizes; the round replicates the newest step every rank has (ranks
+   save in lockstep, so it is the step just saved, or the one before on a rank one save ahead).
+   When every rank packed that step against the same base, the packs go as they are; else each
+   rank packs again (whole when the ranks hold no common base) and the sizes are exchanged. No new
    common step: nothing moves.
-2. Each rank packs its shard of that step (pinned until the round ends: a save on the main thread
-   cannot reuse it, and it is the next round's base) as bytes: a JSON header, the manifest, the
-   sums table, then the data, or, when every rank holds the newest complete step, only the blocks
-   whose hashes changed since it, with their indices and hashes (``pack_delta``; no pickle crosses
-   hosts).
 3. The shards move in chunks of ``chunk_bytes``, one all-to-all per chunk, each rank sending to its
    ``m`` placement peers (``placement.replica_peers``). Before each chunk the thread waits until the
    gate (``gate.IdleGate``) is idle, so checkpoint traffic flows between a step's last bucket and
@@ -312,12 +313,15 @@ class Replicator:
                     continue
                 newest = self.store.versions(self.transport.rank)
                 mine = newest[-1].step if newest else -1
-                common, base, anyone_stops = self._agree(mine, stopping)
-                if anyone_stops:
-                    return
-                attempted = max(attempted, mine)
-                if common >= 0 and (self.complete_step is None or common > self.complete_step):
-                    self._round(common, base)
+                with self.store.pinned(self.transport.rank, mine):  # from the offer to the round's end
+                    offer = None if stopping or mine < 0 or self._done(mine) else self._offer(mine)
+                    common, base, sizes, anyone_stops = self._agree(mine, stopping, offer)
+                    if anyone_stops:
+                        return
+                    attempted = max(attempted, mine)
+                    if common >= 0 and not self._done(common):
+                        with self.store.pinned(self.transport.rank, common):
+                            self._send(common, base, offer if sizes is not None else None, sizes)
         except BaseException as exc:  # noqa: BLE001 - the thread ends; the owner reports it
             self.error = exc
             logger.error("zensync checkpoint: replication stopped on rank %d: %r", self.transport.rank, exc)
@@ -343,31 +347,50 @@ class Replicator:
         held = all(self.store.version(r, step) is not None for r in ranks)
         return step if held else -1
 
-    def _agree(self, mine: int, stopping: bool) -> tuple[int, int | None, bool]:
+    def _offer(self, step: int) -> tuple[torch.Tensor, float, int]:
+        """This rank's version ``step`` packed before the agreement (as a delta against its base, if
+        any): (the blob, the fraction of the data in it, the base, -1: whole). When every rank
+        offers the same step against the same base, the agreement carries the sizes and the round
+        skips a collective."""
+        base = self._base()
+        if 0 <= base < step:
+            blob, fraction = pack_delta(self.store, self.transport.rank, step, base)
+            return blob, fraction, base
+        return pack(self.store, self.transport.rank, step), 1.0, -1
+
+    def _agree(
+        self, mine: int, stopping: bool, offer: tuple[torch.Tensor, float, int] | None
+    ) -> tuple[int, int | None, list[int] | None, bool]:
         """(the newest step every rank has, -1 when one has none; the base every rank holds for deltas,
-        None when one does not; whether any rank is stopping)."""
-        said = self.transport.all_gather(torch.tensor([mine, int(stopping), self._base()], dtype=torch.int64))
-        table = torch.stack(said)
+        None when one does not; every rank's offered blob size when every rank offered that step
+        against that base, else None; whether any rank is stopping)."""
+        size, offered_base = (offer[0].numel(), offer[2]) if offer is not None else (-1, -2)
+        said = torch.tensor([mine, int(stopping), self._base(), size, offered_base], dtype=torch.int64)
+        table = torch.stack(self.transport.all_gather(said))
         bases = set(table[:, 2].tolist())
         base = bases.pop() if len(bases) == 1 and min(table[:, 2].tolist()) >= 0 else None
-        return int(table[:, 0].min()), base, bool(table[:, 1].any())
+        common = int(table[:, 0].min())
+        fits = bool((table[:, 0] == common).all()) and bool((table[:, 3] >= 0).all())
+        fits = fits and bool((table[:, 4] == (base if base is not None else -1)).all())
+        return common, base, table[:, 3].tolist() if fits else None, bool(table[:, 1].any())
 
-    def _round(self, step: int, base: int | None) -> None:
-        """Steps 2-4 of the module docstring for ``step`` (a delta against ``base`` when given). The
-        step's local version stays pinned until the round ends: saves meanwhile must not prune the
-        version that becomes the newest complete one (the next round's base)."""
-        with self.store.pinned(self.transport.rank, step):
-            self._send(step, base)
-
-    def _send(self, step: int, base: int | None) -> None:
+    def _send(self, step: int, base: int | None, offer: tuple[torch.Tensor, float, int] | None,
+              sizes: list[int] | None) -> None:  # fmt: skip
+        """Steps 2-4 of the module docstring for ``step`` (a delta against ``base`` when given), with
+        the blob offered at the agreement when every rank's offer fits (``sizes``). The caller pins
+        the step's local version until the round ends: saves meanwhile must not prune the version
+        that becomes the newest complete one (the next round's base)."""
         rank = self.transport.rank
         record = RoundRecord(step, base=base)
         started_s = time.perf_counter()
-        if base is not None and base < step:
-            blob, record.sent_fraction = pack_delta(self.store, rank, step, base)
+        if offer is not None and sizes is not None:
+            blob, record.sent_fraction = offer[0], offer[1]
         else:
-            blob = pack(self.store, rank, step)
-        sizes = [int(t) for t in torch.cat(self.transport.all_gather(torch.tensor([blob.numel()])))]
+            if base is not None and base < step:
+                blob, record.sent_fraction = pack_delta(self.store, rank, step, base)
+            else:
+                blob = pack(self.store, rank, step)
+            sizes = [int(t) for t in torch.cat(self.transport.all_gather(torch.tensor([blob.numel()])))]
         chunks = max(math.ceil(size / self.chunk_bytes) for size in sizes)
         incoming = {source: bytearray(sizes[source]) for source in self.sources}
         for k in range(chunks):

@@ -230,3 +230,32 @@ def test_writes_in_place_equal_fresh_writes(tmp_path_factory, steps, keep: int) 
         store.save(0, step, {"m": {"emb": emb, "bias": bias}}, changed=rows, since=step - 1)
         got = store.load(0)
         assert torch.equal(got["m"]["emb"], emb) and torch.equal(got["m"]["bias"], bias)
+
+
+def test_a_pinned_version_leaves_a_spare_to_overwrite(tmp_path) -> None:
+    """While a replicator holds a version (pinned), a save may have nothing to overwrite and writes a
+    fresh file; once released, versions past ``keep`` become spares that the next saves overwrite in
+    place (only the rows that differ). Spares are never listed or loaded."""
+    store = ShardStore(tmp_path, keep=2)
+    emb = torch.zeros(500, 16)  # rows of 64 bytes
+    written = []
+
+    def save(step: int) -> None:
+        nonlocal emb
+        emb = emb.clone()
+        emb[step] = step
+        pending = store.write(0, step, {"emb": emb}, changed={"emb": np.array([step])}, since=step - 1)
+        store.finish(pending)
+        written.append(pending.written // 64)
+        assert torch.equal(store.load(0)["emb"], emb)
+
+    save(1), save(2)
+    with store.pinned(0, 2):
+        save(3), save(4), save(5)
+    save(6), save(7)
+    # rows written: fresh files (500), step 3 over step 1 (rows 2, 3), step 4 fresh (2 and 3 are held),
+    # step 6 over step 2 (rows 3-6), step 7 over the spare of step 4 (rows 5-7)
+    assert written == [500, 500, 2, 500, 2, 4, 3]
+    names = sorted(p.name for p in (tmp_path / "rank0").iterdir() if p.is_dir())
+    assert names == ["spare0000000005", "v0000000006", "v0000000007"]
+    assert [v.step for v in store.versions(0)] == [6, 7]
