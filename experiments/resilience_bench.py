@@ -92,7 +92,8 @@ def _step(ddp: Any, opt: torch.optim.Optimizer, corpus: torch.Tensor, config: De
 
 def _ckpt_config(args: argparse.Namespace, **kw: Any) -> CheckpointConfig:
     return CheckpointConfig(root=f"{args.stores}/host{dist.get_rank()}", replicas=args.replicas, ranks_per_host=1,
-                            chunk_bytes=args.chunk_kib << 10, replicate_every=args.replicate_every, **kw)  # fmt: skip
+                            chunk_bytes=args.chunk_kib << 10, replicate_every=args.replicate_every,
+                            max_lag_steps=args.max_lag, **kw)  # fmt: skip
 
 
 def _train(args: argparse.Namespace, corpus: torch.Tensor, checkpoint: bool) -> dict[str, Any]:
@@ -236,6 +237,8 @@ def _summary(
         "overhead_steady": statistics.median(steady) / off - 1.0 if steady else None,
         "shard_bytes": statistics.median(rec["bytes"] for rec in records),
         "save_s": statistics.median(rec["save_s"] for rec in records),
+        "written_bytes": statistics.median(rec["written_bytes"] for rec in records),
+        "lag_wait_s": statistics.median(rec.get("lag_wait_s", 0.0) for rec in records),
         "replicated_bytes_per_step": statistics.mean(rec.get("replicated_bytes", 0) for rec in records),
         "windows_used_per_step": statistics.mean(rec.get("windows_used", 0) for rec in records),
         "max_delay_s": max(rec.get("max_delay_s", 0.0) for rec in records),
@@ -268,6 +271,8 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         + (f"{s['step_s_on_steady']:.4f} s, {100 * s['overhead_steady']:+.1f} % |" if s["steady_steps"] else "none |"),
         f"| shard per rank (MB) | {s['shard_bytes'] / 1e6:.2f} |",
         f"| save into shared memory (ms, median) | {1e3 * s['save_s']:.2f} |",
+        f"| written by the save (MB, median: the rows that changed) | {s['written_bytes'] / 1e6:.2f} |",
+        f"| waited for the lag bound (ms, median; --max-lag {meta['max_lag']}) | {1e3 * s['lag_wait_s']:.2f} |",
         f"| replicated per step per rank (MB) | {s['replicated_bytes_per_step'] / 1e6:.2f} |",
         f"| of a version's data sent as a delta (median over rounds after a run's first) | "
         f"{s['sent_fraction_median']} |",
@@ -299,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--chunk-kib", type=int, default=1024)
     p.add_argument("--replicate-every", type=int, default=1, help="steps between replication rounds")
+    p.add_argument("--max-lag", type=int, default=None, help="CheckpointConfig.max_lag_steps (default: no bound)")
     p.add_argument("--kill-step", type=int, default=30)
     p.add_argument(
         "--dcp-every", type=int, default=10, help="disk checkpoints in the failure phase (the storage host's)"
@@ -347,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": date, "label": label, "command": command,
             "rate": args.rate, "storage_rate": args.storage_rate, "steps": args.steps, "warmup": args.warmup,
             "rounds": args.rounds, "replicas": args.replicas, "chunk_kib": args.chunk_kib,
-            "replicate_every": args.replicate_every, "kill_step": args.kill_step,
+            "replicate_every": args.replicate_every, "max_lag": args.max_lag, "kill_step": args.kill_step,
             "seed": config.seed, **versions()}  # fmt: skip
     write(args.results_dir, f"resilience_{label}_{date}", meta, summary, _markdown(meta, summary))
     return 0

@@ -129,7 +129,7 @@ class Mapped:
         self.data8 = self._map(directory / "data.bin", nbytes, writable, create)
         self.data64 = self.data8[: nbytes - nbytes % 8].view(np.uint64)
         self.sums = self._map(directory / "sums.bin", 8 * nsums, writable, create).view(np.uint64)
-        self.inode = os.stat(directory / "data.bin").st_ino
+        self.inode = os.stat(f"{directory}/data.bin").st_ino
 
     def _map(self, path: pathlib.Path, size: int, writable: bool, create: bool) -> np.ndarray:
         flags = os.O_RDWR | (os.O_CREAT if create else 0) if writable else os.O_RDONLY
@@ -152,8 +152,8 @@ class Mapped:
         """``directory`` holds the mapped files (renamed or not), at the mapped sizes (no one truncated
         or replaced them); the map then follows the rename."""
         try:
-            data = os.stat(directory / "data.bin")
-            sums = os.stat(directory / "sums.bin")
+            data = os.stat(f"{directory}/data.bin")
+            sums = os.stat(f"{directory}/sums.bin")
         except OSError:
             return False
         if (data.st_ino, data.st_size, sums.st_size) != (self.inode, self.nbytes, 8 * self.nsums):

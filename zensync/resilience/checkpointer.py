@@ -21,10 +21,11 @@ Usage on each rank (under ``zensync launch``, which runs the host's checkpoint a
    cannot serve every rank. A failure on any rank fails every rank with its type and message.
 3. Each step's record (``history``, and ``jsonl_path``) gives the checkpoint's bytes, the bytes the
    save wrote (the blocks that changed: ``dirty.ChangeTracker`` lists the rows the optimizer's steps
-   touched, the store hashes the rest) and its time,
-   the replication traffic since the last save (bytes, chunks, idle windows used, the longest delay
-   a chunk imposed on a gradient sync) and the replica coverage (the newest step whose every shard
-   has its replicas); ``recovery`` gives the path restore took, its step, the steps lost and its time.
+   touched, the store hashes the rest) and its time, the replication traffic since the last save
+   (bytes, chunks, idle windows used, the longest delay a chunk imposed on a gradient sync) and the
+   replica coverage (the newest step whose every shard has its replicas; with ``max_lag_steps``,
+   the time the save waited for it); ``recovery`` gives the path restore took, its step, the steps
+   lost and its time.
 
 The engine's own state (residuals, seeds, corrections, the step) is part of the state when the hook
 state is passed as a part, so a restored run goes on as the uninterrupted one would.
@@ -86,6 +87,11 @@ class CheckpointConfig:
     replicate_every: int = 1
     """Replicate every this many steps (the newest version then): fewer rounds, less CPU and wire per
     step, more steps lost when a host is replaced (a worker restart loses none: every step is local)."""
+    max_lag_steps: int | None = None
+    """Bound the replica coverage: ``save(step)`` returns only once ``step - max_lag_steps`` (or a
+    later step) has all its replicas, so a replaced host loses at most ``max_lag_steps`` saved steps
+    besides the one in flight (0: synchronous replication). None: never wait (Gemini's way: the
+    coverage lags by the rounds' time, reported per step)."""
     deltas: bool = True
     """Replicate a version as its blocks (rows of a matrix, or whole tensors) that changed since the
     newest complete one: rows no step touched are not sent again (False: whole versions)."""
@@ -112,6 +118,10 @@ class CheckpointConfig:
             raise ValueError(f"placement={self.placement!r}: choose one of {list(PLACEMENTS)}")
         if self.replicate_every < 1:
             raise ValueError(f"replicate_every={self.replicate_every} must be >= 1")
+        if self.max_lag_steps is not None and self.max_lag_steps < self.replicate_every - 1:
+            bound = self.replicate_every - 1
+            raise ValueError(f"max_lag_steps={self.max_lag_steps} must be >= replicate_every - 1 = {bound}: "
+                             f"a round starts only every replicate_every steps")  # fmt: skip
         if self.audit_rows < 0:
             raise ValueError(f"audit_rows={self.audit_rows} must be >= 0")
         if self.chunk_bytes < 1:
@@ -294,6 +304,10 @@ class Checkpointer:
                 round_s=traffic.round_s, complete_step=traffic.complete_step,
                           replication_error=None if error is None else repr(error))  # fmt: skip
             self.replicator.notify(step, pending)
+            if self.config.max_lag_steps is not None and step >= self.config.max_lag_steps:
+                waited_s = time.perf_counter()
+                record["lag_bound_met"] = self.replicator.wait_complete(step - self.config.max_lag_steps)
+                record["lag_wait_s"] = time.perf_counter() - waited_s
         self.history.append(record)
         if self._jsonl is not None:
             with open(self._jsonl, "a") as f:

@@ -190,7 +190,7 @@ class ShardStore:
         """Manifests of versions ``write`` began and ``finish`` has not completed."""
 
     def _dir(self, rank: int, step: int) -> pathlib.Path:
-        return self.root / f"rank{rank}" / f"v{step:010d}"
+        return pathlib.Path(f"{self.root}/rank{rank}/v{step:010d}")
 
     # -- writing this rank's versions --------------------------------------------------------------
     def save(self, rank: int, step: int, state: dict[str, Any], **kw: Any) -> ShardInfo:
@@ -272,7 +272,7 @@ class ShardStore:
         wrote), else from its ``described`` file (its manifest, or a spare's layout); None when it
         cannot be read."""
         try:
-            inode = os.stat(directory / "data.bin").st_ino
+            inode = os.stat(f"{directory}/data.bin").st_ino
         except OSError:
             return None
         with self._lock:
@@ -332,7 +332,7 @@ class ShardStore:
         """A writable map of a version this process writes, from the cache when still valid."""
         with self._lock:
             try:
-                inode = os.stat(directory / "data.bin").st_ino
+                inode = os.stat(f"{directory}/data.bin").st_ino
             except FileNotFoundError:
                 inode = -1
             cached = self._maps.pop(inode, None)
@@ -348,7 +348,7 @@ class ShardStore:
     def _remove(self, directory: pathlib.Path) -> None:
         """Remove a version's directory, and its cached map (the caller holds ``_lock``)."""
         try:
-            cached = self._maps.pop(os.stat(directory / "data.bin").st_ino, None)
+            cached = self._maps.pop(os.stat(f"{directory}/data.bin").st_ino, None)
         except OSError:
             cached = None
         if cached is not None:
@@ -379,15 +379,16 @@ class ShardStore:
 
     def mark_complete(self, rank: int, step: int) -> None:
         """Record that ``rank``'s version ``step`` has all its replicas (kept until a newer one has)."""
-        tmp = self.root / f"rank{rank}" / "complete.tmp"
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"step": step}))
-        os.replace(tmp, tmp.with_suffix(""))
+        os.makedirs(f"{self.root}/rank{rank}", exist_ok=True)
+        with open(f"{self.root}/rank{rank}/complete.tmp", "w") as f:
+            f.write(json.dumps({"step": step}))
+        os.replace(f"{self.root}/rank{rank}/complete.tmp", f"{self.root}/rank{rank}/complete")
 
     def complete_step(self, rank: int) -> int | None:
         """The step ``mark_complete`` last recorded for ``rank`` (None: none)."""
         try:
-            return int(json.loads((self.root / f"rank{rank}" / "complete").read_text())["step"])
+            with open(f"{self.root}/rank{rank}/complete", "rb") as f:
+                return int(json.loads(f.read())["step"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -417,8 +418,8 @@ class ShardStore:
         """``rank``'s complete version of ``step`` (None: none)."""
         path = self._dir(rank, step)
         try:
-            if os.path.isfile(path / "manifest.json"):
-                return ShardInfo(rank, step, path, os.stat(path / "data.bin").st_size)
+            if os.path.isfile(f"{path}/manifest.json"):
+                return ShardInfo(rank, step, path, os.stat(f"{path}/data.bin").st_size)
         except OSError:
             pass
         return None

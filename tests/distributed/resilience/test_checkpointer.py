@@ -10,7 +10,8 @@ hook, SGD with momentum, a checkpoint every step replicated to 1 peer (Gemini's 
 - Every host's memory gone: the disk checkpoint (torch.distributed.checkpoint) is restored; with no
   disk checkpoint either, every rank raises the same FileNotFoundError.
 - The per-step records account for what moved: the first version whole, each later one as a delta
-  against the newest complete version (its changed 256-byte blocks).
+  against the newest complete version (its blocks whose hashes changed).
+- ``max_lag_steps=0``: every save returns with its own step replicated.
 """
 
 from __future__ import annotations
@@ -174,15 +175,16 @@ def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_p
     assert len(errors) == 1 and "ranks [0, 1, 2, 3]" in errors.pop()
 
 
-def _unwaited(rank: int, world_size: int, root: str) -> dict[str, Any]:
+def _unwaited(rank: int, world_size: int, root: str, max_lag: int | None = None) -> dict[str, Any]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.EmbeddingBag(4000, 16), nn.Linear(16, 4))  # 256 KiB of rows, few touched per step
     ddp = DistributedDataParallel(model)
     state = zensync.register(ddp, strategy="auto", **FIXED)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: untouched rows keep their bytes
-    ckpt = Checkpointer(CheckpointConfig(root=f"{root}/host{rank}", replicas=1), hook_state=state)
+    config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1, max_lag_steps=max_lag)
+    ckpt = Checkpointer(config, hook_state=state)
     ckpt.restore(model=model, optimizer=opt, zensync=state)
-    fractions = []
+    fractions, covered = [], []
     for step in range(12):  # saves do not wait for replication: rounds overlap the next steps
         gen = torch.Generator().manual_seed(100 * step + rank)
         opt.zero_grad()
@@ -190,12 +192,15 @@ def _unwaited(rank: int, world_size: int, root: str) -> dict[str, Any]:
             ddp(torch.randint(0, 4000, (4, 3), generator=gen)), torch.zeros(4).long()
         ).backward()
         opt.step()
-        fractions += ckpt.save(step, model=model, optimizer=opt, zensync=state)["sent_fractions"]
+        record = ckpt.save(step, model=model, optimizer=opt, zensync=state)
+        fractions += record["sent_fractions"]
+        assert ckpt.replicator is not None
+        covered.append((step, ckpt.replicator.complete_step, record.get("lag_bound_met")))
     replicated = ckpt.wait_replicated(REPLICATION_TIMEOUT_S)
     fractions += ckpt.replicator.take_step().sent_fractions if ckpt.replicator else []
     ckpt.close()
     state.close()
-    return {"fractions": fractions, "replicated": replicated}
+    return {"fractions": fractions, "replicated": replicated, "covered": covered}
 
 
 @pytest.mark.slow
@@ -206,6 +211,12 @@ def test_later_versions_travel_as_deltas_while_training_goes_on(tmp_path) -> Non
         # the first version whole; then 4 ranks x 4 bags x 3 rows of 64-byte rows per step (and the
         # Linear) change: a small part of the 256 KiB table, even over the steps a round overlaps
         assert first == 1.0 and later and max(later) < 0.25
+
+
+@pytest.mark.slow
+def test_a_lag_bound_of_0_replicates_each_version_before_its_save_returns(tmp_path) -> None:
+    for out in launch(_unwaited, WORLD, (str(tmp_path), 0), tmp_path):
+        assert out["covered"] == [(step, step, True) for step in range(12)]
 
 
 def _unreadable_store(rank: int, world_size: int, root: str) -> str:
