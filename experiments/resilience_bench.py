@@ -13,8 +13,9 @@ batches. Three phases:
    save and the newest step whose every shard has its replicas).
 2. **failure**: training with checkpoints (and a disk checkpoint every --dcp-every steps, served by
    the storage host); in step --kill-step, after its backward, host 3's worker SIGKILLs itself; the
-   other workers fail in their next collective. Then host 3's store is deleted: its agent and memory
-   are gone, the host is replaced.
+   other workers fail in their next collective. Then host 3 is replaced: its namespace is deleted
+   with everything in it and rebuilt at the same address (``EmulatedCluster.replace_host``), and
+   its store is deleted (its agent and memory are gone).
 3. **recovery**: every worker restarts and calls ``Checkpointer.restore``: host 3 fetches its shard
    from its peer's memory. Reported: the path, the step restored, steps lost beyond the one in
    flight, the restore's time on host 3, then, on host 3 alone, the time to fetch the same state
@@ -339,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(os.path.join(stores, host))
             codes = _run_phase(cluster, args, "failure", extra)
             assert codes[VICTIM] == -signal.SIGKILL, f"failure phase exit codes {codes}"
-            shutil.rmtree(os.path.join(stores, f"host{VICTIM}"))  # host 3 replaced: its agent and memory gone
+            cluster.replace_host(VICTIM)  # host 3 replaced: its namespace, processes and link are new
+            shutil.rmtree(os.path.join(stores, f"host{VICTIM}"))  # and its agent's memory is gone
             codes = _run_phase(cluster, args, "recovery", extra)
             assert codes == [0] * WORKERS, f"recovery phase exit codes {codes}"
             recovery = [torch.load(os.path.join(tmp, f"recovery{r}.pt")) for r in range(WORKERS)]

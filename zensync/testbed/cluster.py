@@ -32,6 +32,7 @@ import ipaddress
 import logging
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType, TracebackType
 from typing import Any
@@ -46,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 MAX_HOSTS = 250
 """Hosts get .1 to .num_hosts of the subnet; a /24 leaves room for 250 plus spare addresses."""
+REPLACE_TIMEOUT_S = 30.0
+"""How long ``replace_host`` waits for the old host's processes to exit and its link to go."""
 _ACTIVE: set[EmulatedCluster] = set()
 _LOCK = threading.Lock()
 _PREVIOUS_SIGTERM: Any = None
@@ -131,6 +134,8 @@ class EmulatedCluster(ClusterBase):
         self._ips = [str(net.network_address + i + 1) for i in range(num_hosts)]
         self._prefixlen = net.prefixlen
         self._created: list[str] = []
+        self._rates: dict[int, str | int] = {}
+        """Hosts reshaped by ``set_rate`` (a replaced host keeps its rate)."""
         self._state = "new"
 
     # -- context manager ---------------------------------------------------------------------------
@@ -216,21 +221,46 @@ class EmulatedCluster(ClusterBase):
         self._add_namespace(sw)
         netns.run_cmd(["ip", "-n", sw, "link", "add", "name", "br0", "type", "bridge"])
         netns.run_cmd(["ip", "-n", sw, "link", "set", "br0", "up"])
-        for i, host in enumerate(self.host_ns):
-            self._add_namespace(host)
-            port = self._port(i)
-            netns.run_cmd(
-                ["ip", "-n", sw, "link", "add", "name", port, "type", "veth", "peer", "name", "eth0", "netns", host]
-            )
-            netns.run_cmd(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
-            if not self.config.offload:  # one frame per skb, so counters see every packet's headers
-                netns.run_cmd(["ip", "-n", sw, "link", "set", port, "gso_max_segs", "1"])
-                netns.run_cmd(["ip", "-n", host, "link", "set", "eth0", "gso_max_segs", "1"])
-            netns.run_cmd(["ip", "-n", host, "addr", "add", f"{self._ips[i]}/{self._prefixlen}", "dev", "eth0"])
-            netns.run_cmd(["ip", "-n", host, "link", "set", "eth0", "up"])
-            netns.run_cmd(["ip", "-n", host, "link", "set", "lo", "up"])
-            self._shape(host, "eth0", self.config.delay_s)
-            self._shape(sw, port, None)
+        for i in range(self.num_hosts):
+            self._add_host(i)
+
+    def _add_host(self, i: int) -> None:
+        """Host ``i``'s namespace, its veth into the bridge, its address, both directions shaped."""
+        sw, host, port = self.switch_ns, self.host_ns[i], self._port(i)
+        self._add_namespace(host)
+        netns.run_cmd(
+            ["ip", "-n", sw, "link", "add", "name", port, "type", "veth", "peer", "name", "eth0", "netns", host]
+        )
+        netns.run_cmd(["ip", "-n", sw, "link", "set", port, "master", "br0", "up"])
+        if not self.config.offload:  # one frame per skb, so counters see every packet's headers
+            netns.run_cmd(["ip", "-n", sw, "link", "set", port, "gso_max_segs", "1"])
+            netns.run_cmd(["ip", "-n", host, "link", "set", "eth0", "gso_max_segs", "1"])
+        netns.run_cmd(["ip", "-n", host, "addr", "add", f"{self._ips[i]}/{self._prefixlen}", "dev", "eth0"])
+        netns.run_cmd(["ip", "-n", host, "link", "set", "eth0", "up"])
+        netns.run_cmd(["ip", "-n", host, "link", "set", "lo", "up"])
+        self._shape(host, "eth0", self.config.delay_s)
+        self._shape(sw, port, None)
+
+    def replace_host(self, i: int) -> list[int]:
+        """Remove host ``i`` as a machine fails: SIGKILL every process in its namespace and delete the
+        namespace with its link; then build a fresh host at the same address and rate, as a
+        replacement machine joins (nothing of the old one's processes or sockets survives). Returns
+        the pids killed.
+        """
+        self._check_host(i)
+        if self._state != "active":
+            raise RuntimeError(f"cluster {self.prefix} is {self._state}; replace hosts inside its 'with' block")
+        killed = netns.delete_namespace(self.host_ns[i])
+        self._created.remove(self.host_ns[i])
+        deadline = time.monotonic() + REPLACE_TIMEOUT_S  # the link goes once the killed processes exited
+        while netns.run_cmd(["ip", "-n", self.switch_ns, "link", "show", self._port(i)], check=False).returncode == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"host {i}'s link {self._port(i)} outlived its namespace for {REPLACE_TIMEOUT_S} s")
+            time.sleep(0.05)
+        self._add_host(i)
+        if i in self._rates:
+            self.set_rate(i, self._rates[i])
+        return killed
 
     def _shape(self, namespace: str, dev: str, delay_s: float | None) -> None:
         for argv in tbf_commands(dev, self.rate_bits, delay_s):
@@ -248,6 +278,7 @@ class EmulatedCluster(ClusterBase):
         such as a storage server behind a thinner link)."""
         self._check_host(i)
         bits = parse_rate(rate)
+        self._rates[i] = rate
         for namespace, dev in ((self.host_ns[i], "eth0"), (self.switch_ns, self._port(i))):
             netns.run_cmd(["tc", "-n", namespace, "qdisc", "del", "dev", dev, "root"], check=False)
             for argv in tbf_commands(dev, bits, None):

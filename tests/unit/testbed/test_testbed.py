@@ -143,6 +143,25 @@ def test_shaped_transfer_counters_and_teardown() -> None:
 
 @pytest.mark.netns
 @needs_netns
+def test_a_replaced_host_loses_its_processes_and_keeps_its_address_and_rate() -> None:
+    with EmulatedCluster(2, rate=RATE) as cluster:
+        prefix = cluster.prefix
+        cluster.set_rate(1, "50mbit")
+        old = cluster.popen(1, ["sleep", "60"])
+        killed = cluster.replace_host(1)
+        assert old.wait(timeout=10) == -9 and old.pid in killed  # SIGKILLed with its namespace
+        common = ["--port", "5202", "--nbytes", str(PAYLOAD_BYTES)]
+        server = cluster.popen(1, _tool("recv", "--bind", cluster.host_ip(1), *common), stdout=subprocess.PIPE)
+        client = cluster.popen(0, _tool("send", "--host", cluster.host_ip(1), *common), stdout=subprocess.PIPE)
+        client.communicate(timeout=60)
+        got = json.loads(server.communicate(timeout=60)[0])
+    # the new host answers at the old address, shaped at its set_rate
+    assert got["seconds"] >= SHAPING_FLOOR * PAYLOAD_BYTES * 8 / parse_rate("50mbit")
+    assert not _leftovers(prefix)
+
+
+@pytest.mark.netns
+@needs_netns
 def test_teardown_when_body_raises() -> None:
     prefix = ""
     with pytest.raises(KeyError, match="boom"), EmulatedCluster(2, rate=RATE) as cluster:
