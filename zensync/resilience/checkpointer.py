@@ -251,11 +251,17 @@ class Checkpointer:
     def _start_replication(self) -> None:
         if self.config.replicas == 0 or self.replicator is not None:
             return
+        # every rank starts from the same complete step (a replaced host has none; the others may
+        # have marked a step it lacks): rounds are due alike, and saves that wait (max_lag_steps) wait alike
+        marked = self.store.complete_step(self.rank)
+        said = self.transport.all_gather(torch.tensor([-1 if marked is None else marked], dtype=torch.int64))
+        agreed = min(int(t) for t in said)
         own = self.transport.duplicate() if hasattr(self.transport, "duplicate") else self.transport
         self.replicator = Replicator(
             self.store, own, m=self.config.replicas, placement=self.config.placement,
             ranks_per_host=self.config.host_ranks(), chunk_bytes=self.config.chunk_bytes, gate=self.gate,
             deltas=self.config.deltas, every=self.config.replicate_every,
+            complete_step=None if agreed < 0 else agreed,
         )  # fmt: skip
 
     # -- save --------------------------------------------------------------------------------------
@@ -298,7 +304,8 @@ class Checkpointer:
         if self.replicator is not None:
             traffic = self.replicator.take_step()
             error = self.replicator.error
-            record.update(replicated_bytes=traffic.sent_bytes, chunks=traffic.chunks, windows_used=len(traffic.windows),
+            record.update(replicated_bytes=traffic.sent_bytes, chunks=traffic.chunks,
+                          forced_chunks=traffic.forced_chunks, windows_used=len(traffic.windows),
                           max_delay_s=traffic.max_delay_s, completed=traffic.completed,
                           sent_fractions=traffic.sent_fractions,
                 round_s=traffic.round_s, complete_step=traffic.complete_step,

@@ -60,6 +60,11 @@ class IdleGate:
                 return None
             return self.windows, self._clock()
 
+    def now(self) -> tuple[int, float]:
+        """(the current window's index, the time now), for a chunk sent without waiting."""
+        with self._cond:
+            return self.windows, self._clock()
+
     def chunk_done(self, started_s: float) -> float:
         """The delay a chunk sent from ``started_s`` imposed: seconds from the first sync that began
         after it started to now (0 when no sync began meanwhile)."""

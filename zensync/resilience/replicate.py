@@ -55,6 +55,9 @@ __all__ = ["Replicator", "RoundRecord", "StepTraffic", "exchange", "pack", "pack
 logger = logging.getLogger(__name__)
 
 _LENGTH = 8
+GATE_PATIENCE_S = 1.0
+"""How long a chunk waits for a busy sync to end before it goes anyway (recorded as forced). A sync
+that long may itself wait on a rank whose save waits for this round (``max_lag_steps``)."""
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
@@ -167,6 +170,8 @@ class RoundRecord:
     """The idle windows its chunks were sent in (``IdleGate.windows`` indices)."""
     max_delay_s: float = 0.0
     """The longest a chunk in flight held a gradient sync that began meanwhile."""
+    forced_chunks: int = 0
+    """Chunks sent while a sync was busy, after ``GATE_PATIENCE_S`` of waiting for it to end."""
     duration_s: float = 0.0
     complete: bool = False
     """Every rank's replicas verified: the step is the newest complete checkpoint."""
@@ -180,6 +185,7 @@ class StepTraffic:
 
     sent_bytes: int = 0
     chunks: int = 0
+    forced_chunks: int = 0
     windows: set[int] = dataclasses.field(default_factory=set)
     max_delay_s: float = 0.0
     completed: list[int] = dataclasses.field(default_factory=list)
@@ -191,9 +197,10 @@ class StepTraffic:
     complete_step: int | None = None
     """The newest complete step when taken."""
 
-    def add(self, sent_bytes: int, window: int, delay_s: float) -> None:
+    def add(self, sent_bytes: int, window: int, delay_s: float, forced: bool) -> None:
         self.sent_bytes += sent_bytes
         self.chunks += 1
+        self.forced_chunks += int(forced)
         self.windows.add(window)
         self.max_delay_s = max(self.max_delay_s, delay_s)
 
@@ -214,10 +221,13 @@ class Replicator:
             every holder has (False: whole versions only).
         every: Start a round once the newest version is this many steps past the last round's (1:
             each version, as soon as the previous round ends).
+        complete_step: The newest step complete on every rank (the same on all: ``Checkpointer``
+            agrees on it); -1: the one this rank's store marks.
     """
 
     def __init__(self, store: ShardStore, transport: Transport, *, m: int, placement: str, ranks_per_host: int,
-                 chunk_bytes: int, gate: IdleGate, deltas: bool = True, every: int = 1) -> None:  # fmt: skip
+                 chunk_bytes: int, gate: IdleGate, deltas: bool = True, every: int = 1,
+                 complete_step: int | None = -1) -> None:  # fmt: skip
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be >= 1")
         if every < 1:
@@ -228,7 +238,7 @@ class Replicator:
         rank, n = transport.rank, transport.world_size
         self.peers = replica_peers(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
         self.sources = replica_sources(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
-        self.complete_step: int | None = store.complete_step(rank)
+        self.complete_step: int | None = store.complete_step(rank) if complete_step == -1 else complete_step
         """The newest step whose every shard has all its replicas (None: none yet)."""
         self.rounds: list[RoundRecord] = []
         self.error: BaseException | None = None
@@ -315,11 +325,11 @@ class Replicator:
                 mine = newest[-1].step if newest else -1
                 with self.store.pinned(self.transport.rank, mine):  # from the offer to the round's end
                     offer = None if stopping or mine < 0 or self._done(mine) else self._offer(mine)
-                    common, base, sizes, anyone_stops = self._agree(mine, stopping, offer)
+                    common, covered, base, sizes, anyone_stops = self._agree(mine, stopping, offer)
                     if anyone_stops:
                         return
                     attempted = max(attempted, mine)
-                    if common >= 0 and not self._done(common):
+                    if common >= 0 and common > covered:
                         with self.store.pinned(self.transport.rank, common):
                             self._send(common, base, offer if sizes is not None else None, sizes)
         except BaseException as exc:  # noqa: BLE001 - the thread ends; the owner reports it
@@ -360,19 +370,22 @@ class Replicator:
 
     def _agree(
         self, mine: int, stopping: bool, offer: tuple[torch.Tensor, float, int] | None
-    ) -> tuple[int, int | None, list[int] | None, bool]:
-        """(the newest step every rank has, -1 when one has none; the base every rank holds for deltas,
-        None when one does not; every rank's offered blob size when every rank offered that step
-        against that base, else None; whether any rank is stopping)."""
+    ) -> tuple[int, int, int | None, list[int] | None, bool]:
+        """(the newest step every rank has, -1 when one has none; the newest step complete on every
+        rank, -1: none (a round is due when the first is newer: every rank decides alike); the base
+        every rank holds for deltas, None when one does not; every rank's offered blob size when every
+        rank offered that step against that base, else None; whether any rank is stopping)."""
         size, offered_base = (offer[0].numel(), offer[2]) if offer is not None else (-1, -2)
-        said = torch.tensor([mine, int(stopping), self._base(), size, offered_base], dtype=torch.int64)
+        complete = -1 if self.complete_step is None else self.complete_step
+        said = torch.tensor([mine, int(stopping), self._base(), size, offered_base, complete], dtype=torch.int64)
         table = torch.stack(self.transport.all_gather(said))
         bases = set(table[:, 2].tolist())
         base = bases.pop() if len(bases) == 1 and min(table[:, 2].tolist()) >= 0 else None
         common = int(table[:, 0].min())
         fits = bool((table[:, 0] == common).all()) and bool((table[:, 3] >= 0).all())
         fits = fits and bool((table[:, 4] == (base if base is not None else -1)).all())
-        return common, base, table[:, 3].tolist() if fits else None, bool(table[:, 1].any())
+        covered = int(table[:, 5].min())
+        return common, covered, base, table[:, 3].tolist() if fits else None, bool(table[:, 1].any())
 
     def _send(self, step: int, base: int | None, offer: tuple[torch.Tensor, float, int] | None,
               sizes: list[int] | None) -> None:  # fmt: skip
@@ -394,7 +407,12 @@ class Replicator:
         chunks = max(math.ceil(size / self.chunk_bytes) for size in sizes)
         incoming = {source: bytearray(sizes[source]) for source in self.sources}
         for k in range(chunks):
-            window, sent_s = self.gate.wait_idle()  # type: ignore[misc]  # no timeout: never None
+            waited = self.gate.wait_idle(GATE_PATIENCE_S)
+            forced = waited is None  # a sync this long may wait on a rank whose save waits on this round
+            if waited is None:
+                record.forced_chunks += 1
+                waited = self.gate.now()
+            window, sent_s = waited
             at = k * self.chunk_bytes
             piece = blob[at : at + self.chunk_bytes]
             expected = {s: max(0, min(self.chunk_bytes, sizes[s] - at)) for s in self.sources}
@@ -408,7 +426,7 @@ class Replicator:
             record.windows.add(window)
             record.chunks += 1
             with self._cond:
-                self._step.add(piece.numel() * len(self.peers), window, delay_s)
+                self._step.add(piece.numel() * len(self.peers), window, delay_s, forced)
         for source, received in incoming.items():
             try:
                 unpack(self.store, received)

@@ -634,12 +634,16 @@ class ShardStore:
                     self._remove(child)
 
     def discard_after(self, step: int) -> None:
-        """Remove every rank's versions after ``step`` (a restored run's abandoned future)."""
+        """Remove every rank's versions after ``step`` (a restored run's abandoned future), and every
+        mark of a later step as complete (that step will be trained and replicated again)."""
         with self._lock:
             for rank in self.ranks():
                 for info in self.versions(rank):
                     if info.step > step:
                         self._remove(info.path)
+                complete = self.complete_step(rank)
+                if complete is not None and complete > step:
+                    os.unlink(f"{self.root}/rank{rank}/complete")
 
     def clear(self) -> None:
         """Remove every shard under the root."""

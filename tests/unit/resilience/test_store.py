@@ -259,3 +259,16 @@ def test_a_pinned_version_leaves_a_spare_to_overwrite(tmp_path) -> None:
     names = sorted(p.name for p in (tmp_path / "rank0").iterdir() if p.is_dir())
     assert names == ["spare0000000005", "v0000000006", "v0000000007"]
     assert [v.step for v in store.versions(0)] == [6, 7]
+
+
+def test_discarding_a_future_forgets_its_completeness(tmp_path) -> None:
+    """A restore to step 2 removes steps 3-4 and the mark that step 4 had its replicas: the step 4
+    trained again is not complete until it is replicated again."""
+    store = ShardStore(tmp_path, keep=5)
+    for step in range(5):
+        store.save(0, step, {"w": torch.full((2,), float(step))})
+    store.mark_complete(0, 4)
+    store.mark_complete(1, 1)  # a peer's replica, complete before the restored step: kept
+    store.discard_after(2)
+    assert [v.step for v in store.versions(0)] == [0, 1, 2]
+    assert store.complete_step(0) is None and store.complete_step(1) == 1
