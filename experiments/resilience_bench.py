@@ -225,6 +225,7 @@ def _summary(
     # each run's rounds after its first (whole) one: deltas
     deltas = [f for run in runs for f in [f for rec in run for f in rec.get("sent_fractions", [])][1:]]
     rounds = [t for rec in records for t in rec.get("round_s", [])]
+    round_cpus = [t for run in runs for t in [t for rec in run for t in rec.get("round_cpu_s", [])][1:]]
     # steady state: the steps after a run's first version had all its replicas (deltas from then on)
     on_steps, steady = slowest("on"), []
     for i in range(len(overhead[0]["on"]["records"])):
@@ -247,6 +248,7 @@ def _summary(
         "coverage_lag_median": statistics.median(lags) if lags else None, "coverage_lag_max": max(lags, default=None),
         "sent_fraction_median": statistics.median(deltas) if deltas else None,
         "round_s_median": statistics.median(rounds) if rounds else None,
+        "round_cpu_s_median": statistics.median(round_cpus) if round_cpus else None,
         "recovery": victim["recovery"], "storage": victim["storage"],
         "recovery_speedup": (victim["storage"]["seconds"] / victim["recovery"]["seconds"]
                              if victim["recovery"]["source"] == "peers" else None),
@@ -278,6 +280,8 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| of a version's data sent as a delta (median over rounds after a run's first) | "
         f"{s['sent_fraction_median']} |",
         f"| replication round, start to every replica verified (s, median) | {s['round_s_median']} |",
+        "| replication thread's CPU per round after a run's first (ms, median) | "
+        + (f"{1e3 * s['round_cpu_s_median']:.2f} |" if s["round_cpu_s_median"] is not None else "- |"),
         f"| idle windows used per step | {s['windows_used_per_step']:.2f} |",
         f"| delay a chunk imposed on a gradient sync (ms, median / max) | "
         f"{1e3 * s['median_delay_s']:.2f} / {1e3 * s['max_delay_s']:.2f} |",

@@ -308,7 +308,7 @@ class Checkpointer:
                           forced_chunks=traffic.forced_chunks, windows_used=len(traffic.windows),
                           max_delay_s=traffic.max_delay_s, completed=traffic.completed,
                           sent_fractions=traffic.sent_fractions,
-                round_s=traffic.round_s, complete_step=traffic.complete_step,
+                round_s=traffic.round_s, round_cpu_s=traffic.round_cpu_s, complete_step=traffic.complete_step,
                           replication_error=None if error is None else repr(error))  # fmt: skip
             self.replicator.notify(step, pending)
             if self.config.max_lag_steps is not None and step >= self.config.max_lag_steps:

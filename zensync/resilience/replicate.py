@@ -173,6 +173,9 @@ class RoundRecord:
     forced_chunks: int = 0
     """Chunks sent while a sync was busy, after ``GATE_PATIENCE_S`` of waiting for it to end."""
     duration_s: float = 0.0
+    cpu_s: float = 0.0
+    """The replication thread's CPU time for the round, from completing the saved version on (not
+    the transport's own threads)."""
     complete: bool = False
     """Every rank's replicas verified: the step is the newest complete checkpoint."""
     rejected: list[int] = dataclasses.field(default_factory=list)
@@ -193,6 +196,8 @@ class StepTraffic:
     sent_fractions: list[float] = dataclasses.field(default_factory=list)
     """Of each completed round's shard data, the part sent (below 1: a delta)."""
     round_s: list[float] = dataclasses.field(default_factory=list)
+    round_cpu_s: list[float] = dataclasses.field(default_factory=list)
+    """Each completed round's CPU time on the replication thread (``RoundRecord.cpu_s``)."""
     """Each completed round's wall time, from its start to its agreement that every replica verified."""
     complete_step: int | None = None
     """The newest complete step when taken."""
@@ -316,6 +321,7 @@ class Replicator:
             while True:
                 with self._cond:
                     self._cond.wait_for(functools.partial(self._woken, attempted))
+                cpu_started_s = time.thread_time()  # this thread's CPU: the version completed and its round
                 self._finish_pending()
                 with self._cond:
                     stopping, due = self._stopping, self._wanted >= attempted + self.every
@@ -331,7 +337,7 @@ class Replicator:
                     attempted = max(attempted, mine)
                     if common >= 0 and common > covered:
                         with self.store.pinned(self.transport.rank, common):
-                            self._send(common, base, offer if sizes is not None else None, sizes)
+                            self._send(common, base, offer if sizes is not None else None, sizes, cpu_started_s)
         except BaseException as exc:  # noqa: BLE001 - the thread ends; the owner reports it
             self.error = exc
             logger.error("zensync checkpoint: replication stopped on rank %d: %r", self.transport.rank, exc)
@@ -388,7 +394,7 @@ class Replicator:
         return common, covered, base, table[:, 3].tolist() if fits else None, bool(table[:, 1].any())
 
     def _send(self, step: int, base: int | None, offer: tuple[torch.Tensor, float, int] | None,
-              sizes: list[int] | None) -> None:  # fmt: skip
+              sizes: list[int] | None, cpu_started_s: float) -> None:  # fmt: skip
         """Steps 2-4 of the module docstring for ``step`` (a delta against ``base`` when given), with
         the blob offered at the agreement when every rank's offer fits (``sizes``). The caller pins
         the step's local version until the round ends: saves meanwhile must not prune the version
@@ -441,6 +447,7 @@ class Replicator:
                 self.store.mark_complete(source, step)
             self.complete_step = step
         record.duration_s = time.perf_counter() - started_s
+        record.cpu_s = time.thread_time() - cpu_started_s
         with self._cond:
             self.rounds.append(record)
             self._tried = step
@@ -448,6 +455,7 @@ class Replicator:
                 self._step.completed.append(step)
                 self._step.sent_fractions.append(record.sent_fraction)
                 self._step.round_s.append(record.duration_s)
+                self._step.round_cpu_s.append(record.cpu_s)
             self._cond.notify_all()
 
     def take_step(self) -> StepTraffic:
