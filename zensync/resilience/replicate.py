@@ -3,8 +3,8 @@
 ``Replicator`` is a background thread of each rank, with a transport of its own (its own process
 group, with the user's timeout: its collectives never interleave with the gradients'). A save hands
 it the version it wrote (``ShardStore.write``: the changed blocks, hashed), which the thread
-completes first (the manifest: off the training thread). Every ``every`` saved steps it starts a *round*, a collective
-of every rank's replicator:
+completes first (the manifest: off the training thread). Every ``every`` saved steps it starts a
+*round*, a collective of every rank's replicator:
 
 1. Each rank packs its newest local version (pinned until the round ends: a save on the main
    thread cannot reuse it, and it is the next round's base) as bytes: a JSON header, the manifest,
@@ -20,7 +20,8 @@ of every rank's replicator:
    ``m`` placement peers (``placement.replica_peers``). Before each chunk the thread waits until the
    gate (``gate.IdleGate``) is idle, so checkpoint traffic flows between a step's last bucket and
    the next step's first one; a chunk in flight when a sync begins delays it by at most one chunk's
-   wire time, which the gate measures.
+   wire time, which the gate measures. A chunk that waited ``GATE_PATIENCE_S`` for a busy sync goes
+   anyway (counted as forced): that sync may wait on a rank whose save waits for this round.
 4. A peer keeps a replica only once it verifies (each block against its hash as it is written, the
    table against the manifest's hash: ``ShardStore.put_delta``); then the
    ranks agree whether every replica verified, and only then the step is *complete*: each rank
@@ -196,9 +197,9 @@ class StepTraffic:
     sent_fractions: list[float] = dataclasses.field(default_factory=list)
     """Of each completed round's shard data, the part sent (below 1: a delta)."""
     round_s: list[float] = dataclasses.field(default_factory=list)
+    """Each completed round's wall time, from its start to its agreement that every replica verified."""
     round_cpu_s: list[float] = dataclasses.field(default_factory=list)
     """Each completed round's CPU time on the replication thread (``RoundRecord.cpu_s``)."""
-    """Each completed round's wall time, from its start to its agreement that every replica verified."""
     complete_step: int | None = None
     """The newest complete step when taken."""
 
