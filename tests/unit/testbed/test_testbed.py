@@ -141,6 +141,7 @@ def test_shaped_transfer_counters_and_teardown() -> None:
     assert not _leftovers(prefix)
 
 
+@pytest.mark.slow  # 5-10 s of namespace setup: the README's command stays under 6 minutes
 @pytest.mark.netns
 @needs_netns
 def test_a_replaced_host_loses_its_processes_and_keeps_its_address_and_rate() -> None:
