@@ -28,7 +28,6 @@ import threading
 from typing import Any
 
 from zensync.cli._errors import CommandFailed, UsageError
-from zensync.resilience.agent import AgentBusy, CheckpointAgent, default_root
 
 __all__ = ["AGENT_FLAGS", "LAUNCH_FLAGS", "add_agent", "add_launch"]
 
@@ -77,6 +76,9 @@ def _job_id(args: argparse.Namespace, torchrun: list[str]) -> str:
 
 
 def _launch(args: argparse.Namespace, _: Any) -> int:
+    # imported here: ``import zensync.cli`` must not load the checkpointer (its compiled loops warm up at import)
+    from zensync.resilience.agent import AgentBusy, CheckpointAgent, default_root
+
     torchrun = list(args.torchrun)
     if torchrun[:1] == ["--"]:
         torchrun = torchrun[1:]
@@ -117,6 +119,8 @@ def _forward_signals(proc: subprocess.Popen[bytes]) -> Any:
 
 
 def _agent(args: argparse.Namespace, _: Any) -> int:
+    from zensync.resilience.agent import AgentBusy, CheckpointAgent
+
     if not args.ckpt_root:
         raise UsageError("give the store directory: --ckpt-root DIR")
     stop = threading.Event()

@@ -17,6 +17,7 @@ starts at a multiple of 8 and the compiled loops (``_compiled_blocks``) read 8-b
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import mmap
 import os
@@ -52,6 +53,8 @@ ALIGN = 64
 ROW_MIN_BYTES = 64
 """Rows shorter than this are not blocks of their own (a sums table as large as the data helps no one)."""
 _EMPTY = np.empty(0, dtype=np.int64)
+WARM_UP_EXIT_WAIT_S = 30.0
+"""At interpreter exit, how long to wait for a warm-up still loading (a compile on a fresh install)."""
 _warming: threading.Thread | None = None
 _warming_lock = threading.Lock()
 
@@ -258,6 +261,7 @@ def warm_up(wait: bool = False) -> None:
         if _warming is None:
             _warming = threading.Thread(target=_load_kernels, name="zensync-blocks-warm-up", daemon=True)
             _warming.start()
+            atexit.register(_warming.join, WARM_UP_EXIT_WAIT_S)  # not torn down mid-load at exit
     if wait:
         _warming.join()
 
