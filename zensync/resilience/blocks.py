@@ -187,18 +187,21 @@ def write_blocks(dst: Mapped, entry: Entry, tensor: torch.Tensor, rows: np.ndarr
     table then describes what ``dst`` holds). Returns the blocks written."""
     src64, src8 = tensor_words(tensor)
     table = dst.sums[entry.first : entry.first + entry.blocks]
-    local = np.arange(entry.blocks, dtype=np.int64) * entry.block_bytes
-    lengths = np.full(entry.blocks, entry.block_bytes, dtype=np.int64)
     if rows is None:  # hash every block, copy the ones that differ
-        fresh = np.empty(entry.blocks, dtype=np.uint64)
-        _k.hash_blocks(src64, src8, local, lengths, fresh)
+        every = np.arange(entry.blocks, dtype=np.int64) * entry.block_bytes
+        fresh = hash_of(src64, src8, every, np.full(entry.blocks, entry.block_bytes, dtype=np.int64))
         rows = np.flatnonzero(fresh != table)
-        _k.copy_blocks(src64, src8, local[rows], dst.data64, dst.data8, entry.offset + local[rows], lengths[rows])
         table[rows] = fresh[rows]
-        return rows
-    out = np.empty(rows.size, dtype=np.uint64)
-    _k.copy_hash_blocks(src64, src8, local[rows], dst.data64, dst.data8, entry.offset + local[rows], lengths[rows], out)
-    table[rows] = out
+        out = None
+    else:  # only the listed blocks' places (the save's hot path: no arrays of the whole table)
+        out = np.empty(rows.size, dtype=np.uint64)
+    local = rows * entry.block_bytes
+    lengths = np.full(rows.size, entry.block_bytes, dtype=np.int64)
+    if out is None:
+        _k.copy_blocks(src64, src8, local, dst.data64, dst.data8, entry.offset + local, lengths)
+    else:
+        _k.copy_hash_blocks(src64, src8, local, dst.data64, dst.data8, entry.offset + local, lengths, out)
+        table[rows] = out
     return rows
 
 
