@@ -95,6 +95,11 @@ class CheckpointConfig:
     deltas: bool = True
     """Replicate a version as its blocks (rows of a matrix, or whole tensors) that changed since the
     newest complete one: rows no step touched are not sent again (False: whole versions)."""
+    dedup: bool = True
+    """Send no tensor that the receiving rank holds identically in its own version of the step (their
+    digests agree): it copies it from there. Data parallel ranks hold the same model and optimizer
+    state, so a DDP job sends only each rank's own state (its engine's residuals, say); the replica is
+    still a full, independent copy (False: send every changed tensor)."""
     track_changes: bool = True
     """Know the rows each save must write from the optimizers' steps (``dirty.ChangeTracker``) instead
     of hashing every row: a save then reads only what changed (False: hash every block)."""
@@ -260,7 +265,7 @@ class Checkpointer:
         self.replicator = Replicator(
             self.store, own, m=self.config.replicas, placement=self.config.placement,
             ranks_per_host=self.config.host_ranks(), chunk_bytes=self.config.chunk_bytes, gate=self.gate,
-            deltas=self.config.deltas, every=self.config.replicate_every,
+            deltas=self.config.deltas, dedup=self.config.dedup, every=self.config.replicate_every,
             complete_step=None if agreed < 0 else agreed,
         )  # fmt: skip
 
@@ -307,7 +312,7 @@ class Checkpointer:
             record.update(replicated_bytes=traffic.sent_bytes, chunks=traffic.chunks,
                           forced_chunks=traffic.forced_chunks, windows_used=len(traffic.windows),
                           max_delay_s=traffic.max_delay_s, completed=traffic.completed,
-                          sent_fractions=traffic.sent_fractions,
+                          sent_fractions=traffic.sent_fractions, donated_fractions=traffic.donated_fractions,
                 round_s=traffic.round_s, round_cpu_s=traffic.round_cpu_s, complete_step=traffic.complete_step,
                           replication_error=None if error is None else repr(error))  # fmt: skip
             self.replicator.notify(step, pending)

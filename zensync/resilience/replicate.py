@@ -6,16 +6,18 @@ it the version it wrote (``ShardStore.write``: the changed blocks, hashed), whic
 completes first (the manifest: off the training thread). Every ``every`` saved steps it starts a
 *round*, a collective of every rank's replicator:
 
-1. Each rank packs its newest local version (pinned until the round ends: a save on the main
-   thread cannot reuse it, and it is the next round's base) as bytes: a JSON header, the manifest,
-   the sums table, then the data, or, when it holds a complete step, only the blocks whose hashes
-   changed since it, with their indices and hashes (``pack_delta``; no pickle crosses hosts).
-2. The ranks exchange their newest local step, the complete step they can send and apply deltas
-   against, and their packed sizes; the round replicates the newest step every rank has (ranks
-   save in lockstep, so it is the step just saved, or the one before on a rank one save ahead).
-   When every rank packed that step against the same base, the packs go as they are; else each
-   rank packs again (whole when the ranks hold no common base) and the sizes are exchanged. No new
+1. The ranks agree (one all-gather) on the round: each gives its newest local step (pinned until
+   the round ends: a save on the main thread cannot reuse it, and it is the next round's base), the
+   complete step it can send and apply deltas against, and its tensors' *digests* in that version
+   (``blocks.entry_digests``). The round replicates the newest step every rank has (ranks save in
+   lockstep, so it is the step just saved, or the one before on a rank one save ahead); no new
    common step: nothing moves.
+2. Each rank packs that version for each peer as bytes: a JSON header, the manifest, then the blocks
+   whose hashes changed since the common base with their indices and hashes (``pack_delta``), or
+   every block when there is no base (no pickle crosses hosts). A tensor whose digest equals the
+   peer's own tensor's at that step is not sent: the peer copies it from its own version (data
+   parallel ranks hold the same model and optimizer state, so of a DDP job's shard only what is
+   the rank's own travels: its engine's residuals, say). The ranks then exchange the packs' sizes.
 3. The shards move in chunks of ``chunk_bytes``, one all-to-all per chunk, each rank sending to its
    ``m`` placement peers (``placement.replica_peers``). Before each chunk the thread waits until the
    gate (``gate.IdleGate``) is idle, so checkpoint traffic flows between a step's last bucket and
@@ -34,6 +36,7 @@ completes first (the manifest: off the training thread). Every ``every`` saved s
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import json
@@ -46,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from zensync.resilience.blocks import hash_bytes
 from zensync.resilience.gate import IdleGate
 from zensync.resilience.placement import replica_peers, replica_sources
 from zensync.resilience.store import CorruptShard, PendingShard, ShardInfo, ShardStore
@@ -60,17 +64,50 @@ GATE_PATIENCE_S = 1.0
 """How long a chunk waits for a busy sync to end before it goes anyway (recorded as forced). A sync
 that long may itself wait on a rank whose save waits for this round (``max_lag_steps``)."""
 _EMPTY = torch.empty(0, dtype=torch.uint8)
+_NO_DIGESTS = np.empty(0, dtype=np.uint64)
 
 
-def _blob(header: dict[str, Any], *parts: Any) -> torch.Tensor:
-    """An 8-byte header length, the header's JSON, then ``parts`` (buffers) back to back."""
+def _blob(header: dict[str, Any], manifest: bytes, *parts: Any) -> torch.Tensor:
+    """An 8-byte header length, the header's JSON (with the manifest's length and hash), the manifest,
+    then ``parts`` (buffers) back to back."""
+    header = {**header, "manifest": len(manifest), "manifest_hash": _manifest_hash(manifest)}
     head = json.dumps(header).encode()
     out = bytearray(len(head).to_bytes(_LENGTH, "little"))
     out += head
+    out += manifest
     for part in parts:
         with memoryview(part) as view:
             out += view.cast("B")
     return torch.frombuffer(out, dtype=torch.uint8)
+
+
+def _manifest_hash(manifest: bytes) -> str:
+    """The manifest's own checksum (the sums table covers the tensors, not the JSON values)."""
+    return f"{hash_bytes(np.frombuffer(manifest, dtype=np.uint8).copy()):016x}"
+
+
+def _padded(digests: np.ndarray, width: int) -> torch.Tensor:
+    """Digests as int64 words, zero-padded or cut to ``width``."""
+    out = torch.zeros(width, dtype=torch.int64)
+    kept = min(width, digests.size)
+    out[:kept] = torch.from_numpy(digests[:kept].view(np.int64))
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Agreement:
+    """What a round's agreement decided (``Replicator._agree``), the same on every rank."""
+
+    common: int
+    """The newest step every rank has (-1: one has none): the step replicated."""
+    covered: int
+    """The newest step complete on every rank (-1: none); a round is due when ``common`` is newer."""
+    base: int | None
+    """The complete step every rank holds for deltas (None: one does not)."""
+    stops: bool
+    """Some rank is stopping: the round is the last, and nothing moves."""
+    digests: list[np.ndarray | None]
+    """Each rank's tensors' digests at ``common`` (None: its newest step is another)."""
 
 
 def _info(store: ShardStore, rank: int, step: int) -> ShardInfo:
@@ -87,27 +124,43 @@ def pack(store: ShardStore, rank: int, step: int) -> torch.Tensor:
         FileNotFoundError: If the store has no complete shard of ``rank`` at ``step``.
     """
     manifest, sums, data = store.raw(_info(store, rank, step))
-    return _blob({"kind": "full", "manifest": len(manifest), "sums": len(sums)}, manifest, sums, data)
+    return _blob({"kind": "full", "sums": len(sums)}, manifest, sums, data)
 
 
-def pack_delta(store: ShardStore, rank: int, step: int, base_step: int) -> tuple[torch.Tensor, float]:
+def pack_delta(store: ShardStore, rank: int, step: int, base_step: int | None,
+               donated: list[int] | None = None, entries: int = 0) -> tuple[torch.Tensor, float, float]:  # fmt: skip
     """``rank``'s shard at ``step`` as its blocks whose hashes differ from its version ``base_step``'s
-    (which the receivers hold; no pass over the data finds them), with their hashes; the whole shard
-    (``pack``) when the two versions' layouts differ. Returns (the blob, the fraction of the data sent).
+    (which the receivers hold; None: every block), with their hashes, less the ``donated`` tensors
+    (indices of the manifest's ``entries`` entries, which the receiver copies from its own version of
+    ``step``: ``ShardStore.put_delta``); the whole shard (``pack``) when the two versions' layouts
+    differ. No pass over the data finds the blocks. Returns (the blob, the fractions of the data sent
+    and donated).
     """
-    new, base = _info(store, rank, step), _info(store, rank, base_step)
-    with store.pinned(rank, base_step):
-        delta = store.delta(new, base)
+    new = _info(store, rank, step)
+    if base_step is None and not donated:
+        return pack(store, rank, step), 1.0, 0.0
+    wanted = None
+    if donated:
+        wanted = np.ones(entries, dtype=bool)
+        wanted[donated] = False
+    with contextlib.ExitStack() as held:
+        base = None
+        if base_step is not None:
+            base = _info(store, rank, base_step)
+            held.enter_context(store.pinned(rank, base_step))
+        delta = store.delta(new, base, wanted)
     if delta is None or not new.nbytes:
-        return pack(store, rank, step), 1.0
+        return pack(store, rank, step), 1.0, 0.0
     ids, sums, payload = delta
     manifest = store.raw_manifest(new)
-    header = {"kind": "delta", "manifest": len(manifest), "base": base_step, "blocks": int(ids.size)}
-    return _blob(header, manifest, ids, sums, payload), payload.size / new.nbytes
+    header = {"kind": "delta", "base": base_step, "blocks": int(ids.size), "donated": donated or []}
+    donated_bytes = store.tensor_bytes(new, donated or [])
+    return _blob(header, manifest, ids, sums, payload), payload.size / new.nbytes, donated_bytes / new.nbytes
 
 
-def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
-    """Keep a shard ``pack`` or ``pack_delta`` made (once it verifies); returns its step.
+def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray, donor_rank: int | None = None) -> int:
+    """Keep a shard ``pack`` or ``pack_delta`` made (once it verifies); returns its step. Its donated
+    tensors come from ``donor_rank``'s version of the same step in ``store``.
 
     Raises:
         CorruptShard: If it does not verify or cannot be read (nothing is kept).
@@ -118,6 +171,8 @@ def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
         header = json.loads(bytes(raw[_LENGTH : _LENGTH + length]))
         at = _LENGTH + length
         manifest, at = bytes(raw[at : at + int(header["manifest"])]), at + int(header["manifest"])
+        if _manifest_hash(manifest) != header["manifest_hash"]:
+            raise CorruptShard(f"a shard received whose manifest does not match its checksum ({len(manifest)} bytes)")
         if header["kind"] == "full":
             sums, at = raw[at : at + int(header["sums"])], at + int(header["sums"])
             return store.put_full(manifest, sums, raw[at:]).step
@@ -127,7 +182,9 @@ def unpack(store: ShardStore, blob: torch.Tensor | bytes | bytearray) -> int:
             raise ValueError(f"{body.size} bytes for {count} blocks' indices and hashes")
         ids = body[: 8 * count].copy().view(np.int64)
         sums = body[8 * count : 16 * count].copy().view(np.uint64)
-        return store.put_delta(manifest, int(header["base"]), ids, sums, body[16 * count :]).step
+        base = None if header["base"] is None else int(header["base"])
+        donated = [int(i) for i in header.get("donated", [])]
+        return store.put_delta(manifest, base, ids, sums, body[16 * count :], donor_rank, donated).step
     except CorruptShard:
         raise
     except (ValueError, KeyError, TypeError) as exc:
@@ -162,7 +219,9 @@ class RoundRecord:
     base: int | None = None
     """The complete step it was sent as a delta against (None: whole)."""
     sent_fraction: float = 1.0
-    """Of the shard's data, the part sent (the changed blocks of a delta)."""
+    """Of the shard's data, the part sent (the changed blocks of a delta, less the donated tensors)."""
+    donated_fraction: float = 0.0
+    """Of the shard's data, the tensors the peer copied from its own version of the step (dedup)."""
     sent_bytes: int = 0
     """Bytes this rank sent (its shard times its peers)."""
     received_bytes: int = 0
@@ -195,7 +254,9 @@ class StepTraffic:
     completed: list[int] = dataclasses.field(default_factory=list)
     """Steps that became complete meanwhile."""
     sent_fractions: list[float] = dataclasses.field(default_factory=list)
-    """Of each completed round's shard data, the part sent (below 1: a delta)."""
+    """Of each completed round's shard data, the part sent (below 1: a delta, or donated tensors)."""
+    donated_fractions: list[float] = dataclasses.field(default_factory=list)
+    """Of each completed round's shard data, the part peers copied from their own versions."""
     round_s: list[float] = dataclasses.field(default_factory=list)
     """Each completed round's wall time, from its start to its agreement that every replica verified."""
     round_cpu_s: list[float] = dataclasses.field(default_factory=list)
@@ -227,20 +288,24 @@ class Replicator:
             every holder has (False: whole versions only).
         every: Start a round once the newest version is this many steps past the last round's (1:
             each version, as soon as the previous round ends).
+        dedup: A tensor that the receiving rank holds identically in its own version of the step
+            (equal digests, ``ShardStore.digests``: data parallel ranks hold the same model and
+            optimizer state) is copied there from that version instead of sent (False: always sent).
         complete_step: The newest step complete on every rank (the same on all: ``Checkpointer``
             agrees on it); -1: the one this rank's store marks.
     """
 
     def __init__(self, store: ShardStore, transport: Transport, *, m: int, placement: str, ranks_per_host: int,
                  chunk_bytes: int, gate: IdleGate, deltas: bool = True, every: int = 1,
-                 complete_step: int | None = -1) -> None:  # fmt: skip
+                 complete_step: int | None = -1, dedup: bool = True) -> None:  # fmt: skip
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be >= 1")
         if every < 1:
             raise ValueError(f"every={every} must be >= 1")
         self.every = every
         self.store, self.transport, self.gate, self.chunk_bytes = store, transport, gate, chunk_bytes
-        self.deltas = deltas
+        self.deltas, self.dedup = deltas, dedup
+        self._width = 0  # digests each rank's agreement row carries (the widest layout seen: the same on every rank)
         rank, n = transport.rank, transport.world_size
         self.peers = replica_peers(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
         self.sources = replica_sources(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
@@ -330,15 +395,15 @@ class Replicator:
                     continue
                 newest = self.store.versions(self.transport.rank)
                 mine = newest[-1].step if newest else -1
-                with self.store.pinned(self.transport.rank, mine):  # from the offer to the round's end
-                    offer = None if stopping or mine < 0 or self._done(mine) else self._offer(mine)
-                    common, covered, base, sizes, anyone_stops = self._agree(mine, stopping, offer)
-                    if anyone_stops:
+                with self.store.pinned(self.transport.rank, mine):  # from the agreement to the round's end
+                    digests = self._digests(newest[-1]) if newest and not stopping else _NO_DIGESTS
+                    agreed = self._agree(mine, stopping, digests)
+                    if agreed.stops:
                         return
                     attempted = max(attempted, mine)
-                    if common >= 0 and common > covered:
-                        with self.store.pinned(self.transport.rank, common):
-                            self._send(common, base, offer if sizes is not None else None, sizes, cpu_started_s)
+                    if agreed.common >= 0 and agreed.common > agreed.covered:
+                        with self.store.pinned(self.transport.rank, agreed.common):
+                            self._send(agreed, cpu_started_s)
         except BaseException as exc:  # noqa: BLE001 - the thread ends; the owner reports it
             self.error = exc
             logger.error("zensync checkpoint: replication stopped on rank %d: %r", self.transport.rank, exc)
@@ -364,55 +429,62 @@ class Replicator:
         held = all(self.store.version(r, step) is not None for r in ranks)
         return step if held else -1
 
-    def _offer(self, step: int) -> tuple[torch.Tensor, float, int]:
-        """This rank's version ``step`` packed before the agreement (as a delta against its base, if
-        any): (the blob, the fraction of the data in it, the base, -1: whole). When every rank
-        offers the same step against the same base, the agreement carries the sizes and the round
-        skips a collective."""
-        base = self._base()
-        if 0 <= base < step:
-            blob, fraction = pack_delta(self.store, self.transport.rank, step, base)
-            return blob, fraction, base
-        return pack(self.store, self.transport.rank, step), 1.0, -1
+    def _digests(self, info: ShardInfo) -> np.ndarray:
+        """This rank's tensors' digests in its version ``info`` (none without dedup, or unreadable)."""
+        found = self.store.digests(info) if self.dedup else None
+        return _NO_DIGESTS if found is None else found
 
-    def _agree(
-        self, mine: int, stopping: bool, offer: tuple[torch.Tensor, float, int] | None
-    ) -> tuple[int, int, int | None, list[int] | None, bool]:
-        """(the newest step every rank has, -1 when one has none; the newest step complete on every
-        rank, -1: none (a round is due when the first is newer: every rank decides alike); the base
-        every rank holds for deltas, None when one does not; every rank's offered blob size when every
-        rank offered that step against that base, else None; whether any rank is stopping)."""
-        size, offered_base = (offer[0].numel(), offer[2]) if offer is not None else (-1, -2)
+    def _agree(self, mine: int, stopping: bool, digests: np.ndarray) -> _Agreement:
+        """Step 2's agreement: one all-gather of each rank's newest step, whether it stops, the base it
+        holds, its newest complete step and its tensors' digests (padded to ``_width``; a second
+        all-gather at the new width when a rank has more tensors: the first round, a new layout)."""
         complete = -1 if self.complete_step is None else self.complete_step
-        said = torch.tensor([mine, int(stopping), self._base(), size, offered_base, complete], dtype=torch.int64)
-        table = torch.stack(self.transport.all_gather(said))
-        bases = set(table[:, 2].tolist())
-        base = bases.pop() if len(bases) == 1 and min(table[:, 2].tolist()) >= 0 else None
-        common = int(table[:, 0].min())
-        fits = bool((table[:, 0] == common).all()) and bool((table[:, 3] >= 0).all())
-        fits = fits and bool((table[:, 4] == (base if base is not None else -1)).all())
-        covered = int(table[:, 5].min())
-        return common, covered, base, table[:, 3].tolist() if fits else None, bool(table[:, 1].any())
-
-    def _send(self, step: int, base: int | None, offer: tuple[torch.Tensor, float, int] | None,
-              sizes: list[int] | None, cpu_started_s: float) -> None:  # fmt: skip
-        """Steps 2-4 of the module docstring for ``step`` (a delta against ``base`` when given), with
-        the blob offered at the agreement when every rank's offer fits (``sizes``). The caller pins
-        the step's local version until the round ends: saves meanwhile must not prune the version
-        that becomes the newest complete one (the next round's base)."""
-        rank = self.transport.rank
-        record = RoundRecord(step, base=base)
-        started_s = time.perf_counter()
-        if offer is not None and sizes is not None:
-            blob, record.sent_fraction = offer[0], offer[1]
+        fields = torch.tensor([mine, int(stopping), self._base(), complete, digests.size], dtype=torch.int64)
+        table = torch.stack(self.transport.all_gather(torch.cat([fields, _padded(digests, self._width)])))
+        widest = int(table[:, 4].max())
+        if widest > self._width:
+            self._width = widest
+            said = torch.stack(self.transport.all_gather(_padded(digests, widest)))
         else:
-            if base is not None and base < step:
-                blob, record.sent_fraction = pack_delta(self.store, rank, step, base)
-            else:
-                blob = pack(self.store, rank, step)
-            sizes = [int(t) for t in torch.cat(self.transport.all_gather(torch.tensor([blob.numel()])))]
-        chunks = max(math.ceil(size / self.chunk_bytes) for size in sizes)
-        incoming = {source: bytearray(sizes[source]) for source in self.sources}
+            said = table[:, 5:]
+        bases = set(table[:, 2].tolist())
+        common = int(table[:, 0].min())
+        offered = [said[r, : int(table[r, 4])].numpy().view(np.uint64) if int(table[r, 0]) == common else None
+                   for r in range(table.shape[0])]  # fmt: skip
+        return _Agreement(
+            common=common,
+            covered=int(table[:, 3].min()),
+            base=bases.pop() if len(bases) == 1 and int(table[:, 2].min()) >= 0 else None,
+            stops=bool(table[:, 1].any()),
+            digests=offered,
+        )
+
+    def _pack(self, agreed: _Agreement, peer: int) -> tuple[torch.Tensor, float, float]:
+        """This rank's version of the agreed step for ``peer``: a delta against the agreed base (or
+        whole), less the tensors ``peer`` holds identically (equal digests: copied there from its own
+        version). Returns ``pack_delta``'s (blob, fraction sent, fraction donated)."""
+        rank = self.transport.rank
+        mine, theirs = agreed.digests[rank], agreed.digests[peer]
+        donated: list[int] = []
+        if mine is not None and theirs is not None:
+            donated = np.flatnonzero(mine[: theirs.size] == theirs[: mine.size]).tolist()
+        base = agreed.base if agreed.base is not None and agreed.base < agreed.common else None
+        return pack_delta(self.store, rank, agreed.common, base, donated, 0 if mine is None else mine.size)
+
+    def _send(self, agreed: _Agreement, cpu_started_s: float) -> None:
+        """Steps 2-4 of the module docstring for the agreed step. The caller pins the step's local
+        version until the round ends: saves meanwhile must not prune the version that becomes the
+        newest complete one (the next round's base), nor the one peers' donated tensors come from."""
+        rank, step = self.transport.rank, agreed.common
+        record = RoundRecord(step, base=agreed.base if agreed.base is not None and agreed.base < step else None)
+        started_s = time.perf_counter()
+        blobs = {}
+        for peer in self.peers:
+            blobs[peer], record.sent_fraction, record.donated_fraction = self._pack(agreed, peer)
+        row = torch.tensor([blobs[j].numel() if j in blobs else 0 for j in range(self.transport.world_size)])
+        sizes = torch.stack(self.transport.all_gather(row))  # sizes[source, destination]
+        chunks = math.ceil(int(sizes.max()) / self.chunk_bytes)
+        incoming = {source: bytearray(int(sizes[source, rank])) for source in self.sources}
         for k in range(chunks):
             waited = self.gate.wait_idle(GATE_PATIENCE_S)
             forced = waited is None  # a sync this long may wait on a rank whose save waits on this round
@@ -421,22 +493,23 @@ class Replicator:
                 waited = self.gate.now()
             window, sent_s = waited
             at = k * self.chunk_bytes
-            piece = blob[at : at + self.chunk_bytes]
-            expected = {s: max(0, min(self.chunk_bytes, sizes[s] - at)) for s in self.sources}
-            for source, data in exchange(self.transport, {peer: piece for peer in self.peers}, expected):
+            pieces = {peer: blob[at : at + self.chunk_bytes] for peer, blob in blobs.items()}
+            expected = {s: max(0, min(self.chunk_bytes, int(sizes[s, rank]) - at)) for s in self.sources}
+            for source, data in exchange(self.transport, pieces, expected):
                 with data.numpy().data as view:
                     incoming[source][at : at + data.numel()] = view
                 record.received_bytes += data.numel()
             delay_s = self.gate.chunk_done(sent_s)
-            record.sent_bytes += piece.numel() * len(self.peers)
+            sent = sum(piece.numel() for piece in pieces.values())
+            record.sent_bytes += sent
             record.max_delay_s = max(record.max_delay_s, delay_s)
             record.windows.add(window)
             record.chunks += 1
             with self._cond:
-                self._step.add(piece.numel() * len(self.peers), window, delay_s, forced)
+                self._step.add(sent, window, delay_s, forced)
         for source, received in incoming.items():
             try:
-                unpack(self.store, received)
+                unpack(self.store, received, donor_rank=rank)
             except CorruptShard as exc:
                 logger.error("zensync checkpoint: rank %d's replica of step %d rejected: %s", source, step, exc)
                 record.rejected.append(source)
@@ -455,6 +528,7 @@ class Replicator:
             if record.complete:
                 self._step.completed.append(step)
                 self._step.sent_fractions.append(record.sent_fraction)
+                self._step.donated_fractions.append(record.donated_fraction)
                 self._step.round_s.append(record.duration_s)
                 self._step.round_cpu_s.append(record.cpu_s)
             self._cond.notify_all()

@@ -33,6 +33,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -41,7 +42,6 @@ import pathlib
 import shutil
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,7 @@ from zensync.resilience.blocks import (
     copy_from,
     copy_hash_in,
     entries_for,
+    entry_digests,
     gather,
     hash_bytes,
     hash_of,
@@ -364,7 +365,7 @@ class ShardStore:
         kept |= {self._dir(rank, step) for step in pinned}  # pinned writes not finished are kept too
         return kept | {info.path for info in infos if info.step == complete}
 
-    @contextmanager
+    @contextlib.contextmanager
     def pinned(self, rank: int, step: int) -> Iterator[None]:
         """Keep ``rank``'s version ``step`` while the block reads it (a replicator on another thread)."""
         self._pin(rank, step, +1)
@@ -469,7 +470,7 @@ class ShardStore:
         with self._checked(info):
             pass
 
-    @contextmanager
+    @contextlib.contextmanager
     def _checked(self, info: ShardInfo) -> Iterator[tuple[dict[str, Any], list[Entry], Mapped]]:
         """A shard's manifest, entries and read-only map, once every check passed."""
         try:
@@ -496,16 +497,32 @@ class ShardStore:
         """A complete shard's manifest text, as it is on disk."""
         return (info.path / "manifest.json").read_bytes()
 
-    def delta(self, info: ShardInfo, base: ShardInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """``info``'s blocks whose hashes differ from version ``base``'s of the same rank: (their
-        indices, their hashes, their bytes as a payload, ``blocks.payload_places``); None when the
-        two layouts differ."""
-        new, old = self._described(info.path, "manifest.json"), self._described(base.path, "manifest.json")
-        if new is None or old is None or new.entries is None or new.layout != old.layout:
+    def delta(self, info: ShardInfo, base: ShardInfo | None,
+              wanted: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:  # fmt: skip
+        """``info``'s blocks whose hashes differ from version ``base``'s of the same rank (None: every
+        block), of the tensors ``wanted`` (a bool per manifest entry; None: all): (their indices,
+        their hashes, their bytes as a payload, ``blocks.payload_places``); None when the two layouts
+        differ or ``info`` cannot be read. No pass over the data finds them."""
+        new = self._described(info.path, "manifest.json")
+        old = None if base is None else self._described(base.path, "manifest.json")
+        if new is None or new.entries is None or (base is not None and (old is None or new.layout != old.layout)):
             return None
-        ids = changed(new.sums, old.sums)
+        ids = changed(new.sums, old.sums) if old is not None else np.arange(new.sums.size, dtype=np.int64)
+        if wanted is not None:
+            ids = ids[np.repeat(wanted, [e.blocks for e in new.entries])[ids]]
         starts, lengths = _spans(new.entries, ids)
         return ids, new.sums[ids].copy(), gather(new, starts, lengths)
+
+    def tensor_bytes(self, info: ShardInfo, indices: list[int]) -> int:
+        """The bytes of a complete version's tensors ``indices`` (manifest entries; 0: unreadable)."""
+        found = self._described(info.path, "manifest.json")
+        return 0 if found is None or found.entries is None else sum(found.entries[i].nbytes for i in indices)
+
+    def digests(self, info: ShardInfo) -> np.ndarray | None:
+        """Each tensor's digest in a complete version (``blocks.entry_digests``: equal digests, equal
+        tensors); None when it cannot be read."""
+        found = self._described(info.path, "manifest.json")
+        return None if found is None or found.entries is None else entry_digests(found.entries, found.sums)
 
     # -- replicas from peers -----------------------------------------------------------------------
     def put_full(self, manifest: bytes, sums: bytes | memoryview, data: bytes | memoryview) -> ShardInfo:
@@ -529,33 +546,60 @@ class ShardStore:
         ids = np.arange(header["nsums"], dtype=np.int64)
         return self._apply(manifest, header, entries, None, ids, table, payload, stored=True)
 
-    def put_delta(self, manifest: bytes, base_step: int, ids: np.ndarray, sums: np.ndarray,
-                  payload: np.ndarray) -> ShardInfo:  # fmt: skip
+    def put_delta(self, manifest: bytes, base_step: int | None, ids: np.ndarray, sums: np.ndarray,
+                  payload: np.ndarray, donor_rank: int | None = None,
+                  donated: list[int] | None = None) -> ShardInfo:  # fmt: skip
         """Store a shard sent as its blocks ``ids`` that changed since version ``base_step`` of the
-        same rank, held here (``delta``'s output): written over an older version of that rank where
-        one can go (its other stale blocks copied from the base), each block checked against its
-        hash as it is written, then the whole table against the manifest's hash.
+        same rank, held here (``delta``'s output; None: no base, ``ids`` and ``donated`` cover every
+        block), written over an older version of that rank where one can go (its other stale blocks
+        copied from the base), each block checked against its hash as it is written, then the whole
+        table against the manifest's hash.
+
+        ``donated``: manifest entries (tensors) sent as nothing, to be copied from this store's version
+        of the same step of rank ``donor_rank`` (the receiver's own: data parallel ranks hold the same
+        model), whose tensors there must lie at the same places; the table's hash confirms their bytes.
 
         Raises:
-            CorruptShard: If the manifest is unreadable, the base is missing or of another layout, or
-                a block or the table does not verify (no complete version is kept).
+            CorruptShard: If the manifest is unreadable, the base or donor is missing or of another
+                layout, or a block or the table does not verify (no complete version is kept).
         """
         header, rank, step, _ = _header(manifest)
         where = f"a delta of rank {rank}'s step {step}"
-        base = self.version(rank, base_step)
-        if base is None:
-            raise CorruptShard(f"{where} against step {base_step}, which is not here")
-        with self.pinned(rank, base_step):
-            source = self._described(base.path, "manifest.json")
-            if source is None or source.layout != _layout(header):
-                raise CorruptShard(f"{where} against step {base_step}, whose layout differs or cannot be read")
-            return self._apply(manifest, header, _entries(header, where), source, ids, sums, payload)
+        entries = _entries(header, where)
+        with contextlib.ExitStack() as held:
+            source = None
+            if base_step is not None:
+                source = self._held(held, rank, base_step, f"{where} against step {base_step}")
+                if source.layout != _layout(header):
+                    raise CorruptShard(f"{where} against step {base_step}, whose layout differs")
+            donor = None
+            if donated:
+                if donor_rank is None:
+                    raise CorruptShard(f"{where}: donated tensors and no donor")
+                donor = self._held(held, donor_rank, step, f"{where} with tensors from rank {donor_rank}'s")
+                theirs = donor.entries or []
+                if not all(0 <= i < min(len(entries), len(theirs)) and theirs[i] == entries[i] for i in donated):
+                    raise CorruptShard(f"{where}: donated tensors lie elsewhere in rank {donor_rank}'s step {step}")
+            return self._apply(manifest, header, entries, source, ids, sums, payload, donor=donor, donated=donated)
+
+    def _held(self, held: contextlib.ExitStack, rank: int, step: int, where: str) -> Mapped:
+        """``rank``'s complete version ``step`` mapped, pinned until ``held`` closes."""
+        info = self.version(rank, step)
+        if info is None:
+            raise CorruptShard(f"{where}, which is not here")
+        held.enter_context(self.pinned(rank, step))
+        found = self._described(info.path, "manifest.json")
+        if found is None or found.entries is None:
+            raise CorruptShard(f"{where}, which cannot be read")
+        return found
 
     def _apply(self, manifest: bytes, header: dict[str, Any], entries: list[Entry], base: Mapped | None,
-               ids: np.ndarray, sums: np.ndarray, payload: np.ndarray, stored: bool = False) -> ShardInfo:  # fmt: skip
+               ids: np.ndarray, sums: np.ndarray, payload: np.ndarray, stored: bool = False,
+               donor: Mapped | None = None, donated: list[int] | None = None) -> ShardInfo:  # fmt: skip
         """Write a received version: blocks ``ids`` from ``payload`` (checked against ``sums``; laid
-        out as ``blocks.payload_places``, or, ``stored``, as in ``data.bin``), the other blocks that
-        differ from the overwritten version's from ``base``."""
+        out as ``blocks.payload_places``, or, ``stored``, as in ``data.bin``), the ``donated``
+        tensors' blocks from ``donor``, the other blocks that differ from the overwritten version's
+        from ``base``."""
         rank, step, nbytes, nsums = header["rank"], header["step"], header["nbytes"], header["nsums"]
         where = f"rank {rank}'s step {step} received"
         if ids.size and (ids.min() < 0 or ids.max() >= nsums or (np.diff(ids) <= 0).any()):
@@ -563,6 +607,14 @@ class ShardStore:
         table = base.sums.copy() if base is not None else np.zeros(nsums, dtype=np.uint64)
         if ids.size != sums.size:
             raise CorruptShard(f"{where}: {ids.size} blocks and {sums.size} hashes")
+        from_donor = np.zeros(nsums, dtype=bool)
+        if donor is not None:
+            for i in donated or ():
+                span = slice(entries[i].first, entries[i].first + entries[i].blocks)
+                table[span], from_donor[span] = donor.sums[span], True
+        from_donor[ids] = False
+        if base is None and ids.size + int(from_donor.sum()) != nsums:
+            raise CorruptShard(f"{where}: {nsums - ids.size - int(from_donor.sum())} blocks neither sent nor held")
         table[ids] = sums
         if f"{hash_bytes(table):016x}" != header.get("sums_hash"):
             raise CorruptShard(f"{where}: its blocks do not make the table its manifest names")
@@ -575,10 +627,12 @@ class ShardStore:
         try:
             dst = self._mapped(target, nbytes, nsums, create=not recycled)
             dst.layout, dst.entries = None, None  # until complete
-            if base is not None:  # blocks the overwritten version lacks and the delta does not carry
-                stale = dst.sums != table
-                stale[ids] = False
-                copy_from(dst, base, *_spans(entries, np.flatnonzero(stale)))
+            stale = dst.sums != table  # blocks the overwritten version lacks and the delta does not carry
+            stale[ids] = False
+            if donor is not None:
+                copy_from(dst, donor, *_spans(entries, np.flatnonzero(stale & from_donor)))
+            if base is not None:
+                copy_from(dst, base, *_spans(entries, np.flatnonzero(stale & ~from_donor)))
             if not (copy_hash_in(dst, starts, lengths, payload, sources) == sums).all():
                 raise CorruptShard(f"{where}: a block does not match its hash")
             dst.sums[:] = table

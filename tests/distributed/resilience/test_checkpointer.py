@@ -38,8 +38,8 @@ MANIFEST_BYTES = 16 << 10
 """Far above one small model's replication (milliseconds); a hang fails the test instead."""
 
 
-def _setup() -> tuple[nn.Module, Any, torch.optim.Optimizer, Any]:
-    return _memory_setup("auto")
+def _setup(strategy: str = "auto") -> tuple[nn.Module, Any, torch.optim.Optimizer, Any]:
+    return _memory_setup(strategy)
 
 
 def _train(ddp: Any, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: Checkpointer | None,
@@ -50,8 +50,8 @@ def _train(ddp: Any, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: 
     return _steps(ddp, opt, rank, steps, ckpt, model, state, replicated)
 
 
-def _uninterrupted(rank: int) -> tuple[list[float], list[torch.Tensor]]:
-    model, ddp, opt, state = _setup()
+def _uninterrupted(rank: int, strategy: str = "auto") -> tuple[list[float], list[torch.Tensor]]:
+    model, ddp, opt, state = _setup(strategy)
     losses = _train(ddp, opt, rank, range(STEPS), None, model, state)
     state.close()
     return losses, [p.detach().clone() for p in model.parameters()]
@@ -60,22 +60,22 @@ def _uninterrupted(rank: int) -> tuple[list[float], list[torch.Tensor]]:
 def _corrupting(rank: int, step: int):  # the holder of rank 1's replicas flips a byte of step's copy
     real = replicate_module.unpack
 
-    def unpack(store, blob):
+    def unpack(store, blob, donor_rank=None):
         data = bytearray(blob)
         if data and store.root.name == "host0" and f'"rank": 1, "step": {step}'.encode() in data[:4096]:
-            data[len(data) // 2] ^= 0xFF  # inside a block (the headers, hashes and padding are far smaller)
-        return real(store, data)
+            data[len(data) // 2] ^= 0xFF  # in the manifest or a block: either is checked
+        return real(store, data, donor_rank=donor_rank)
 
     return unpack
 
 
-def _run(rank: int, world_size: int, root: str, corrupt: bool, lag: int | None = None) -> dict[str, Any]:
-    want_losses, want_params = _uninterrupted(rank)
+def _run(rank: int, world_size: int, root: str, corrupt: bool, lag: int | None, strategy: str) -> dict[str, Any]:
+    want_losses, want_params = _uninterrupted(rank, strategy)
     if corrupt:
         replicate_module.unpack = _corrupting(rank, CRASH_AFTER - 1)
     config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1, dcp_dir=f"{root}/disk", dcp_every=2,
                               max_lag_steps=lag)  # fmt: skip
-    model, ddp, opt, state = _setup()
+    model, ddp, opt, state = _setup(strategy)
     ckpt = Checkpointer(config, hook_state=state)
     assert ckpt.restore(model=model, optimizer=opt, zensync=state) == 0
     before = _train(ddp, opt, rank, range(CRASH_AFTER), ckpt, model, state)
@@ -88,27 +88,39 @@ def _run(rank: int, world_size: int, root: str, corrupt: bool, lag: int | None =
     replicate_module.unpack = _corrupting(rank, -1)
     if rank == 1:  # host 1 is replaced: its memory is gone
         shutil.rmtree(config.root)
-    model, ddp, opt, state = _setup()
+    model, ddp, opt, state = _setup(strategy)
     ckpt = Checkpointer(config, hook_state=state)
     start = ckpt.restore(model=model, optimizer=opt, zensync=state)
     after = _train(ddp, opt, rank, range(start, STEPS), ckpt, model, state)
     ckpt.close()
-    return {"want_losses": want_losses, "want_params": want_params, "losses": before[:start] + after,
+    shared = 2 * sum(p.numel() * p.element_size() for p in model.parameters())  # the model and its momentum
+    return {"shared_bytes": shared, "want_losses": want_losses, "want_params": want_params,
+            "losses": before[:start] + after,
             "params": [p.detach().clone() for p in model.parameters()], "start": start,
             "recovery": ckpt.recovery, "records": records, "windows": gate_windows,
             "hook_step": state.state_dict()["step"]}  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("corrupt", "lag"),
-    [(False, None), pytest.param(True, None, marks=pytest.mark.slow), pytest.param(False, 1, marks=pytest.mark.slow)],
-    ids=["replaced-host", "corrupt-replica", "replaced-host-lag-bound"],
+    ("corrupt", "lag", "strategy"),
+    [
+        (False, None, "auto"),
+        pytest.param(True, None, "auto", marks=pytest.mark.slow),
+        pytest.param(False, 1, "auto", marks=pytest.mark.slow),
+        pytest.param(False, None, "topk:0.1", marks=pytest.mark.slow),
+    ],
+    ids=["replaced-host", "corrupt-replica", "replaced-host-lag-bound", "replaced-host-own-residuals"],
 )  # the README's command stays under 6 minutes: the variants run in the slow tier (.ci/run)
-def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path, corrupt: bool, lag) -> None:
+def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path, corrupt: bool, lag,
+                                                                        strategy: str) -> None:  # fmt: skip
     """With ``max_lag_steps`` the replaced host (no complete step) and its peers (step 3 complete)
     start from the same agreed coverage: their saves wait alike instead of in a cycle (a rank waiting
-    in its save for a round whose chunks wait for a sync that waits for that rank)."""
-    results = launch(_run, WORLD, (str(tmp_path), corrupt, lag), tmp_path)
+    in its save for a round whose chunks wait for a sync that waits for that rank).
+
+    The ranks' models and momenta are equal (data parallel): a peer copies them from its own version
+    (donated), and only the rest travels: nothing with a lossless strategy, each rank's own
+    error-feedback residuals with top-k, which the replaced host gets back exactly."""
+    results = launch(_run, WORLD, (str(tmp_path), corrupt, lag, strategy), tmp_path)
     restored = CRASH_AFTER - 1 if corrupt else CRASH_AFTER  # the next step to run
     for out in results:
         assert out["start"] == restored
@@ -127,16 +139,19 @@ def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path
         assert shard > 0 and all(r["max_delay_s"] >= 0 for r in records)
         sent = sum(r["replicated_bytes"] for r in records)
         fractions = [f for r in records for f in r["sent_fractions"]]
-        # every version before the last one was replicated before the next save (wait_replicated): the
-        # first whole, the others as the blocks that changed (this small model's batches touch most rows:
-        # most blocks change; tests/unit/resilience/test_delta.py checks what a delta sends); a blob is
-        # that data plus the manifest (a few KiB of JSON), block indices and a header
-        assert len(fractions) == CRASH_AFTER - 1 and fractions[0] == 1.0 and all(0 < f <= 1 for f in fractions[1:])
-        assert (
-            shard * sum(fractions)
-            < sent
-            < (shard + MANIFEST_BYTES) * sum(fractions) + 8 * shard / 256 * (CRASH_AFTER - 2)
-        )
+        donated = [f for r in records for f in r["donated_fractions"]]
+        # every version before the last one was replicated before the next save (wait_replicated); of
+        # each, the model and momentum were donated (64-byte alignment padding is neither sent nor
+        # donated); the rest was sent, the first version whole, the others as the blocks that changed
+        # (tests/unit/resilience/test_delta.py checks what a delta sends); a blob is that data plus
+        # the manifest (a few KiB of JSON), block indices and hashes, and a header
+        assert len(fractions) == len(donated) == CRASH_AFTER - 1
+        assert all(out["shared_bytes"] / shard <= d <= 1 - f for d, f in zip(donated, fractions, strict=True))
+        if strategy == "auto":  # the lossless hook keeps no tensors: only manifests travel
+            assert fractions == [0.0] * (CRASH_AFTER - 1) and sent < MANIFEST_BYTES * (CRASH_AFTER - 1)
+        else:  # the residuals are each rank's own: sent, the first version's whole
+            assert 0 < fractions[0] <= 1 - donated[0] and min(fractions) > 0
+            assert shard * sum(fractions) < sent < (shard + MANIFEST_BYTES) * sum(fractions) + 16 * shard / 8
         assert all(r["windows_used"] <= 1 for r in records) and out["windows"] >= CRASH_AFTER
         assert [r["complete_step"] for r in records] == [None, *range(CRASH_AFTER - 1)]
 
@@ -181,13 +196,13 @@ def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_p
     assert len(errors) == 1 and "ranks [0, 1, 2, 3]" in errors.pop()
 
 
-def _unwaited(rank: int, world_size: int, root: str, max_lag: int | None = None) -> dict[str, Any]:
+def _unwaited(rank: int, world_size: int, root: str, max_lag: int | None = None, dedup: bool = True) -> dict[str, Any]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.EmbeddingBag(4000, 16), nn.Linear(16, 4))  # 256 KiB of rows, few touched per step
     ddp = DistributedDataParallel(model)
     state = zensync.register(ddp, strategy="auto", **FIXED)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: untouched rows keep their bytes
-    config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1, max_lag_steps=max_lag)
+    config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1, max_lag_steps=max_lag, dedup=dedup)
     ckpt = Checkpointer(config, hook_state=state)
     ckpt.restore(model=model, optimizer=opt, zensync=state)
     fractions, covered = [], []
@@ -211,7 +226,8 @@ def _unwaited(rank: int, world_size: int, root: str, max_lag: int | None = None)
 
 @pytest.mark.slow
 def test_later_versions_travel_as_deltas_while_training_goes_on(tmp_path) -> None:
-    for out in launch(_unwaited, WORLD, (str(tmp_path),), tmp_path):
+    # without dedup (with it nothing of this data parallel model travels: test_a_replaced_host_...)
+    for out in launch(_unwaited, WORLD, (str(tmp_path), None, False), tmp_path):
         assert out["replicated"]
         first, *later = out["fractions"]
         # the first version whole; then 4 ranks x 4 bags x 3 rows of 64-byte rows per step (and the
