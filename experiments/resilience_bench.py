@@ -94,7 +94,7 @@ def _step(ddp: Any, opt: torch.optim.Optimizer, corpus: torch.Tensor, config: De
 def _ckpt_config(args: argparse.Namespace, **kw: Any) -> CheckpointConfig:
     return CheckpointConfig(root=f"{args.stores}/host{dist.get_rank()}", replicas=args.replicas, ranks_per_host=1,
                             chunk_bytes=args.chunk_kib << 10, replicate_every=args.replicate_every,
-                            max_lag_steps=args.max_lag, **kw)  # fmt: skip
+                            max_lag_steps=args.max_lag, dedup=args.dedup, **kw)  # fmt: skip
 
 
 def _train(args: argparse.Namespace, corpus: torch.Tensor, checkpoint: bool) -> dict[str, Any]:
@@ -224,6 +224,7 @@ def _summary(
     ]
     # each run's rounds after its first (whole) one: deltas
     deltas = [f for run in runs for f in [f for rec in run for f in rec.get("sent_fractions", [])][1:]]
+    donated = [f for rec in records for f in rec.get("donated_fractions", [])]
     rounds = [t for rec in records for t in rec.get("round_s", [])]
     round_cpus = [t for run in runs for t in [t for rec in run for t in rec.get("round_cpu_s", [])][1:]]
     # steady state: the steps after a run's first version had all its replicas (deltas from then on)
@@ -247,6 +248,7 @@ def _summary(
         "median_delay_s": statistics.median(rec.get("max_delay_s", 0.0) for rec in records),
         "coverage_lag_median": statistics.median(lags) if lags else None, "coverage_lag_max": max(lags, default=None),
         "sent_fraction_median": statistics.median(deltas) if deltas else None,
+        "donated_fraction_median": statistics.median(donated) if donated else None,
         "round_s_median": statistics.median(rounds) if rounds else None,
         "round_cpu_s_median": statistics.median(round_cpus) if round_cpus else None,
         "recovery": victim["recovery"], "storage": victim["storage"],
@@ -279,6 +281,8 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| replicated per step per rank (MB) | {s['replicated_bytes_per_step'] / 1e6:.2f} |",
         f"| of a version's data sent as a delta (median over rounds after a run's first) | "
         f"{s['sent_fraction_median']} |",
+        f"| of a version's data the peer copied from its own version (dedup {meta['dedup']}; median over rounds) | "
+        f"{s['donated_fraction_median']} |",
         f"| replication round, start to every replica verified (s, median) | {s['round_s_median']} |",
         "| replication thread's CPU per round after a run's first (ms, median) | "
         + (f"{1e3 * s['round_cpu_s_median']:.2f} |" if s["round_cpu_s_median"] is not None else "- |"),
@@ -310,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-kib", type=int, default=1024)
     p.add_argument("--replicate-every", type=int, default=1, help="steps between replication rounds")
     p.add_argument("--max-lag", type=int, default=None, help="CheckpointConfig.max_lag_steps (default: no bound)")
+    p.add_argument("--dedup", action=argparse.BooleanOptionalAction, default=True, help="CheckpointConfig.dedup")
     p.add_argument("--kill-step", type=int, default=30)
     p.add_argument(
         "--dcp-every", type=int, default=10, help="disk checkpoints in the failure phase (the storage host's)"
@@ -360,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             "rate": args.rate, "storage_rate": args.storage_rate, "steps": args.steps, "warmup": args.warmup,
             "rounds": args.rounds, "replicas": args.replicas, "chunk_kib": args.chunk_kib,
             "replicate_every": args.replicate_every, "max_lag": args.max_lag, "kill_step": args.kill_step,
+            "dedup": args.dedup,
             "seed": config.seed, **versions()}  # fmt: skip
     write(args.results_dir, f"resilience_{label}_{date}", meta, summary, _markdown(meta, summary))
     return 0
