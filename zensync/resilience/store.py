@@ -70,6 +70,8 @@ FORMAT = 2
 SPARES = 1
 """Versions past ``keep`` held per rank as spares: the next save overwrites one in place (its pages
 mapped, only its stale blocks written) instead of writing a new file."""
+LINKED = "linked"
+"""A version's marker file: its data and sums files are links to a donor's (``ShardStore._link``)."""
 _SEP = "/"
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -321,6 +323,8 @@ class ShardStore:
                           if name.startswith("spare")]  # fmt: skip
             candidates += [(i.path, i.path / "manifest.json") for i in infos if i.path not in kept]
             for directory, described in candidates:
+                if _links(directory) > 1:  # its bytes are also another version's (``_link``): never written over
+                    continue
                 found = self._described(directory, described.name)
                 if found is not None and found.layout == _layout(manifest):
                     described.unlink()
@@ -347,9 +351,11 @@ class ShardStore:
             return mapped
 
     def _remove(self, directory: pathlib.Path) -> None:
-        """Remove a version's directory, and its cached map (the caller holds ``_lock``)."""
+        """Remove a version's directory, and its cached map unless another version links its bytes
+        (the caller holds ``_lock``)."""
         try:
-            cached = self._maps.pop(os.stat(f"{directory}/data.bin").st_ino, None)
+            data = os.stat(f"{directory}/data.bin")
+            cached = self._maps.pop(data.st_ino, None) if data.st_nlink == 1 else None
         except OSError:
             cached = None
         if cached is not None:
@@ -580,7 +586,33 @@ class ShardStore:
                 theirs = donor.entries or []
                 if not all(0 <= i < min(len(entries), len(theirs)) and theirs[i] == entries[i] for i in donated):
                     raise CorruptShard(f"{where}: donated tensors lie elsewhere in rank {donor_rank}'s step {step}")
+                if not ids.size and set(donated) == set(range(len(entries))):
+                    return self._link(manifest, header, donor, donor_rank)
             return self._apply(manifest, header, entries, source, ids, sums, payload, donor=donor, donated=donated)
+
+    def _link(self, manifest: bytes, header: dict[str, Any], donor: Mapped, donor_rank: int) -> ShardInfo:
+        """Store a received version whose every tensor is donated as links to the donor's files: no
+        bytes copied (data parallel ranks' identical shards). The donor's version is then never
+        written over (``_claim``) while the link stands; the linked version is removed, not kept as a
+        spare, when pruned."""
+        rank, step, nbytes = header["rank"], header["step"], header["nbytes"]
+        if donor.nbytes != nbytes or f"{hash_bytes(donor.sums):016x}" != header.get("sums_hash"):
+            raise CorruptShard(
+                f"rank {rank}'s step {step} received: its blocks do not make the table its manifest names"
+            )
+        source = self._dir(donor_rank, step)
+        target = self._dir(rank, step)
+        with self._lock:
+            if target.exists():  # a cut-off write of this step
+                self._remove(target)
+            target.mkdir(parents=True)
+            for name in ("data.bin", "sums.bin"):
+                os.link(source / name, target / name)
+            (target / LINKED).touch()
+            (target / "manifest.json.tmp").write_bytes(manifest)
+            os.replace(target / "manifest.json.tmp", target / "manifest.json")
+        self._prune(rank)
+        return ShardInfo(rank, step, target, nbytes)
 
     def _held(self, held: contextlib.ExitStack, rank: int, step: int, where: str) -> Mapped:
         """``rank``'s complete version ``step`` mapped, pinned until ``held`` closes."""
@@ -680,7 +712,7 @@ class ShardStore:
                 child = base / name
                 if name.startswith("spare") or not name.startswith("v") or child in kept or not child.is_dir():
                     continue
-                if spares < SPARES and (child / "manifest.json").is_file():  # a complete version
+                if spares < SPARES and (child / "manifest.json").is_file() and not (child / LINKED).exists():
                     os.replace(child / "manifest.json", child / "layout.json")  # not complete from here
                     child.rename(base / f"spare{child.name[1:]}")
                     spares += 1
@@ -714,6 +746,14 @@ class ShardStore:
             for mapped in self._maps.values():
                 mapped.close()
             self._maps.clear()
+
+
+def _links(directory: pathlib.Path) -> int:
+    """How many names a version's data file has (0: none)."""
+    try:
+        return os.stat(f"{directory}/data.bin").st_nlink
+    except OSError:
+        return 0
 
 
 def _layout(manifest: dict[str, Any]) -> Any:

@@ -6,6 +6,8 @@ its own version of the step (data parallel ranks) are donated: not sent, copied 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -176,3 +178,49 @@ def test_a_blob_whose_manifest_was_changed_is_refused(tmp_path) -> None:
         unpack(there, changed)
     assert there.versions(0) == []
     assert unpack(there, blob) == 1 and there.load(0)["count"] == 12345
+
+
+@settings(max_examples=15, deadline=None)
+@given(chain=st.lists(st.sets(st.integers(0, ROWS - 1), max_size=30), min_size=2, max_size=7))
+def test_a_wholly_donated_replica_links_the_donors_files_and_neither_is_written_over(tmp_path_factory, chain) -> None:
+    """Rank 1 (the receiver's own) and rank 0 (its peer) hold the same state every step: each replica of
+    rank 0 links rank 1's files (no bytes copied). Rank 1's later saves, which overwrite old versions in
+    place, must never write into a linked one: every version either rank keeps still loads as it was
+    saved, and a pruned linked replica is removed (never a spare whose bytes rank 1 still uses)."""
+    here, there = ShardStore(tmp_path_factory.mktemp("a")), ShardStore(tmp_path_factory.mktemp("b"))
+    emb = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(1))
+    saved = {}
+
+    def every_kept_version_loads_as_saved() -> None:
+        for rank in (0, 1):
+            for info in there.versions(rank):
+                got = there.load(rank, step=info.step)
+                assert torch.equal(got["model"]["emb"], saved[info.step]) and got["step"] == info.step
+
+    for step, touched in enumerate(chain, start=1):
+        emb = emb.clone()
+        emb[sorted(touched)] += float(step)
+        saved[step] = emb
+        here.save(0, step, _state(emb, step))
+        there.save(1, step, _state(emb, step))
+        every_kept_version_loads_as_saved()  # the save wrote into no linked version
+        assert (_digests(here, 0, step) == _digests(there, 1, step)).all()
+        base = step - 1 if step > 1 else None
+        blob, fraction, given_ = pack_delta(here, 0, step, base, [0, 1], 2)
+        assert fraction == 0.0 and given_ == pytest.approx((ROWS * DIM * 4 + 20) / DATA_BYTES)
+        assert unpack(there, blob, donor_rank=1) == step
+        replica = there.version(0, step)
+        assert replica is not None and (replica.path / "linked").exists()
+        assert os.stat(replica.path / "data.bin").st_ino == os.stat(there._dir(1, step) / "data.bin").st_ino
+        every_kept_version_loads_as_saved()
+        assert not any(name.startswith("spare") for name in os.listdir(there.root / "rank0"))
+
+
+def test_a_wholly_donated_replica_whose_donor_differs_is_refused(tmp_path) -> None:
+    here, there = ShardStore(tmp_path / "a"), ShardStore(tmp_path / "b")
+    here.save(0, 1, _state(torch.ones(20, DIM), 1))
+    there.save(1, 1, _state(torch.zeros(20, DIM), 1))  # the digests the sender was told were wrong
+    blob, _, _ = pack_delta(here, 0, 1, None, [0, 1], 2)
+    with pytest.raises(CorruptShard, match="do not make the table"):
+        unpack(there, blob, donor_rank=1)
+    assert there.versions(0) == [] and not (there.root / "rank0").exists()
