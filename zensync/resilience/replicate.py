@@ -65,6 +65,8 @@ GATE_PATIENCE_S = 1.0
 that long may itself wait on a rank whose save waits for this round (``max_lag_steps``)."""
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 _NO_DIGESTS = np.empty(0, dtype=np.uint64)
+_FIELDS = 7
+"""Fixed int64 fields of an agreement row (``Replicator._agree``), before the digests and manifest."""
 
 
 def _blob(header: dict[str, Any], manifest: bytes, *parts: Any) -> torch.Tensor:
@@ -86,12 +88,22 @@ def _manifest_hash(manifest: bytes) -> str:
     return f"{hash_bytes(np.frombuffer(manifest, dtype=np.uint8).copy()):016x}"
 
 
-def _padded(digests: np.ndarray, width: int) -> torch.Tensor:
-    """Digests as int64 words, zero-padded or cut to ``width``."""
+def _padded(words: np.ndarray, width: int) -> torch.Tensor:
+    """int64 words, zero-padded or cut to ``width``."""
     out = torch.zeros(width, dtype=torch.int64)
-    kept = min(width, digests.size)
-    out[:kept] = torch.from_numpy(digests[:kept].view(np.int64))
+    kept = min(width, words.size)
+    out[:kept] = torch.from_numpy(words[:kept].copy())
     return out
+
+
+def _words(text: bytes) -> np.ndarray:
+    """Bytes as int64 words (the last one zero-padded)."""
+    return np.frombuffer(text + bytes(-len(text) % 8), dtype=np.int64)
+
+
+def _int64(text: bytes) -> int:
+    """The manifest's checksum (``_manifest_hash``) as a signed 64-bit int (an agreement field)."""
+    return int(np.array([int(_manifest_hash(text), 16)], dtype=np.uint64).view(np.int64)[0]) if text else 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,6 +120,8 @@ class _Agreement:
     """Some rank is stopping: the round is the last, and nothing moves."""
     digests: list[np.ndarray | None]
     """Each rank's tensors' digests at ``common`` (None: its newest step is another)."""
+    manifests: list[bytes | None]
+    """Each rank's manifest at ``common`` (None: its newest step is another, or no dedup)."""
 
 
 def _info(store: ShardStore, rank: int, step: int) -> ShardInfo:
@@ -305,8 +319,10 @@ class Replicator:
         self.every = every
         self.store, self.transport, self.gate, self.chunk_bytes = store, transport, gate, chunk_bytes
         self.deltas, self.dedup = deltas, dedup
-        self._width = 0  # digests each rank's agreement row carries (the widest layout seen: the same on every rank)
+        # words of digests and of manifest each rank's agreement row carries (the widest seen: alike on every rank)
+        self._widths = (0, 0)
         rank, n = transport.rank, transport.world_size
+        self.m, self.ranks_per_host, self.placement = m, ranks_per_host, placement
         self.peers = replica_peers(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
         self.sources = replica_sources(rank, n, m, ranks_per_host=ranks_per_host, placement=placement)
         self.complete_step: int | None = store.complete_step(rank) if complete_step == -1 else complete_step
@@ -396,8 +412,8 @@ class Replicator:
                 newest = self.store.versions(self.transport.rank)
                 mine = newest[-1].step if newest else -1
                 with self.store.pinned(self.transport.rank, mine):  # from the agreement to the round's end
-                    digests = self._digests(newest[-1]) if newest and not stopping else _NO_DIGESTS
-                    agreed = self._agree(mine, stopping, digests)
+                    offered = newest[-1] if newest and not stopping and self.dedup else None
+                    agreed = self._agree(mine, stopping, offered)
                     if agreed.stops:
                         return
                     attempted = max(attempted, mine)
@@ -429,35 +445,61 @@ class Replicator:
         held = all(self.store.version(r, step) is not None for r in ranks)
         return step if held else -1
 
-    def _digests(self, info: ShardInfo) -> np.ndarray:
-        """This rank's tensors' digests in its version ``info`` (none without dedup, or unreadable)."""
-        found = self.store.digests(info) if self.dedup else None
-        return _NO_DIGESTS if found is None else found
-
-    def _agree(self, mine: int, stopping: bool, digests: np.ndarray) -> _Agreement:
-        """Step 2's agreement: one all-gather of each rank's newest step, whether it stops, the base it
-        holds, its newest complete step and its tensors' digests (padded to ``_width``; a second
-        all-gather at the new width when a rank has more tensors: the first round, a new layout)."""
+    def _agree(self, mine: int, stopping: bool, offered: ShardInfo | None) -> _Agreement:
+        """Step 1's agreement: one all-gather of each rank's newest step, whether it stops, the base it
+        holds, its newest complete step, and (with dedup) its tensors' digests and its manifest in that
+        version, as words padded to ``_widths`` (a second all-gather at new widths when a rank's are
+        wider: the first round, a new layout). The manifests let a round whose every shard is wholly
+        donated (data parallel) end without another exchange (``_send``)."""
+        digests, manifest = _NO_DIGESTS, b""
+        if offered is not None:
+            found = self.store.digests(offered)
+            if found is not None:
+                digests, manifest = found, self.store.raw_manifest(offered)
+        words = _words(manifest)
         complete = -1 if self.complete_step is None else self.complete_step
-        fields = torch.tensor([mine, int(stopping), self._base(), complete, digests.size], dtype=torch.int64)
-        table = torch.stack(self.transport.all_gather(torch.cat([fields, _padded(digests, self._width)])))
-        widest = int(table[:, 4].max())
-        if widest > self._width:
-            self._width = widest
-            said = torch.stack(self.transport.all_gather(_padded(digests, widest)))
-        else:
-            said = table[:, 5:]
+        fields = [mine, int(stopping), self._base(), complete, digests.size, len(manifest), _int64(manifest)]
+        head = torch.tensor(fields, dtype=torch.int64)
+        width_d, width_m = self._widths
+        row = torch.cat([head, _padded(digests.view(np.int64), width_d), _padded(words, width_m)])
+        table = torch.stack(self.transport.all_gather(row))
+        need_d, need_m = int(table[:, 4].max()), -(-int(table[:, 5].max()) // 8)
+        if need_d > width_d or need_m > width_m:  # every rank sees it: all gather again, wider
+            self._widths = width_d, width_m = max(need_d, width_d), max(-(-need_m // 512) * 512, width_m)
+            row = torch.cat([head, _padded(digests.view(np.int64), width_d), _padded(words, width_m)])
+            table = torch.stack(self.transport.all_gather(row))
         bases = set(table[:, 2].tolist())
         common = int(table[:, 0].min())
-        offered = [said[r, : int(table[r, 4])].numpy().view(np.uint64) if int(table[r, 0]) == common else None
-                   for r in range(table.shape[0])]  # fmt: skip
+        said_digests: list[np.ndarray | None] = []
+        said_manifests: list[bytes | None] = []
+        for r in range(table.shape[0]):
+            current = int(table[r, 0]) == common
+            said_digests.append(table[r, _FIELDS : _FIELDS + int(table[r, 4])].numpy().view(np.uint64)
+                                if current else None)  # fmt: skip
+            text = table[r, _FIELDS + width_d :].numpy().view(np.uint8)[: int(table[r, 5])].tobytes()
+            said_manifests.append(text if current and text and _int64(text) == int(table[r, 6]) else None)
         return _Agreement(
             common=common,
             covered=int(table[:, 3].min()),
             base=bases.pop() if len(bases) == 1 and int(table[:, 2].min()) >= 0 else None,
             stops=bool(table[:, 1].any()),
-            digests=offered,
+            digests=said_digests,
+            manifests=said_manifests,
         )
+
+    def _wholly_donated(self, agreed: _Agreement) -> bool:
+        """Every rank's shard of the agreed step equals each of its peers' own (every digest): every
+        replica is the peer's own version under the sender's manifest, which the agreement carried."""
+        n = self.transport.world_size
+        for source in range(n):
+            mine, text = agreed.digests[source], agreed.manifests[source]
+            if mine is None or text is None or not mine.size:
+                return False
+            for peer in replica_peers(source, n, self.m, ranks_per_host=self.ranks_per_host, placement=self.placement):
+                theirs = agreed.digests[peer]
+                if theirs is None or theirs.size != mine.size or not (theirs == mine).all():
+                    return False
+        return True
 
     def _pack(self, agreed: _Agreement, peer: int) -> tuple[torch.Tensor, float, float]:
         """This rank's version of the agreed step for ``peer``: a delta against the agreed base (or
@@ -478,6 +520,34 @@ class Replicator:
         rank, step = self.transport.rank, agreed.common
         record = RoundRecord(step, base=agreed.base if agreed.base is not None and agreed.base < step else None)
         started_s = time.perf_counter()
+        if self._wholly_donated(agreed):
+            self._keep_donated(agreed, record)
+        else:
+            self._exchange(agreed, record)
+        verified = self.transport.all_gather(torch.tensor([int(not record.rejected)]))
+        record.complete = all(bool(t[0]) for t in verified)
+        if record.complete:
+            self.store.mark_complete(rank, step)
+            for source in self.sources:
+                self.store.mark_complete(source, step)
+            self.complete_step = step
+        record.duration_s = time.perf_counter() - started_s
+        record.cpu_s = time.thread_time() - cpu_started_s
+        with self._cond:
+            self.rounds.append(record)
+            self._tried = step
+            if record.complete:
+                self._step.completed.append(step)
+                self._step.sent_fractions.append(record.sent_fraction)
+                self._step.donated_fractions.append(record.donated_fraction)
+                self._step.round_s.append(record.duration_s)
+                self._step.round_cpu_s.append(record.cpu_s)
+            self._cond.notify_all()
+
+    def _exchange(self, agreed: _Agreement, record: RoundRecord) -> None:
+        """Steps 2-3: the packs for each peer, their sizes exchanged, then the chunks, each kept once
+        it verifies (``unpack``)."""
+        rank, step = self.transport.rank, agreed.common
         blobs = {}
         for peer in self.peers:
             blobs[peer], record.sent_fraction, record.donated_fraction = self._pack(agreed, peer)
@@ -513,25 +583,26 @@ class Replicator:
             except CorruptShard as exc:
                 logger.error("zensync checkpoint: rank %d's replica of step %d rejected: %s", source, step, exc)
                 record.rejected.append(source)
-        verified = self.transport.all_gather(torch.tensor([int(not record.rejected)]))
-        record.complete = all(bool(t[0]) for t in verified)
-        if record.complete:
-            self.store.mark_complete(rank, step)
-            for source in self.sources:
-                self.store.mark_complete(source, step)
-            self.complete_step = step
-        record.duration_s = time.perf_counter() - started_s
-        record.cpu_s = time.thread_time() - cpu_started_s
-        with self._cond:
-            self.rounds.append(record)
-            self._tried = step
-            if record.complete:
-                self._step.completed.append(step)
-                self._step.sent_fractions.append(record.sent_fraction)
-                self._step.donated_fractions.append(record.donated_fraction)
-                self._step.round_s.append(record.duration_s)
-                self._step.round_cpu_s.append(record.cpu_s)
-            self._cond.notify_all()
+
+    def _keep_donated(self, agreed: _Agreement, record: RoundRecord) -> None:
+        """Step 2-4 when every shard is wholly donated: each source's replica is this rank's own
+        version under the source's manifest (``ShardStore.put_delta``: linked, the table's hash checked)."""
+        rank, n = self.transport.rank, self.transport.world_size
+        record.sent_fraction, record.donated_fraction = 0.0, 1.0
+        record.sent_bytes = len(agreed.manifests[rank] or b"") * (n - 1)  # the agreement carried it to every rank
+        none = np.zeros(0, dtype=np.int64)
+        for source in self.sources:
+            text, digests = agreed.manifests[source], agreed.digests[source]
+            assert text is not None and digests is not None  # _wholly_donated
+            try:
+                self.store.put_delta(text, None, none, none.view(np.uint64), none.view(np.uint8), rank,
+                                     list(range(digests.size)))  # fmt: skip
+            except CorruptShard as exc:
+                logger.error(
+                    "zensync checkpoint: rank %d's replica of step %d rejected: %s", source, agreed.common, exc
+                )
+                record.rejected.append(source)
+            record.received_bytes += len(text)
 
     def take_step(self) -> StepTraffic:
         """What moved since the last call (the caller's per-step record), and the newest complete step."""

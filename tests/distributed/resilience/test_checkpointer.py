@@ -25,11 +25,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import zensync
-import zensync.resilience.replicate as replicate_module
 from tests.distributed._launch import launch
 from tests.distributed.resilience.test_memory import FIXED, _steps
 from tests.distributed.resilience.test_memory import _setup as _memory_setup
-from zensync.resilience import CheckpointConfig, Checkpointer
+from zensync.resilience import CheckpointConfig, Checkpointer, ShardStore
 
 WORLD, STEPS, CRASH_AFTER = 4, 6, 4
 REPLICATION_TIMEOUT_S = 30.0
@@ -57,22 +56,25 @@ def _uninterrupted(rank: int, strategy: str = "auto") -> tuple[list[float], list
     return losses, [p.detach().clone() for p in model.parameters()]
 
 
-def _corrupting(rank: int, step: int):  # the holder of rank 1's replicas flips a byte of step's copy
-    real = replicate_module.unpack
+_REAL_PUT_DELTA = ShardStore.put_delta
 
-    def unpack(store, blob, donor_rank=None):
-        data = bytearray(blob)
-        if data and store.root.name == "host0" and f'"rank": 1, "step": {step}'.encode() in data[:4096]:
-            data[len(data) // 2] ^= 0xFF  # in the manifest or a block: either is checked
-        return real(store, data, donor_rank=donor_rank)
 
-    return unpack
+def _corrupting(step: int):
+    """The holder of rank 1's replicas (host 0) receives step ``step``'s copy with its table's hash
+    changed, as a corrupt copy arrives (every replica, sent or donated, is kept through put_delta)."""
+
+    def put_delta(store, manifest, *args, **kwargs):
+        if store.root.name == "host0" and f'"rank": 1, "step": {step},'.encode() in manifest:
+            manifest = manifest.replace(b'"sums_hash": "', b'"sums_hash": "0')
+        return _REAL_PUT_DELTA(store, manifest, *args, **kwargs)
+
+    return put_delta
 
 
 def _run(rank: int, world_size: int, root: str, corrupt: bool, lag: int | None, strategy: str) -> dict[str, Any]:
     want_losses, want_params = _uninterrupted(rank, strategy)
     if corrupt:
-        replicate_module.unpack = _corrupting(rank, CRASH_AFTER - 1)
+        ShardStore.put_delta = _corrupting(CRASH_AFTER - 1)  # type: ignore[method-assign]
     config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1, dcp_dir=f"{root}/disk", dcp_every=2,
                               max_lag_steps=lag)  # fmt: skip
     model, ddp, opt, state = _setup(strategy)
@@ -85,7 +87,7 @@ def _run(rank: int, world_size: int, root: str, corrupt: bool, lag: int | None, 
     gate_windows = ckpt.gate.windows
     ckpt.close()
     state.close()
-    replicate_module.unpack = _corrupting(rank, -1)
+    ShardStore.put_delta = _REAL_PUT_DELTA  # type: ignore[method-assign]
     if rank == 1:  # host 1 is replaced: its memory is gone
         shutil.rmtree(config.root)
     model, ddp, opt, state = _setup(strategy)
