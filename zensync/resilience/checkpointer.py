@@ -286,12 +286,12 @@ class Checkpointer:
         state: dict[str, Any] = {name: state_of(part) for name, part in parts.items()}
         state[_STEP] = step
         # the changed blocks written and hashed now; the manifest on the replication thread (if any)
-        changed = None
+        changed, flat = None, flatten(state)
         if self.tracker is not None:
             self.tracker.attach(parts)
-            changed = self.tracker.changes(flatten(state)[0])
+            changed = self.tracker.changes(flat[0])
         pending = self.store.write(self.rank, step, state, changed=changed, since=self._saved,
-                                   audit_rows=self.config.audit_rows)  # fmt: skip
+                                   audit_rows=self.config.audit_rows, flat=flat)  # fmt: skip
         if self.tracker is not None:
             for key in pending.violations:
                 self.tracker.disable(key)

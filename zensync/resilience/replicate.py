@@ -603,6 +603,8 @@ class Replicator:
                 )
                 record.rejected.append(source)
             record.received_bytes += len(text)
+        with self._cond:
+            self._step.sent_bytes += record.sent_bytes
 
     def take_step(self) -> StepTraffic:
         """What moved since the last call (the caller's per-step record), and the newest complete step."""

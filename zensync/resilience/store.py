@@ -208,7 +208,8 @@ class ShardStore:
         return self.finish(self.write(rank, step, state, **kw))
 
     def write(self, rank: int, step: int, state: dict[str, Any], changed: dict[str, np.ndarray] | None = None,
-              since: int | None = None, audit_rows: int = 0) -> PendingShard:  # fmt: skip
+              since: int | None = None, audit_rows: int = 0,
+              flat: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None) -> PendingShard:  # fmt: skip
         """The first half of ``save``: the tensors' changed blocks written and hashed, the version not
         complete yet (no manifest) and kept from pruning until ``finish`` completes it, on any thread:
         the state may change once this returns (its bytes are in the store).
@@ -218,7 +219,8 @@ class ShardStore:
         it lists as changed since this rank's version ``since`` (``dirty.ChangeTracker``), plus
         ``audit_rows`` random others, whose hashes must match version ``since``'s (a mismatch: the
         tensor's listing was wrong; it is rewritten whole and its key is in ``violations``); for any
-        other tensor, the blocks whose hashes differ from the overwritten version's.
+        other tensor, the blocks whose hashes differ from the overwritten version's. ``flat``:
+        ``flatten(state)``, when the caller has it (not flattened again).
 
         Raises:
             ValueError: For a state ``flatten`` refuses, a negative step or rank, or a step at or below
@@ -226,7 +228,7 @@ class ShardStore:
         """
         if rank < 0 or step < 0:
             raise ValueError(f"rank={rank} and step={step} must be >= 0")
-        tensors, values = flatten(state)
+        tensors, values = flat if flat is not None else flatten(state)  # ``flat``: the caller flattened it already
         newest = self.versions(rank)
         if newest and newest[-1].step >= step:
             raise ValueError(f"rank {rank} has a complete version at step {newest[-1].step}; step={step} must be later")
