@@ -259,6 +259,13 @@ def _summary(
     }  # fmt: skip
 
 
+def _rate_bits(rate: str) -> float:
+    """A tc rate ("1gbit", "100mbit") in bits per second."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    unit = next(u for u in units if rate.endswith(u))
+    return float(rate.removesuffix(unit)) * units[unit]
+
+
 def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
     rec, sto = s["recovery"], s["storage"]
     return "\n".join([
@@ -293,7 +300,9 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| recovery path of the replaced host | {rec['source']}, step {rec['step']} |",
         f"| steps lost beyond the one in flight | {s['lost_beyond_in_flight']} (target 0) |",
         f"| restore ({rec['source']}) on host {VICTIM} (s) | {rec['seconds']:.3f} "
-        f"({rec['fetched_bytes'] / 1e6:.2f} MB fetched) |",
+        f"({rec['fetched_bytes'] / 1e6:.2f} MB fetched; plan / fetch / load {1e3 * rec.get('plan_s', 0):.0f} / "
+        f"{1e3 * rec.get('fetch_s', 0):.0f} / {1e3 * rec.get('load_s', 0):.0f} ms; the wire alone "
+        f"{1e3 * rec['fetched_bytes'] * 8 / _rate_bits(meta['rate']):.0f} ms) |",
         f"| the same state from the storage host (s; its step {sto['step']}) | {sto['seconds']:.3f} "
         f"({sto['bytes'] / 1e6:.2f} MB) |",
         "| speedup of peers' memory over the storage host | "

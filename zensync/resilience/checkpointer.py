@@ -169,7 +169,8 @@ class Checkpointer:
         self.replicator: Replicator | None = None
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.config.history_size)
         self.recovery: dict[str, Any] | None = None
-        """How ``restore`` got its state: {"source", "step", "lost_steps", "seconds", "fetched_bytes"}."""
+        """How ``restore`` got its state: {"source", "step", "lost_steps", "seconds", "fetched_bytes", and the
+        seconds of its phases: "plan_s" (every rank's report gathered), "fetch_s" (peers' shards), "load_s"}."""
         self._jsonl = self.config.jsonl_path.replace("{rank}", str(self.rank)) if self.config.jsonl_path else None
         self._saved: int | None = None
         """The newest step saved (its version may still be completed on the replication thread)."""
@@ -196,17 +197,22 @@ class Checkpointer:
         if require is None:
             require = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         plan = self._plan(require)  # its errors are raised on every rank alike
-        failure, fetched = None, 0
+        planned_s = time.perf_counter()
+        failure, fetched, fetched_s = None, 0, planned_s
         try:
             fetched = self._fetch(plan)
+            fetched_s = time.perf_counter()
             if plan.step is not None:
                 load_parts(self._state_at(plan), parts)
                 self.store.discard_after(plan.step)  # saved after it: a future the run no longer has
         except (FileNotFoundError, KeyError, ValueError, RuntimeError, OSError) as exc:
             failure = exc
+        loaded_s = time.perf_counter()
         self._agree(failure)
         self.recovery = {"source": plan.source, "step": plan.step, "lost_steps": plan.lost_steps,
-                         "seconds": time.perf_counter() - started_s, "fetched_bytes": fetched}  # fmt: skip
+                         "seconds": time.perf_counter() - started_s, "fetched_bytes": fetched,
+                         "plan_s": planned_s - started_s, "fetch_s": fetched_s - planned_s,
+                         "load_s": loaded_s - fetched_s}  # fmt: skip
         if self.rank == 0:
             logger.info("zensync checkpoint: restored %s", self.recovery)
         self._start_replication()
