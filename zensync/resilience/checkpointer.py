@@ -222,7 +222,9 @@ class Checkpointer:
         """Every rank's report gathered, and the plan all compute alike (recover.plan_recovery)."""
         try:  # this rank's stores: an error here still joins the gather (its peers must not wait)
             disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
-            report: dict[str, Any] = {"have": {str(r): self.store.verified(r) for r in self.store.ranks()}, "dcp": disk}
+            seen: dict[Any, Any] = {}  # a replica linking this rank's own files is checked once
+            report: dict[str, Any] = {"have": {str(r): self.store.verified(r, seen) for r in self.store.ranks()},
+                                      "dcp": disk}  # fmt: skip
         except OSError as exc:
             report = {"error": describe_failure(exc).decode(errors="replace")}
         mine = torch.frombuffer(bytearray(json.dumps(report).encode()), dtype=torch.uint8)

@@ -42,6 +42,8 @@ import functools
 import json
 import logging
 import math
+import os
+import pathlib
 import threading
 import time
 from typing import Any
@@ -71,15 +73,25 @@ _FIELDS = 7
 
 def _blob(header: dict[str, Any], manifest: bytes, *parts: Any) -> torch.Tensor:
     """An 8-byte header length, the header's JSON (with the manifest's length and hash), the manifest,
-    then ``parts`` (buffers) back to back."""
+    then ``parts`` back to back: buffers, or files (paths) read straight into the blob."""
     header = {**header, "manifest": len(manifest), "manifest_hash": _manifest_hash(manifest)}
     head = json.dumps(header).encode()
-    out = bytearray(len(head).to_bytes(_LENGTH, "little"))
-    out += head
-    out += manifest
-    for part in parts:
-        with memoryview(part) as view:
-            out += view.cast("B")
+    sizes = [os.stat(part).st_size if isinstance(part, pathlib.Path) else memoryview(part).nbytes for part in parts]
+    out = bytearray(_LENGTH + len(head) + len(manifest) + sum(sizes))
+    at = 0
+    for piece in (len(head).to_bytes(_LENGTH, "little"), head, manifest):
+        out[at : at + len(piece)] = piece
+        at += len(piece)
+    view = memoryview(out)
+    for part, size in zip(parts, sizes, strict=True):
+        if isinstance(part, pathlib.Path):
+            with open(part, "rb") as f:
+                if f.readinto(view[at : at + size]) != size:
+                    raise OSError(f"{part} changed size while read")
+        else:
+            with memoryview(part) as source:
+                view[at : at + size] = source.cast("B")
+        at += size
     return torch.frombuffer(out, dtype=torch.uint8)
 
 
@@ -137,8 +149,11 @@ def pack(store: ShardStore, rank: int, step: int) -> torch.Tensor:
     Raises:
         FileNotFoundError: If the store has no complete shard of ``rank`` at ``step``.
     """
-    manifest, sums, data = store.raw(_info(store, rank, step))
-    return _blob({"kind": "full", "sums": len(sums)}, manifest, sums, data)
+    info = _info(store, rank, step)
+    sums = info.path / "sums.bin"
+    return _blob(
+        {"kind": "full", "sums": os.stat(sums).st_size}, store.raw_manifest(info), sums, info.path / "data.bin"
+    )
 
 
 def pack_delta(store: ShardStore, rank: int, step: int, base_step: int | None,
@@ -215,7 +230,9 @@ def exchange(
     """
     parts = [blobs.get(j, _EMPTY) for j in range(transport.world_size)]
     recv = None if expected is None else [expected.get(j, 0) for j in range(transport.world_size)]
-    received, counts = transport.all_to_all_v(torch.cat(parts), [p.numel() for p in parts], recv)
+    sent = [p for p in parts if p.numel()]
+    flat = sent[0] if len(sent) == 1 else torch.cat(parts)  # one destination (a restore): no copy
+    received, counts = transport.all_to_all_v(flat, [p.numel() for p in parts], recv)
     out, offset = [], 0
     for source, count in enumerate(counts):
         if count:

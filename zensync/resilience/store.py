@@ -70,6 +70,9 @@ FORMAT = 2
 SPARES = 1
 """Versions past ``keep`` held per rank as spares: the next save overwrites one in place (its pages
 mapped, only its stale blocks written) instead of writing a new file."""
+_Seen = dict[Any, list[Entry]]
+"""Files a verification checked: (data inode, sums inode, table hash) -> the entries checked."""
+_Checked = tuple[dict[str, Any], list[Entry], Mapped]
 LINKED = "linked"
 """A version's marker file: its data and sums files are links to a donor's (``ShardStore._link``)."""
 _SEP = "/"
@@ -468,19 +471,22 @@ class ShardStore:
                 flat[entry.key] = out
         return unflatten(flat)
 
-    def verify(self, info: ShardInfo) -> None:
+    def verify(self, info: ShardInfo, seen: _Seen | None = None) -> None:
         """Check a shard's bytes against its manifest (sizes, block hashes, the table's hash) without
-        copying them out.
+        copying them out. ``seen``: files already checked (``verified``), by inode and table hash.
 
         Raises:
             CorruptShard: On any mismatch.
         """
-        with self._checked(info):
+        with self._checked(info, seen):
             pass
 
     @contextlib.contextmanager
-    def _checked(self, info: ShardInfo) -> Iterator[tuple[dict[str, Any], list[Entry], Mapped]]:
-        """A shard's manifest, entries and read-only map, once every check passed."""
+    def _checked(
+        self, info: ShardInfo, seen: _Seen | None = None
+    ) -> Iterator[tuple[dict[str, Any], list[Entry], Mapped]]:
+        """A shard's manifest, entries and read-only map, once every check passed (the block checks
+        skipped for files in ``seen`` with the same table hash and entries, and recorded there)."""
         try:
             text = (info.path / "manifest.json").read_bytes()
         except OSError as exc:
@@ -492,7 +498,11 @@ class ShardStore:
         except (OSError, ValueError) as exc:
             raise CorruptShard(f"{info.path}: {exc}") from None
         try:
-            _check_blocks(manifest, entries, mapped, str(info.path))
+            key = (mapped.inode, os.stat(f"{info.path}/sums.bin").st_ino, manifest.get("sums_hash"))
+            if seen is None or seen.get(key) != entries:
+                _check_blocks(manifest, entries, mapped, str(info.path))
+            if seen is not None:
+                seen[key] = entries
             yield manifest, entries, mapped
         finally:
             mapped.close()
@@ -682,14 +692,16 @@ class ShardStore:
         """``rank``'s newest complete shard whose bytes verify (None: none)."""
         return next((info for info in reversed(self.versions(rank)) if self._verifies(info)), None)
 
-    def verified(self, rank: int) -> list[int]:
-        """The steps of ``rank``'s complete versions whose bytes verify, oldest first."""
-        return [info.step for info in self.versions(rank) if self._verifies(info)]
+    def verified(self, rank: int, seen: _Seen | None = None) -> list[int]:
+        """The steps of ``rank``'s complete versions whose bytes verify, oldest first. ``seen``: the
+        files already checked by the caller's earlier calls (while nothing writes them): a version
+        that links another's files (``_link``) is checked once."""
+        return [info.step for info in self.versions(rank) if self._verifies(info, seen)]
 
-    def _verifies(self, info: ShardInfo) -> bool:
+    def _verifies(self, info: ShardInfo, seen: _Seen | None = None) -> bool:
         """Whether ``verify`` passes (a failure is logged)."""
         try:
-            self.verify(info)
+            self.verify(info, seen)
         except CorruptShard as exc:
             logger.error("zensync checkpoint: %s", exc)
             return False

@@ -248,7 +248,7 @@ def _unreadable_store(rank: int, world_size: int, root: str) -> str:
     ckpt = Checkpointer(CheckpointConfig(root=f"{root}/host{rank}", replicas=1), hook_state=state)
     if rank == 1:
 
-        def verified(_: int) -> list[int]:
+        def verified(*_: Any) -> list[int]:
             raise PermissionError("the store is unreadable")
 
         ckpt.store.verified = verified  # type: ignore[method-assign]

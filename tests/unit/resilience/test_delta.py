@@ -224,3 +224,25 @@ def test_a_wholly_donated_replica_whose_donor_differs_is_refused(tmp_path) -> No
     with pytest.raises(CorruptShard, match="do not make the table"):
         unpack(there, blob, donor_rank=1)
     assert there.versions(0) == [] and not (there.root / "rank0").exists()
+
+
+def test_a_linked_replica_is_verified_with_its_donor_once_and_fails_with_it(tmp_path, monkeypatch) -> None:
+    import zensync.resilience.store as store_module
+
+    here, there = ShardStore(tmp_path / "a"), ShardStore(tmp_path / "b")
+    emb = torch.randn(20, DIM)
+    here.save(0, 1, _state(emb, 1))
+    there.save(1, 1, _state(emb, 1))
+    unpack(there, pack_delta(here, 0, 1, None, [0, 1], 2)[0], donor_rank=1)
+    checks = []
+    real = store_module._check_blocks
+    monkeypatch.setattr(store_module, "_check_blocks", lambda *a: checks.append(a[-1]) or real(*a))
+    seen: dict = {}
+    assert there.verified(1, seen) == [1] and there.verified(0, seen) == [1] and len(checks) == 1
+    with open(there._dir(1, 1) / "data.bin", "r+b") as f:  # a flipped byte in the shared bytes
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))
+    seen = {}
+    assert there.verified(1, seen) == [] and there.verified(0, seen) == []
