@@ -13,8 +13,9 @@ Usage on each rank (under ``zensync launch``, which runs the host's checkpoint a
 
 1. ``save`` writes the rank's state into the host's store (``ShardStore``: shared memory, one copy,
    checksummed) and wakes the rank's ``Replicator``, which sends it to ``replicas`` peers on other
-   hosts in the idle windows zensync's hook reports (``IdleGate``). Every ``dcp_every`` steps the
-   state also goes to disk through torch.distributed.checkpoint.
+   hosts in the idle windows zensync's hook reports (``IdleGate``); of a data parallel job's state,
+   only what differs from the peer's own (``dedup``: a rank's residuals, say) travels. Every
+   ``dcp_every`` steps the state also goes to disk through torch.distributed.checkpoint.
 2. ``restore`` (after a restart; every rank calls it) finds the newest step that every rank can
    restore (``recover.plan_recovery``): from its own host's memory (a worker restarted), from a
    peer's memory (a host replaced: its store is empty), or from the disk checkpoint when memory

@@ -14,6 +14,8 @@ Layout under the store's root (``/dev/shm/...`` by default: memory that outlives
     rank<r>/complete                     the newest step replicated on every peer (``mark_complete``)
     rank<r>/spare<step>/                 a version no longer kept, its manifest renamed layout.json:
                                          the next save's pages (``SPARES``)
+    rank<r>/v<step:010d>/linked          a peer's replica whose files are links to this host's own
+                                         version of the step (``put_delta`` with every tensor donated)
 
 A shard whose manifest is missing was cut off mid-write (the worker died) and is never loaded; a
 shard whose bytes do not match its hashes is reported and skipped. ``load`` takes the newest
@@ -22,7 +24,10 @@ keeps the newest ``keep`` complete versions, the version marked complete on ever
 (``mark_complete``) and versions a reader holds (``pinned``), and overwrites an older one of the
 same layout in place: only the blocks that changed since that version are written (and hashed, in
 the same pass), into pages already mapped. A replica from a peer arrives whole (``put_full``) or as
-the blocks that changed since a version both hold (``delta`` -> ``put_delta``).
+the blocks that changed since a version both hold (``delta`` -> ``put_delta``), less the tensors the
+receiver holds identically in its own version of the step (equal ``digests``: data parallel ranks),
+which it copies from there, or, when that is every tensor, links (no copy; a linked version is never
+written over while the link stands).
 
 Example::
 
