@@ -81,6 +81,7 @@ _Checked = tuple[dict[str, Any], list[Entry], Mapped]
 LINKED = "linked"
 """A version's marker file: its data and sums files are links to a donor's (``ShardStore._link``)."""
 _SEP = "/"
+_SCALARS = (int, float, str, bool, type(None))
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
@@ -140,7 +141,8 @@ def flatten(state: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict
             tensors[path] = value
         else:
             try:
-                json.dumps(value, allow_nan=True)
+                if type(value) not in _SCALARS:  # a scalar is JSON as it is; a container is checked
+                    json.dumps(value, allow_nan=True)
             except (TypeError, ValueError):
                 raise ValueError(
                     f"checkpoint value {path!r} is a {type(value).__name__}: only tensors and JSON values are stored"

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zensync.cost import CostModel, compressor_model
 from zensync.hooks import HookConfig
 from zensync.hooks.decider import DENSE_DENSITY, Decider
 from zensync.hooks.decision import COMPRESSED_PREFIX, DENSE, Decision, DecisionKind
-from zensync.hooks.memory import ParamMemory
+from zensync.hooks.memory import ParamMemory, ParamRecord
 from zensync.hooks.steplog import ParamStep, StepLog
 from zensync.hooks.strategy import resolve_strategy
 from zensync.planner import Plan, builtin_profile, plan
@@ -243,3 +246,18 @@ def test_auto_picks_the_sparse_gradient_scheme_by_rounds_and_bytes(world_size: i
     fresh = ParamRecord()  # no sync measured yet: Zen
     state.record = lambda name: fresh
     assert sparse_gradient_scheme(state, "emb.weight", view, model) == "zen"  # type: ignore[arg-type]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    scheme=st.sampled_from(["dense", "zen", "agsparse"]),
+    gamma=st.none() | st.floats(allow_nan=False),
+    predicted=st.dictionaries(st.sampled_from(["dense", "zen"]), st.floats(allow_nan=False)),
+    steps=st.integers(0, 10**6),
+)
+def test_a_param_records_dict_is_dataclasses_asdict_and_owns_its_dicts(scheme, gamma, predicted, steps) -> None:
+    record = ParamRecord(scheme=scheme, gamma=gamma, predicted_s=predicted, correction=dict(predicted), steps=steps)
+    got = record.as_dict()
+    assert got == dataclasses.asdict(record)
+    got["predicted_s"]["other"] = 1.0  # a checkpoint's copy: the record is not changed through it
+    assert "other" not in record.predicted_s
