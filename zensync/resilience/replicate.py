@@ -18,6 +18,9 @@ completes first (the manifest: off the training thread). Every ``every`` saved s
    peer's own tensor's at that step is not sent: the peer copies it from its own version (data
    parallel ranks hold the same model and optimizer state, so of a DDP job's shard only what is
    the rank's own travels: its engine's residuals, say). The ranks then exchange the packs' sizes.
+   When every shard matches each of its peers' own wholly (a DDP job's), the agreement also carried
+   each rank's manifest (while ``world_size`` manifests fit ``AGREEMENT_MANIFEST_BYTES``): each peer
+   keeps its replica as links to its own version's files under that manifest, and step 3 is skipped.
 3. The shards move in chunks of ``chunk_bytes``, one all-to-all per chunk, each rank sending to its
    ``m`` placement peers (``placement.replica_peers``). Before each chunk the thread waits until the
    gate (``gate.IdleGate``) is idle, so checkpoint traffic flows between a step's last bucket and
@@ -57,7 +60,16 @@ from zensync.resilience.placement import replica_peers, replica_sources
 from zensync.resilience.store import CorruptShard, PendingShard, ShardInfo, ShardStore
 from zensync.transport import Transport
 
-__all__ = ["Replicator", "RoundRecord", "StepTraffic", "exchange", "pack", "pack_delta", "unpack"]
+__all__ = [
+    "AGREEMENT_MANIFEST_BYTES",
+    "Replicator",
+    "RoundRecord",
+    "StepTraffic",
+    "exchange",
+    "pack",
+    "pack_delta",
+    "unpack",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +77,9 @@ _LENGTH = 8
 GATE_PATIENCE_S = 1.0
 """How long a chunk waits for a busy sync to end before it goes anyway (recorded as forced). A sync
 that long may itself wait on a rank whose save waits for this round (``max_lag_steps``)."""
+AGREEMENT_MANIFEST_BYTES = 1 << 20
+"""The most manifest bytes a round's agreement gathers on a rank (world size x manifest): beyond it
+the manifests travel to the placement peers only, in the exchange (two collectives more a round)."""
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 _NO_DIGESTS = np.empty(0, dtype=np.uint64)
 _FIELDS = 7
@@ -252,7 +267,8 @@ class RoundRecord:
     sent_fraction: float = 1.0
     """Of the shard's data, the part sent (the changed blocks of a delta, less the donated tensors)."""
     donated_fraction: float = 0.0
-    """Of the shard's data, the tensors the peer copied from its own version of the step (dedup)."""
+    """Of the shard's data, the tensors the peer copied from its own version of the step (dedup; with
+    several peers, this and ``sent_fraction`` are the last peer's)."""
     sent_bytes: int = 0
     """Bytes this rank sent (its shard times its peers)."""
     received_bytes: int = 0
@@ -433,7 +449,9 @@ class Replicator:
                     agreed = self._agree(mine, stopping, offered)
                     if agreed.stops:
                         return
-                    attempted = max(attempted, mine)
+                    # the step replicated, not this rank's newest: a rank a save ahead comes back for its
+                    # newer step (marking that one attempted left it never replicated: a hang until close)
+                    attempted = max(attempted, agreed.common)
                     if agreed.common >= 0 and agreed.common > agreed.covered:
                         with self.store.pinned(self.transport.rank, agreed.common):
                             self._send(agreed, cpu_started_s)
@@ -473,6 +491,8 @@ class Replicator:
             found = self.store.digests(offered)
             if found is not None:
                 digests, manifest = found, self.store.raw_manifest(offered)
+            if len(manifest) * self.transport.world_size > AGREEMENT_MANIFEST_BYTES:
+                manifest = b""  # too many ranks for every manifest to go everywhere: the exchange carries it
         words = _words(manifest)
         complete = -1 if self.complete_step is None else self.complete_step
         fields = [mine, int(stopping), self._base(), complete, digests.size, len(manifest), _int64(manifest)]
@@ -614,7 +634,7 @@ class Replicator:
             try:
                 self.store.put_delta(text, None, none, none.view(np.uint64), none.view(np.uint8), rank,
                                      list(range(digests.size)))  # fmt: skip
-            except CorruptShard as exc:
+            except (CorruptShard, OSError) as exc:  # not kept here: the round is incomplete, training goes on
                 logger.error(
                     "zensync checkpoint: rank %d's replica of step %d rejected: %s", source, agreed.common, exc
                 )

@@ -77,7 +77,6 @@ SPARES = 1
 mapped, only its stale blocks written) instead of writing a new file."""
 _Seen = dict[Any, list[Entry]]
 """Files a verification checked: (data inode, sums inode, table hash) -> the entries checked."""
-_Checked = tuple[dict[str, Any], list[Entry], Mapped]
 LINKED = "linked"
 """A version's marker file: its data and sums files are links to a donor's (``ShardStore._link``)."""
 _SEP = "/"

@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import zensync
+import zensync.resilience.replicate as replicate_module
 from tests.distributed._launch import launch
 from tests.distributed.resilience.test_memory import FIXED, _steps
 from tests.distributed.resilience.test_memory import _setup as _memory_setup
@@ -72,6 +73,9 @@ def _corrupting(step: int):
 
 
 def _run(rank: int, world_size: int, root: str, corrupt: bool, lag: int | None, strategy: str) -> dict[str, Any]:
+    if strategy.endswith("/exchange"):  # manifests too large for the agreement: they go in the exchange
+        strategy = strategy.removesuffix("/exchange")
+        replicate_module.AGREEMENT_MANIFEST_BYTES = 0
     want_losses, want_params = _uninterrupted(rank, strategy)
     if corrupt:
         ShardStore.put_delta = _corrupting(CRASH_AFTER - 1)  # type: ignore[method-assign]
@@ -110,8 +114,15 @@ def _run(rank: int, world_size: int, root: str, corrupt: bool, lag: int | None, 
         pytest.param(True, None, "auto", marks=pytest.mark.slow),
         pytest.param(False, 1, "auto", marks=pytest.mark.slow),
         pytest.param(False, None, "topk:0.1", marks=pytest.mark.slow),
+        pytest.param(False, None, "auto/exchange", marks=pytest.mark.slow),
     ],
-    ids=["replaced-host", "corrupt-replica", "replaced-host-lag-bound", "replaced-host-own-residuals"],
+    ids=[
+        "replaced-host",
+        "corrupt-replica",
+        "replaced-host-lag-bound",
+        "replaced-host-own-residuals",
+        "replaced-host-manifests-exchanged",
+    ],
 )  # the README's command stays under 6 minutes: the variants run in the slow tier (.ci/run)
 def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path, corrupt: bool, lag,
                                                                         strategy: str) -> None:  # fmt: skip
@@ -151,6 +162,10 @@ def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path
         assert all(out["shared_bytes"] / shard <= d <= 1 - f for d, f in zip(donated, fractions, strict=True))
         if strategy == "auto":  # the lossless hook keeps no tensors: only manifests travel, in the agreement
             assert fractions == [0.0] * (CRASH_AFTER - 1) and 0 < sent < MANIFEST_BYTES * (WORLD - 1) * CRASH_AFTER
+            assert all(r["chunks"] == 0 for r in records)  # no exchange
+        elif strategy == "auto/exchange":  # the same, each manifest sent to its peer only
+            assert fractions == [0.0] * (CRASH_AFTER - 1) and 0 < sent < MANIFEST_BYTES * CRASH_AFTER
+            assert sum(r["chunks"] for r in records) >= CRASH_AFTER - 1
         else:  # the residuals are each rank's own: sent, the first version's whole
             assert 0 < fractions[0] <= 1 - donated[0] and min(fractions) > 0
             assert shard * sum(fractions) < sent < (shard + MANIFEST_BYTES) * sum(fractions) + 16 * shard / 8
