@@ -133,6 +133,13 @@ def _int64(text: bytes) -> int:
     return int(np.array([int(_manifest_hash(text), 16)], dtype=np.uint64).view(np.int64)[0]) if text else 0
 
 
+def _donated(mine: np.ndarray | None, theirs: np.ndarray | None) -> list[int]:
+    """The tensors (manifest entries) whose digests two ranks' versions share: a peer holds them."""
+    if mine is None or theirs is None:
+        return []
+    return np.flatnonzero(mine[: theirs.size] == theirs[: mine.size]).tolist()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Agreement:
     """What a round's agreement decided (``Replicator._agree``), the same on every rank."""
@@ -534,7 +541,7 @@ class Replicator:
                 return False
             for peer in replica_peers(source, n, self.m, ranks_per_host=self.ranks_per_host, placement=self.placement):
                 theirs = agreed.digests[peer]
-                if theirs is None or theirs.size != mine.size or not (theirs == mine).all():
+                if theirs is None or theirs.size != mine.size or len(_donated(mine, theirs)) != mine.size:
                     return False
         return True
 
@@ -543,10 +550,8 @@ class Replicator:
         whole), less the tensors ``peer`` holds identically (equal digests: copied there from its own
         version). Returns ``pack_delta``'s (blob, fraction sent, fraction donated)."""
         rank = self.transport.rank
-        mine, theirs = agreed.digests[rank], agreed.digests[peer]
-        donated: list[int] = []
-        if mine is not None and theirs is not None:
-            donated = np.flatnonzero(mine[: theirs.size] == theirs[: mine.size]).tolist()
+        mine = agreed.digests[rank]
+        donated = _donated(mine, agreed.digests[peer])
         base = agreed.base if agreed.base is not None and agreed.base < agreed.common else None
         return pack_delta(self.store, rank, agreed.common, base, donated, 0 if mine is None else mine.size)
 
