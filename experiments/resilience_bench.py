@@ -105,27 +105,29 @@ def _train(args: argparse.Namespace, corpus: torch.Tensor, checkpoint: bool) -> 
         shutil.rmtree(ckpt.store.root, ignore_errors=True)
         ckpt.store.root.mkdir(parents=True)
         ckpt.restore(model=model, optimizer=opt, zensync=state)
-    times, records = [], []
+    times, cpus, records = [], [], []
     for step in range(args.warmup + args.steps):
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         _step(ddp, opt, corpus, config, step)
         if ckpt is not None:
             records.append(ckpt.save(step, model=model, optimizer=opt, zensync=state))
         dist.barrier()
         times.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu_start)  # every thread: training, gloo's, the replicator
     if ckpt is not None:
         ckpt.close()
     state.close()
-    return {"step_s": times[args.warmup :], "records": records[args.warmup :]}
+    return {"step_s": times[args.warmup :], "cpu_s": cpus[args.warmup :], "records": records[args.warmup :]}
 
 
 def _overhead(args: argparse.Namespace, corpus: torch.Tensor) -> dict[str, Any]:
-    out: dict[str, Any] = {"off": {"step_s": []}, "on": {"step_s": [], "records": []}}
+    out: dict[str, Any] = {"off": {"step_s": [], "cpu_s": []}, "on": {"step_s": [], "cpu_s": [], "records": []}}
     for round_ in range(args.rounds):
         for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
             run = _train(args, corpus, mode == "on")
             out[mode]["step_s"] += run["step_s"]
+            out[mode]["cpu_s"] += run["cpu_s"]
             if mode == "on":
                 out[mode]["records"] += run["records"]
     return out
@@ -218,6 +220,10 @@ def _summary(
         return [max(r[mode]["step_s"][i] for r in overhead) for i in range(len(overhead[0][mode]["step_s"]))]
 
     off, on = statistics.median(slowest("off")), statistics.median(slowest("on"))
+    # the CPU every rank's process used per step (all its threads), summed over ranks: against the
+    # machine's cores x the step's wall time, how busy the CPUs were
+    cpu_off, cpu_on = (statistics.median(sum(r[mode]["cpu_s"][i] for r in overhead)
+                                         for i in range(len(overhead[0][mode]["cpu_s"]))) for mode in ("off", "on"))  # fmt: skip
     records = [rec for r in overhead for rec in r["on"]["records"]]
     runs = [
         r["on"]["records"][i : i + args.steps] for r in overhead for i in range(0, len(r["on"]["records"]), args.steps)
@@ -236,6 +242,7 @@ def _summary(
     victim = recovery[VICTIM]
     return {
         "step_s_off": off, "step_s_on": on, "overhead": on / off - 1.0,
+        "cpu_s_off": cpu_off, "cpu_s_on": cpu_on, "cpus": os.cpu_count(),
         "steady_steps": len(steady), "step_s_on_steady": statistics.median(steady) if steady else None,
         "overhead_steady": statistics.median(steady) / off - 1.0 if steady else None,
         "shard_bytes": statistics.median(rec["bytes"] for rec in records),
@@ -279,6 +286,9 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| step without checkpoints (s, median of max over ranks) | {s['step_s_off']:.4f} |",
         f"| step with a checkpoint every step + {meta['replicas']} replica (s) | {s['step_s_on']:.4f} |",
         f"| overhead | {100 * s['overhead']:+.1f} % (target <= 5 %) |",
+        f"| CPU per step, all {WORKERS} ranks' processes (ms, median): without / with checkpoints | "
+        f"{1e3 * s['cpu_s_off']:.1f} / {1e3 * s['cpu_s_on']:.1f} (the machine's {s['cpus']} cores give "
+        f"{1e3 * s['cpus'] * s['step_s_off']:.0f} per step without) |",
         f"| the same, steady state ({s['steady_steps']} steps after the first version had its replicas) | "
         + (f"{s['step_s_on_steady']:.4f} s, {100 * s['overhead_steady']:+.1f} % |" if s["steady_steps"] else "none |"),
         f"| shard per rank (MB) | {s['shard_bytes'] / 1e6:.2f} |",

@@ -21,6 +21,7 @@ import atexit
 import dataclasses
 import functools
 import json
+import math
 import mmap
 import os
 import pathlib
@@ -56,6 +57,9 @@ ALIGN = 64
 ROW_MIN_BYTES = 64
 """Rows shorter than this are not blocks of their own (a sums table as large as the data helps no one)."""
 _EMPTY = np.empty(0, dtype=np.int64)
+_NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+                           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128})  # fmt: skip
+"""Tensor dtypes numpy views as they are (``tensor_words``)."""
 WARM_UP_EXIT_WAIT_S = 30.0
 """At interpreter exit, how long to wait for a warm-up still loading (a compile on a fresh install)."""
 _warming: threading.Thread | None = None
@@ -93,7 +97,7 @@ def num_blocks(shape: tuple[int, ...], element_size: int) -> int:
     """Blocks of a tensor: its rows, when they qualify (module docstring), else 1."""
     if len(shape) < 2 or shape[0] < 2:
         return 1
-    row_bytes = element_size * int(np.prod(shape[1:]))
+    row_bytes = element_size * math.prod(shape[1:])
     return shape[0] if row_bytes % 8 == 0 and row_bytes >= ROW_MIN_BYTES else 1
 
 
@@ -130,6 +134,8 @@ class Mapped:
         self.directory, self.nbytes, self.nsums = directory, nbytes, nsums
         self.layout: Any = None
         """The layout of the version last written here (the store sets it: no manifest to parse)."""
+        self.sums_hash: str | None = None
+        """The sums table's hash as the store last computed or checked it (None: not known)."""
         self.entries: list[Entry] | None = None
         self._maps: list[mmap.mmap] = []
         self.data8 = self._map(directory / "data.bin", nbytes, writable, create)
@@ -180,7 +186,12 @@ def tensor_words(tensor: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     flat = tensor.detach()
     if flat.device.type != "cpu" or not flat.is_contiguous() or flat.data_ptr() % 8:
         flat = flat.cpu().contiguous().clone()
-    raw = flat.reshape(-1).view(torch.uint8).numpy() if flat.numel() else np.zeros(0, dtype=np.uint8)
+    if not flat.numel():
+        raw = np.zeros(0, dtype=np.uint8)
+    elif flat.dtype in _NUMPY_DTYPES and not (flat.is_conj() or flat.is_neg()):
+        raw = flat.numpy().reshape(-1).view(np.uint8)  # numpy's views: a tenth of torch's per-call cost
+    else:  # bfloat16 (numpy has none), or a lazily conjugated or negated view: its bytes as they are
+        raw = flat.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8).numpy()
     return raw[: raw.size - raw.size % 8].view(np.uint64), raw
 
 
@@ -232,11 +243,18 @@ def entry_digests(entries: list[Entry], sums: np.ndarray) -> np.ndarray:
     offset, blocks). Two versions' tensors with equal digests hold the same bytes at the same places
     (up to a 2**-64 collision), found without reading the bytes: a replica's tensor can then come
     from the receiver's own version (data parallel ranks hold the same model) instead of the wire."""
-    out = np.empty(len(entries), dtype=np.uint64)
-    for i, entry in enumerate(entries):
-        pair = np.array([hash_bytes(sums[entry.first : entry.first + entry.blocks]), _place_hash(entry)], np.uint64)
-        out[i] = hash_bytes(pair)
-    return out
+    if not entries:
+        return np.empty(0, dtype=np.uint64)
+    # Step 1: each tensor's part of the table hashed, as hash_bytes would (one compiled call for all)
+    table8 = sums.view(np.uint8)
+    firsts = np.fromiter((e.first for e in entries), np.int64, len(entries))
+    counts = np.fromiter((e.blocks for e in entries), np.int64, len(entries))
+    pairs = np.empty((len(entries), 2), dtype=np.uint64)
+    pairs[:, 0] = hash_of(table8[: table8.size - table8.size % 8].view(np.uint64), table8, 8 * firsts, 8 * counts)
+    # Step 2: with its place, hashed again: hash_bytes of each (table hash, place hash) pair
+    pairs[:, 1] = [_place_hash(entry) for entry in entries]
+    flat8 = pairs.reshape(-1).view(np.uint8)
+    return hash_of(pairs.reshape(-1), flat8, np.arange(len(entries), dtype=np.int64) * 16, np.full(len(entries), 16, np.int64))
 
 
 @functools.lru_cache(maxsize=4096)

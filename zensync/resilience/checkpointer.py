@@ -295,7 +295,7 @@ class Checkpointer:
         state: dict[str, Any] = {name: state_of(part) for name, part in parts.items()}
         state[_STEP] = step
         # the changed blocks written and hashed now; the manifest on the replication thread (if any)
-        changed, flat = None, flatten(state)
+        changed, flat = None, flatten(state, check=False)  # the store encodes (and checks) the values
         if self.tracker is not None:
             self.tracker.attach(parts)
             changed = self.tracker.changes(flat[0])

@@ -115,14 +115,6 @@ def _manifest_hash(manifest: bytes) -> str:
     return f"{hash_bytes(np.frombuffer(manifest, dtype=np.uint8).copy()):016x}"
 
 
-def _padded(words: np.ndarray, width: int) -> torch.Tensor:
-    """int64 words, zero-padded or cut to ``width``."""
-    out = torch.zeros(width, dtype=torch.int64)
-    kept = min(width, words.size)
-    out[:kept] = torch.from_numpy(words[:kept].copy())
-    return out
-
-
 def _words(text: bytes) -> np.ndarray:
     """Bytes as int64 words (the last one zero-padded)."""
     return np.frombuffer(text + bytes(-len(text) % 8), dtype=np.int64)
@@ -503,25 +495,21 @@ class Replicator:
         words = _words(manifest)
         complete = -1 if self.complete_step is None else self.complete_step
         fields = [mine, int(stopping), self._base(), complete, digests.size, len(manifest), _int64(manifest)]
-        head = torch.tensor(fields, dtype=torch.int64)
         width_d, width_m = self._widths
-        row = torch.cat([head, _padded(digests.view(np.int64), width_d), _padded(words, width_m)])
-        table = torch.stack(self.transport.all_gather(row))
+        table = self._gather_row(fields, digests, words, width_d, width_m)
         need_d, need_m = int(table[:, 4].max()), -(-int(table[:, 5].max()) // 8)
         if need_d > width_d or need_m > width_m:  # every rank sees it: all gather again, wider
             self._widths = width_d, width_m = max(need_d, width_d), max(-(-need_m // 512) * 512, width_m)
-            row = torch.cat([head, _padded(digests.view(np.int64), width_d), _padded(words, width_m)])
-            table = torch.stack(self.transport.all_gather(row))
+            table = self._gather_row(fields, digests, words, width_d, width_m)
         bases = set(table[:, 2].tolist())
         common = int(table[:, 0].min())
         said_digests: list[np.ndarray | None] = []
         said_manifests: list[bytes | None] = []
-        for r in range(table.shape[0]):
-            current = int(table[r, 0]) == common
-            said_digests.append(table[r, _FIELDS : _FIELDS + int(table[r, 4])].numpy().view(np.uint64)
-                                if current else None)  # fmt: skip
-            text = table[r, _FIELDS + width_d :].numpy().view(np.uint8)[: int(table[r, 5])].tobytes()
-            said_manifests.append(text if current and text and _int64(text) == int(table[r, 6]) else None)
+        for row in table:
+            current = int(row[0]) == common
+            said_digests.append(row[_FIELDS : _FIELDS + int(row[4])].view(np.uint64) if current else None)
+            text = row[_FIELDS + width_d :].view(np.uint8)[: int(row[5])].tobytes() if current else b""
+            said_manifests.append(text if text and _int64(text) == int(row[6]) else None)
         return _Agreement(
             common=common,
             covered=int(table[:, 3].min()),
@@ -530,6 +518,17 @@ class Replicator:
             digests=said_digests,
             manifests=said_manifests,
         )
+
+    def _gather_row(self, fields: list[int], digests: np.ndarray, words: np.ndarray, width_d: int,
+                    width_m: int) -> np.ndarray:  # fmt: skip
+        """Every rank's agreement row (its fields, then its digests and manifest words padded to the
+        widths), as an int64 table with a row per rank."""
+        row = np.zeros(_FIELDS + width_d + width_m, dtype=np.int64)
+        row[:_FIELDS] = fields
+        kept_d, kept_m = min(width_d, digests.size), min(width_m, words.size)
+        row[_FIELDS : _FIELDS + kept_d] = digests.view(np.int64)[:kept_d]
+        row[_FIELDS + width_d : _FIELDS + width_d + kept_m] = words[:kept_m]
+        return torch.stack(self.transport.all_gather(torch.from_numpy(row))).numpy()
 
     def _wholly_donated(self, agreed: _Agreement) -> bool:
         """Every rank's shard of the agreed step equals each of its peers' own (every digest): every

@@ -73,6 +73,9 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 2
 SPARES = 1
+_PATHS = 4096
+_LAYOUTS = 16
+"""Layouts ``ShardStore._layout_of`` remembers."""
 """Versions past ``keep`` held per rank as spares: the next save overwrites one in place (its pages
 mapped, only its stale blocks written) instead of writing a new file."""
 _Seen = dict[Any, list[Entry]]
@@ -99,6 +102,8 @@ class PendingShard:
 
     info: ShardInfo
     manifest: dict[str, Any]
+    text: tuple[str, str] = ("", "")
+    """The manifest's entries and values as JSON (``finish`` writes the manifest from them)."""
     written: int = 0
     """Bytes written (the blocks that changed)."""
     violations: list[str] = dataclasses.field(default_factory=list)
@@ -115,8 +120,12 @@ class ShardInfo:
     nbytes: int
 
 
-def flatten(state: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def flatten(
+    state: Any, prefix: str = "", check: bool = True
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, JSON values) of a nested dict, keyed by '/'-joined paths (tuples come back as lists).
+    ``check`` False: the values are not checked to be JSON here (``ShardStore.write`` encodes them
+    once, and raises as this would).
 
     Raises:
         ValueError: For a key containing '/', a non-string key, or a leaf that is neither a tensor
@@ -129,7 +138,7 @@ def flatten(state: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict
     for key, value in state.items():
         path = f"{prefix}{_encode_key(key, prefix)}"
         if isinstance(value, dict) and value:
-            inner_tensors, inner_values = flatten(value, path + _SEP)
+            inner_tensors, inner_values = flatten(value, path + _SEP, check)
             tensors.update(inner_tensors)
             values.update(inner_values)
         elif isinstance(value, torch.Tensor):
@@ -139,15 +148,38 @@ def flatten(state: Any, prefix: str = "") -> tuple[dict[str, torch.Tensor], dict
                 raise ValueError(f"checkpoint tensor {path!r}: {value.dtype} {value.layout} is not stored")
             tensors[path] = value
         else:
-            try:
-                if type(value) not in _SCALARS:  # a scalar is JSON as it is; a container is checked
-                    json.dumps(value, allow_nan=True)
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"checkpoint value {path!r} is a {type(value).__name__}: only tensors and JSON values are stored"
-                ) from None
+            if check and type(value) not in _SCALARS:  # a scalar is JSON as it is; a container is checked
+                _json_value(path, value)
             values[path] = value
     return tensors, values
+
+
+def _json_value(path: str, value: Any) -> str:
+    """``value`` as JSON.
+
+    Raises:
+        ValueError: Naming ``path``, when it is not a JSON value.
+    """
+    try:
+        return json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"checkpoint value {path!r} is a {type(value).__name__}: only tensors and JSON values are stored"
+        ) from None
+
+
+def _values_json(values: dict[str, Any]) -> str:
+    """A flattened state's values as one JSON object (one encoding, which is also their check).
+
+    Raises:
+        ValueError: Naming the first value that is not JSON.
+    """
+    try:
+        return json.dumps(values, allow_nan=True)
+    except (TypeError, ValueError):
+        for path, value in values.items():
+            _json_value(path, value)
+        raise
 
 
 def _encode_key(key: Any, prefix: str) -> str:
@@ -200,9 +232,17 @@ class ShardStore:
         a recycled version's pages are mapped once, not faulted in again at every save)."""
         self._writing: dict[tuple[int, int], dict[str, Any]] = {}
         """Manifests of versions ``write`` began and ``finish`` has not completed."""
+        self._paths: dict[tuple[int, int], pathlib.Path] = {}
+        self._layouts: dict[tuple[Any, ...], tuple[list[Entry], int, int, list[Any], str]] = {}
+        """``_layout_of``'s, by the tensors' names, dtypes and shapes."""
 
     def _dir(self, rank: int, step: int) -> pathlib.Path:
-        return pathlib.Path(f"{self.root}/rank{rank}/v{step:010d}")
+        found = self._paths.get((rank, step))
+        if found is None:  # a path object is built once per version (the hot paths name each version often)
+            if len(self._paths) >= _PATHS:
+                self._paths.clear()
+            found = self._paths[rank, step] = pathlib.Path(f"{self.root}/rank{rank}/v{step:010d}")
+        return found
 
     # -- writing this rank's versions --------------------------------------------------------------
     def save(self, rank: int, step: int, state: dict[str, Any], **kw: Any) -> ShardInfo:
@@ -238,20 +278,17 @@ class ShardStore:
         if rank < 0 or step < 0:
             raise ValueError(f"rank={rank} and step={step} must be >= 0")
         tensors, values = flat if flat is not None else flatten(state)  # ``flat``: the caller flattened it already
-        newest = self.versions(rank)
-        if newest and newest[-1].step >= step:
-            raise ValueError(f"rank {rank} has a complete version at step {newest[-1].step}; step={step} must be later")
-        entries, nbytes, nsums = entries_for(tensors)
+        values_text = _values_json(values)
+        entries, nbytes, nsums, described, entries_text = self._layout_of(tensors)
         manifest = {"format": FORMAT, "rank": rank, "step": step, "nbytes": nbytes, "nsums": nsums,
-                    "entries": [e.to_json() for e in entries], "values": values}  # fmt: skip
-        target, recycled = self._claim(rank, step, manifest)
+                    "entries": described, "values": values}  # fmt: skip
+        target, recycled = self._claim(rank, step, manifest, forward=True)
         self._pin(rank, step, +1)
         self._writing[rank, step] = manifest
         dst = self._mapped(target, nbytes, nsums, create=not recycled)
-        dst.layout, dst.entries = _layout(manifest), entries
+        dst.layout, dst.entries, dst.sums_hash = _layout(manifest), entries, None
         ref = self._reference(rank, since, manifest) if recycled and changed else None
-        pending = PendingShard(ShardInfo(rank, step, target, nbytes), manifest)
-        rng = np.random.default_rng(step)
+        pending = PendingShard(ShardInfo(rank, step, target, nbytes), manifest, (entries_text, values_text))
         for entry, tensor in zip(entries, tensors.values(), strict=True):
             rows = changed.get(entry.key) if changed is not None and ref is not None else None
             if rows is None or entry.blocks == 1:
@@ -259,7 +296,7 @@ class ShardStore:
                 continue
             assert ref is not None
             span = slice(entry.first, entry.first + entry.blocks)
-            audit = rng.integers(0, entry.blocks, min(audit_rows, entry.blocks))
+            audit = _audited(entry.blocks, min(audit_rows, entry.blocks), step)
             listed = np.zeros(entry.blocks, dtype=bool)
             listed[rows] = True
             unlisted = audit[~listed[audit]]
@@ -272,6 +309,20 @@ class ShardStore:
                 write = write_blocks(dst, entry, tensor, None)
             pending.written += int(write.size) * entry.block_bytes
         return pending
+
+    def _layout_of(self, tensors: dict[str, torch.Tensor]) -> tuple[list[Entry], int, int, list[Any], str]:
+        """``blocks.entries_for(tensors)``, the entries as JSON values and as JSON text: computed once
+        per layout (a training run saves one layout again and again)."""
+        key = tuple((name, t.dtype, tuple(t.shape)) for name, t in tensors.items())
+        found = self._layouts.get(key)
+        if found is None:
+            entries, nbytes, nsums = entries_for(tensors)
+            described = [e.to_json() for e in entries]
+            found = entries, nbytes, nsums, described, json.dumps(described)
+            if len(self._layouts) >= _LAYOUTS:
+                self._layouts.clear()
+            self._layouts[key] = found
+        return found
 
     def _reference(self, rank: int, since: int | None, manifest: dict[str, Any]) -> Mapped | None:
         """This rank's version ``since`` (written by this process, complete or not), when its layout
@@ -299,7 +350,7 @@ class ShardStore:
             mapped = self._mapped(directory, nbytes, header["nsums"])
         except (OSError, ValueError):  # CorruptShard is a ValueError
             return None
-        mapped.layout, mapped.entries = _layout(header), entries
+        mapped.layout, mapped.entries, mapped.sums_hash = _layout(header), entries, None
         return mapped
 
     def finish(self, pending: PendingShard) -> ShardInfo:
@@ -308,38 +359,53 @@ class ShardStore:
         info, manifest = pending.info, pending.manifest
         try:
             dst = self._mapped(info.path, info.nbytes, manifest["nsums"])
-            manifest["sums_hash"] = f"{hash_bytes(dst.sums):016x}"
-            tmp = info.path / "manifest.json.tmp"
-            tmp.write_text(json.dumps(manifest))
-            os.replace(tmp, info.path / "manifest.json")
+            manifest["sums_hash"] = dst.sums_hash = f"{hash_bytes(dst.sums):016x}"
+            entries_text, values_text = pending.text
+            text = (json.dumps(manifest) if not entries_text else  # json.dumps(manifest)'s text, from its parts
+                    f'{{"format": {FORMAT}, "rank": {info.rank}, "step": {info.step}, "nbytes": {info.nbytes}, '
+                    f'"nsums": {manifest["nsums"]}, "entries": {entries_text}, "values": {values_text}, '
+                    f'"sums_hash": "{manifest["sums_hash"]}"}}')  # fmt: skip
+            _write_file(f"{info.path}/manifest.json.tmp", text.encode())
+            os.replace(f"{info.path}/manifest.json.tmp", f"{info.path}/manifest.json")
         finally:
             self._pin(info.rank, info.step, -1)
             self._writing.pop((info.rank, info.step), None)
         self._prune(info.rank)
         return info
 
-    def _claim(self, rank: int, step: int, manifest: dict[str, Any]) -> tuple[pathlib.Path, bool]:
+    def _claim(self, rank: int, step: int, manifest: dict[str, Any],
+               forward: bool = False) -> tuple[pathlib.Path, bool]:  # fmt: skip
         """The directory of ``rank``'s new version ``step``, and whether it holds an older version of
         the same layout (whose sums table describes its bytes): a spare (``_prune``), else a version
         the save will prune, renamed (its manifest removed first: never complete with old bytes),
-        else a new one."""
+        else a new one.
+
+        Raises:
+            ValueError: With ``forward``, when ``rank`` has a complete version at ``step`` or later
+                (its own versions only go forward).
+        """
         target = self._dir(rank, step)
+        base = f"{self.root}/rank{rank}"
         with self._lock:
-            if target.exists():  # a cut-off write of this step
+            names, infos = self._listing(rank)
+            if forward and infos and infos[-1].step >= step:
+                raise ValueError(f"rank {rank} has a complete version at step {infos[-1].step}; step={step} must be "
+                                 f"later")  # fmt: skip
+            if target.name in names:  # a cut-off write of this step (or a replica received again)
                 self._remove(target)
-            infos = self.versions(rank)
+                names, infos = self._listing(rank)
             kept = self._kept(rank, self.keep - 1, infos)
-            base = self.root / f"rank{rank}"
-            candidates = [(base / name, base / name / "layout.json") for name in self._children(rank)
-                          if name.startswith("spare")]  # fmt: skip
-            candidates += [(i.path, i.path / "manifest.json") for i in infos if i.path not in kept]
-            for directory, described in candidates:
+            candidates = [(name, "layout.json") for name in names if name.startswith("spare")]
+            candidates += [(i.path.name, "manifest.json") for i in infos if i.path.name not in kept]
+            layout = _layout(manifest)
+            for name, described in candidates:
+                directory = f"{base}/{name}"
                 if _links(directory) > 1:  # its bytes are also another version's (``_link``): never written over
                     continue
-                found = self._described(directory, described.name)
-                if found is not None and found.layout == _layout(manifest):
-                    described.unlink()
-                    directory.rename(target)
+                found = self._described(pathlib.Path(directory), described)
+                if found is not None and found.layout == layout:
+                    os.unlink(f"{directory}/{described}")
+                    os.rename(directory, target)
                     return target, True
             target.mkdir(parents=True)
             return target, False
@@ -373,14 +439,15 @@ class ShardStore:
             cached.close()
         shutil.rmtree(directory, ignore_errors=True)
 
-    def _kept(self, rank: int, newest: int, infos: list[ShardInfo]) -> set[pathlib.Path]:
-        """Of ``infos`` (``versions(rank)``), the ones pruning keeps: the ``newest`` newest, the one
-        marked complete, and the pinned writes (the caller holds ``_lock``)."""
+    def _kept(self, rank: int, newest: int, infos: list[ShardInfo]) -> set[str]:
+        """Of ``infos`` (``versions(rank)``), the names of the ones pruning keeps: the ``newest``
+        newest, the one marked complete, and the pinned writes (the caller holds ``_lock``)."""
+        steps = {info.step for info in infos[max(0, len(infos) - newest) :]} if newest > 0 else set()
+        steps.update(s for (r, s), n in self._pins.items() if r == rank and n > 0)  # unfinished writes too
         complete = self.complete_step(rank)
-        pinned = {s for (r, s), n in self._pins.items() if r == rank and n > 0}
-        kept = {info.path for info in infos[max(0, len(infos) - newest) :]} if newest > 0 else set()
-        kept |= {self._dir(rank, step) for step in pinned}  # pinned writes not finished are kept too
-        return kept | {info.path for info in infos if info.step == complete}
+        if complete is not None:
+            steps.add(complete)
+        return {f"v{step:010d}" for step in steps}
 
     @contextlib.contextmanager
     def pinned(self, rank: int, step: int) -> Iterator[None]:
@@ -393,14 +460,21 @@ class ShardStore:
 
     def _pin(self, rank: int, step: int, change: int) -> None:
         with self._lock:
-            self._pins[rank, step] = self._pins.get((rank, step), 0) + change
+            held = self._pins.get((rank, step), 0) + change
+            if held:
+                self._pins[rank, step] = held
+            else:  # released: forgotten (a long run's pins would otherwise pile up, one per step)
+                del self._pins[rank, step]
 
     def mark_complete(self, rank: int, step: int) -> None:
         """Record that ``rank``'s version ``step`` has all its replicas (kept until a newer one has)."""
-        os.makedirs(f"{self.root}/rank{rank}", exist_ok=True)
-        with open(f"{self.root}/rank{rank}/complete.tmp", "w") as f:
-            f.write(json.dumps({"step": step}))
-        os.replace(f"{self.root}/rank{rank}/complete.tmp", f"{self.root}/rank{rank}/complete")
+        base = f"{self.root}/rank{rank}"
+        try:
+            _write_file(f"{base}/complete.tmp", b'{"step": %d}' % step)
+        except FileNotFoundError:  # the rank's first version here
+            os.makedirs(base, exist_ok=True)
+            _write_file(f"{base}/complete.tmp", b'{"step": %d}' % step)
+        os.replace(f"{base}/complete.tmp", f"{base}/complete")
 
     def complete_step(self, rank: int) -> int | None:
         """The step ``mark_complete`` last recorded for ``rank`` (None: none)."""
@@ -414,23 +488,25 @@ class ShardStore:
     def versions(self, rank: int) -> list[ShardInfo]:
         """``rank``'s complete shards (a manifest in place), oldest first, from the directories' names
         and the data files' sizes; neither their manifests nor their bytes are checked (``verify``)."""
+        return self._listing(rank)[1]
+
+    def _listing(self, rank: int) -> tuple[list[str], list[ShardInfo]]:
+        """The names under ``rank``'s directory, sorted (none when it does not exist), and its
+        complete versions among them (``versions``), from one listing."""
         base = f"{self.root}/rank{rank}"
+        try:
+            names = sorted(os.listdir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
         found = []
-        for name in self._children(rank):
+        for name in names:
             if name.startswith("v") and name[1:].isdigit() and os.path.isfile(f"{base}/{name}/manifest.json"):
                 try:
                     nbytes = os.stat(f"{base}/{name}/data.bin").st_size
                 except OSError:  # removed meanwhile, or its data file is gone: not complete
                     continue
-                found.append(ShardInfo(rank, int(name[1:]), pathlib.Path(base, name), nbytes))
-        return found
-
-    def _children(self, rank: int) -> list[str]:
-        """The names under ``rank``'s directory, sorted (none when it does not exist)."""
-        try:
-            return sorted(os.listdir(f"{self.root}/rank{rank}"))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+                found.append(ShardInfo(rank, int(name[1:]), self._dir(rank, int(name[1:])), nbytes))
+        return names, found
 
     def version(self, rank: int, step: int) -> ShardInfo | None:
         """``rank``'s complete version of ``step`` (None: none)."""
@@ -614,7 +690,8 @@ class ShardStore:
         written over (``_claim``) while the link stands; the linked version is removed, not kept as a
         spare, when pruned."""
         rank, step, nbytes = header["rank"], header["step"], header["nbytes"]
-        if donor.nbytes != nbytes or f"{hash_bytes(donor.sums):016x}" != header.get("sums_hash"):
+        known = donor.sums_hash or f"{hash_bytes(donor.sums):016x}"  # known: this process wrote or checked the table
+        if donor.nbytes != nbytes or known != header.get("sums_hash"):
             raise CorruptShard(
                 f"rank {rank}'s step {step} received: its blocks do not make the table its manifest names"
             )
@@ -676,7 +753,7 @@ class ShardStore:
         self._pin(rank, step, +1)
         try:
             dst = self._mapped(target, nbytes, nsums, create=not recycled)
-            dst.layout, dst.entries = None, None  # until complete
+            dst.layout, dst.entries, dst.sums_hash = None, None, None  # until complete
             stale = dst.sums != table  # blocks the overwritten version lacks and the delta does not carry
             stale[ids] = False
             if donor is not None:
@@ -686,7 +763,7 @@ class ShardStore:
             if not (copy_hash_in(dst, starts, lengths, payload, sources) == sums).all():
                 raise CorruptShard(f"{where}: a block does not match its hash")
             dst.sums[:] = table
-            dst.layout, dst.entries = _layout(header), entries
+            dst.layout, dst.entries, dst.sums_hash = _layout(header), entries, header["sums_hash"]
             (target / "manifest.json.tmp").write_bytes(manifest)
             os.replace(target / "manifest.json.tmp", target / "manifest.json")
         finally:
@@ -724,20 +801,21 @@ class ShardStore:
         ``SPARES``: their bytes, sums table and layout, no manifest), whose pages the next version
         overwrites (``_claim``); the others and cut-off writes are removed."""
         with self._lock:
-            kept = self._kept(rank, self.keep, self.versions(rank))
-            base = self.root / f"rank{rank}"
-            names = self._children(rank)
+            names, infos = self._listing(rank)
+            kept = self._kept(rank, self.keep, infos)
+            complete = {info.path.name for info in infos}
+            base = f"{self.root}/rank{rank}"
             spares = sum(name.startswith("spare") for name in names)
             for name in names:
-                child = base / name
-                if name.startswith("spare") or not name.startswith("v") or child in kept or not child.is_dir():
+                if not name.startswith("v") or name in kept or not os.path.isdir(f"{base}/{name}"):
                     continue
-                if spares < SPARES and (child / "manifest.json").is_file() and not (child / LINKED).exists():
-                    os.replace(child / "manifest.json", child / "layout.json")  # not complete from here
-                    child.rename(base / f"spare{child.name[1:]}")
+                child = f"{base}/{name}"
+                if spares < SPARES and name in complete and not os.path.exists(f"{child}/{LINKED}"):
+                    os.replace(f"{child}/manifest.json", f"{child}/layout.json")  # not complete from here
+                    os.rename(child, f"{base}/spare{name[1:]}")
                     spares += 1
                 else:  # older versions, cut-off writes (one writer per rank)
-                    self._remove(child)
+                    self._remove(pathlib.Path(child))
 
     def discard_after(self, step: int) -> None:
         """Remove every rank's versions after ``step`` (a restored run's abandoned future), and every
@@ -768,7 +846,26 @@ class ShardStore:
             self._maps.clear()
 
 
-def _links(directory: pathlib.Path) -> int:
+def _write_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _audited(blocks: int, count: int, step: int) -> np.ndarray:
+    """``count`` rows of ``blocks`` for a save's audit (``write``): spread over the tensor from a
+    start that moves with ``step`` (a multiplicative hash), so that successive saves check other
+    rows; no random generator to build per save."""
+    start = (step * 0x9E3779B1 + 0x7F4A7C15) % blocks
+    stride = max(1, blocks // max(count, 1))
+    return (start + np.arange(count, dtype=np.int64) * (stride + (step % 7))) % blocks
+
+
+def _links(directory: pathlib.Path | str) -> int:
     """How many names a version's data file has (0: none)."""
     try:
         return os.stat(f"{directory}/data.bin").st_nlink
