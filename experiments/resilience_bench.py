@@ -220,10 +220,15 @@ def _summary(
         return [max(r[mode]["step_s"][i] for r in overhead) for i in range(len(overhead[0][mode]["step_s"]))]
 
     off, on = statistics.median(slowest("off")), statistics.median(slowest("on"))
+
     # the CPU every rank's process used per step (all its threads), summed over ranks: against the
     # machine's cores x the step's wall time, how busy the CPUs were
-    cpu_off, cpu_on = (statistics.median(sum(r[mode]["cpu_s"][i] for r in overhead)
-                                         for i in range(len(overhead[0][mode]["cpu_s"]))) for mode in ("off", "on"))  # fmt: skip
+    def cpu(mode: str) -> float:
+        return statistics.median(
+            sum(r[mode]["cpu_s"][i] for r in overhead) for i in range(len(overhead[0][mode]["cpu_s"]))
+        )
+
+    cpu_off, cpu_on = cpu("off"), cpu("on")
     records = [rec for r in overhead for rec in r["on"]["records"]]
     runs = [
         r["on"]["records"][i : i + args.steps] for r in overhead for i in range(0, len(r["on"]["records"]), args.steps)

@@ -253,8 +253,8 @@ def entry_digests(entries: list[Entry], sums: np.ndarray) -> np.ndarray:
     pairs[:, 0] = hash_of(table8[: table8.size - table8.size % 8].view(np.uint64), table8, 8 * firsts, 8 * counts)
     # Step 2: with its place, hashed again: hash_bytes of each (table hash, place hash) pair
     pairs[:, 1] = [_place_hash(entry) for entry in entries]
-    flat8 = pairs.reshape(-1).view(np.uint8)
-    return hash_of(pairs.reshape(-1), flat8, np.arange(len(entries), dtype=np.int64) * 16, np.full(len(entries), 16, np.int64))
+    starts = np.arange(len(entries), dtype=np.int64) * 16
+    return hash_of(pairs.reshape(-1), pairs.reshape(-1).view(np.uint8), starts, np.full(len(entries), 16, np.int64))
 
 
 @functools.lru_cache(maxsize=4096)

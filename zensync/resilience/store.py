@@ -120,9 +120,7 @@ class ShardInfo:
     nbytes: int
 
 
-def flatten(
-    state: Any, prefix: str = "", check: bool = True
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def flatten(state: Any, prefix: str = "", check: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(tensors, JSON values) of a nested dict, keyed by '/'-joined paths (tuples come back as lists).
     ``check`` False: the values are not checked to be JSON here (``ShardStore.write`` encodes them
     once, and raises as this would).
