@@ -231,6 +231,8 @@ class ShardStore:
         self._writing: dict[tuple[int, int], dict[str, Any]] = {}
         """Manifests of versions ``write`` began and ``finish`` has not completed."""
         self._paths: dict[tuple[int, int], pathlib.Path] = {}
+        self._complete: dict[int, tuple[tuple[int, int, int], int]] = {}
+        """``complete_step``'s last reads: rank -> (the file's inode, mtime and size; the step)."""
         self._layouts: dict[tuple[Any, ...], tuple[list[Entry], int, int, list[Any], str]] = {}
         """``_layout_of``'s, by the tensors' names, dtypes and shapes."""
 
@@ -476,11 +478,19 @@ class ShardStore:
 
     def complete_step(self, rank: int) -> int | None:
         """The step ``mark_complete`` last recorded for ``rank`` (None: none)."""
-        try:
-            with open(f"{self.root}/rank{rank}/complete", "rb") as f:
-                return int(json.loads(f.read())["step"])
+        path = f"{self.root}/rank{rank}/complete"
+        try:  # read again only when the file is another (``mark_complete`` renames a new one in place)
+            st = os.stat(path)
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            known = self._complete.get(rank)
+            if known is not None and known[0] == seen:
+                return known[1]
+            with open(path, "rb") as f:
+                step = int(json.loads(f.read())["step"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        self._complete[rank] = (seen, step)
+        return step
 
     # -- listing and reading -----------------------------------------------------------------------
     def versions(self, rank: int) -> list[ShardInfo]:
@@ -859,8 +869,8 @@ def _audited(blocks: int, count: int, step: int) -> np.ndarray:
     start that moves with ``step`` (a multiplicative hash), so that successive saves check other
     rows; no random generator to build per save."""
     start = (step * 0x9E3779B1 + 0x7F4A7C15) % blocks
-    stride = max(1, blocks // max(count, 1))
-    return (start + np.arange(count, dtype=np.int64) * (stride + (step % 7))) % blocks
+    stride = max(1, blocks // max(count, 1)) + step % 7
+    return np.array([(start + i * stride) % blocks for i in range(count)], dtype=np.int64)
 
 
 def _links(directory: pathlib.Path | str) -> int:
