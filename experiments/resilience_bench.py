@@ -264,6 +264,7 @@ def _summary(
         "round_s_median": statistics.median(rounds) if rounds else None,
         "round_cpu_s_median": statistics.median(round_cpus) if round_cpus else None,
         "recovery": victim["recovery"], "storage": victim["storage"],
+        "sender_pack_s": max(r["recovery"].get("pack_s", 0.0) for r in recovery),
         "recovery_speedup": (victim["storage"]["seconds"] / victim["recovery"]["seconds"]
                              if victim["recovery"]["source"] == "peers" else None),
         "lost_beyond_in_flight": args.kill_step - 1 - victim["recovery"]["step"],
@@ -316,7 +317,9 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| steps lost beyond the one in flight | {s['lost_beyond_in_flight']} (target 0) |",
         f"| restore ({rec['source']}) on host {VICTIM} (s) | {rec['seconds']:.3f} "
         f"({rec['fetched_bytes'] / 1e6:.2f} MB fetched; plan / fetch / load {1e3 * rec.get('plan_s', 0):.0f} / "
-        f"{1e3 * rec.get('fetch_s', 0):.0f} / {1e3 * rec.get('load_s', 0):.0f} ms; the wire alone "
+        f"{1e3 * rec.get('fetch_s', 0):.0f} / {1e3 * rec.get('load_s', 0):.0f} ms; of the fetch, the peer's pack "
+        f"{1e3 * s['sender_pack_s']:.0f} ms, the exchange {1e3 * rec.get('exchange_s', 0):.0f} ms, the unpack "
+        f"{1e3 * rec.get('unpack_s', 0):.0f} ms; the wire alone "
         f"{1e3 * rec['fetched_bytes'] * 8 / _rate_bits(meta['rate']):.0f} ms) |",
         f"| the same state from the storage host (s; its step {sto['step']}) | {sto['seconds']:.3f} "
         f"({sto['bytes'] / 1e6:.2f} MB) |",

@@ -171,7 +171,9 @@ class Checkpointer:
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.config.history_size)
         self.recovery: dict[str, Any] | None = None
         """How ``restore`` got its state: {"source", "step", "lost_steps", "seconds", "fetched_bytes", and the
-        seconds of its phases: "plan_s" (every rank's report gathered), "fetch_s" (peers' shards), "load_s"}."""
+        seconds of its phases: "plan_s" (every rank's report gathered), "fetch_s" (peers' shards: of it,
+        "pack_s" packing the shards this rank sends, "exchange_s" the exchange, "unpack_s" checking and
+        keeping the ones it receives), "load_s"}."""
         self._jsonl = self.config.jsonl_path.replace("{rank}", str(self.rank)) if self.config.jsonl_path else None
         self._saved: int | None = None
         """The newest step saved (its version may still be completed on the replication thread)."""
@@ -199,9 +201,9 @@ class Checkpointer:
             require = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         plan = self._plan(require)  # its errors are raised on every rank alike
         planned_s = time.perf_counter()
-        failure, fetched, fetched_s = None, 0, planned_s
+        failure, fetched, fetched_s, phases = None, 0, planned_s, {}
         try:
-            fetched = self._fetch(plan)
+            fetched, phases = self._fetch(plan)
             fetched_s = time.perf_counter()
             if plan.step is not None:
                 load_parts(self._state_at(plan), parts)
@@ -213,7 +215,7 @@ class Checkpointer:
         self.recovery = {"source": plan.source, "step": plan.step, "lost_steps": plan.lost_steps,
                          "seconds": time.perf_counter() - started_s, "fetched_bytes": fetched,
                          "plan_s": planned_s - started_s, "fetch_s": fetched_s - planned_s,
-                         "load_s": loaded_s - fetched_s}  # fmt: skip
+                         "load_s": loaded_s - fetched_s, **phases}  # fmt: skip
         if self.rank == 0:
             logger.info("zensync checkpoint: restored %s", self.recovery)
         self._start_replication()
@@ -234,17 +236,22 @@ class Checkpointer:
         common_disk = sorted(set(reports[0]["dcp"]).intersection(*(r["dcp"] for r in reports[1:])))
         return plan_recovery(reports, common_disk, required)
 
-    def _fetch(self, plan: RecoveryPlan) -> int:
-        """The shards peers send (plan.senders), kept in this host's store; returns the bytes received."""
+    def _fetch(self, plan: RecoveryPlan) -> tuple[int, dict[str, float]]:
+        """The shards peers send (plan.senders), kept in this host's store; returns the bytes received
+        and the seconds of the fetch's phases (``recovery``)."""
         if plan.source != "peers":
-            return 0
+            return 0, {}
         assert plan.step is not None
+        started_s = time.perf_counter()
         blobs = {r: pack(self.store, r, plan.step) for r, holder in plan.senders.items() if holder == self.rank}
-        received = 0
-        for _, data in exchange(self.transport, blobs):
+        packed_s = time.perf_counter()
+        arrived = exchange(self.transport, blobs)
+        exchanged_s = time.perf_counter()
+        for _, data in arrived:
             unpack(self.store, data)
-            received += data.numel()
-        return received
+        phases = {"pack_s": packed_s - started_s, "exchange_s": exchanged_s - packed_s,
+                  "unpack_s": time.perf_counter() - exchanged_s}  # fmt: skip
+        return sum(data.numel() for _, data in arrived), phases
 
     def _state_at(self, plan: RecoveryPlan) -> dict[str | int, Any]:
         assert plan.step is not None

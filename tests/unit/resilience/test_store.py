@@ -275,10 +275,12 @@ def test_discarding_a_future_forgets_its_completeness(tmp_path) -> None:
     assert store.complete_step(0) is None and store.complete_step(1) == 1
 
 
+_LEAVES = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5)
+
+
 @settings(max_examples=40, deadline=None)
 @given(values=st.dictionaries(st.text(min_size=1, max_size=6).filter(lambda k: "/" not in k and k[0] != "#"),
-                              st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                                           lambda inner: st.lists(inner, max_size=3), max_leaves=6),
+                              st.recursive(_LEAVES, lambda inner: st.lists(inner, max_size=3), max_leaves=6),
                               max_size=4))  # fmt: skip
 def test_the_manifest_is_the_json_of_its_fields(tmp_path_factory, values) -> None:
     """``finish`` writes the manifest from the layout's and the values' JSON, encoded once each: the
@@ -310,7 +312,7 @@ def test_pins_released_are_forgotten(tmp_path) -> None:
     for step in range(50):
         with store.pinned(0, step):
             store.save(0, step, {"w": torch.full((2,), float(step))})
-    assert store._pins == {}  # noqa: SLF001 - the leak had no other symptom than this table's size
+    assert store._pins == {}  # the leak had no other symptom than this table's size
     assert [v.step for v in store.versions(0)] == [48, 49]
 
 
