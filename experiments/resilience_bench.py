@@ -220,6 +220,11 @@ def _summary(
         return [max(r[mode]["step_s"][i] for r in overhead) for i in range(len(overhead[0][mode]["step_s"]))]
 
     off, on = statistics.median(slowest("off")), statistics.median(slowest("on"))
+    # each round's own overhead (its two runs back to back): the machine's drift between rounds, which
+    # moves a run's steps by more than the checkpoints do, falls out of each ratio
+    on_steps, off_steps = slowest("on"), slowest("off")
+    per_round = [statistics.median(on_steps[k : k + args.steps]) / statistics.median(off_steps[k : k + args.steps]) - 1
+                 for k in range(0, len(on_steps), args.steps)]  # fmt: skip
 
     # the CPU every rank's process used per step (all its threads), summed over ranks: against the
     # machine's cores x the step's wall time, how busy the CPUs were
@@ -239,7 +244,7 @@ def _summary(
     rounds = [t for rec in records for t in rec.get("round_s", [])]
     round_cpus = [t for run in runs for t in [t for rec in run for t in rec.get("round_cpu_s", [])][1:]]
     # steady state: the steps after a run's first version had all its replicas (deltas from then on)
-    on_steps, steady = slowest("on"), []
+    steady = []
     for i in range(len(overhead[0]["on"]["records"])):
         if all(r["on"]["records"][i].get("complete_step") is not None for r in overhead):
             steady.append(on_steps[i])
@@ -247,7 +252,7 @@ def _summary(
     victim = recovery[VICTIM]
     return {
         "step_s_off": off, "step_s_on": on, "overhead": on / off - 1.0,
-        "cpu_s_off": cpu_off, "cpu_s_on": cpu_on, "cpus": os.cpu_count(),
+        "cpu_s_off": cpu_off, "cpu_s_on": cpu_on, "cpus": os.cpu_count(), "overhead_rounds": per_round,
         "steady_steps": len(steady), "step_s_on_steady": statistics.median(steady) if steady else None,
         "overhead_steady": statistics.median(steady) / off - 1.0 if steady else None,
         "shard_bytes": statistics.median(rec["bytes"] for rec in records),
@@ -292,6 +297,9 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| step without checkpoints (s, median of max over ranks) | {s['step_s_off']:.4f} |",
         f"| step with a checkpoint every step + {meta['replicas']} replica (s) | {s['step_s_on']:.4f} |",
         f"| overhead | {100 * s['overhead']:+.1f} % (target <= 5 %) |",
+        f"| overhead of each round (its runs with and without, back to back): median / min / max | "
+        f"{100 * statistics.median(s['overhead_rounds']):+.1f} / {100 * min(s['overhead_rounds']):+.1f} / "
+        f"{100 * max(s['overhead_rounds']):+.1f} % ({len(s['overhead_rounds'])} rounds) |",
         f"| CPU per step, all {WORKERS} ranks' processes (ms, median): without / with checkpoints | "
         f"{1e3 * s['cpu_s_off']:.1f} / {1e3 * s['cpu_s_on']:.1f} (the machine's {s['cpus']} cores give "
         f"{1e3 * s['cpus'] * s['step_s_off']:.0f} per step without) |",
