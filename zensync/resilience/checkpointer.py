@@ -199,14 +199,14 @@ class Checkpointer:
         started_s = time.perf_counter()
         if require is None:
             require = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        plan = self._plan(require)  # its errors are raised on every rank alike
+        plan, seen = self._plan(require)  # its errors are raised on every rank alike
         planned_s = time.perf_counter()
         failure, fetched, fetched_s, phases = None, 0, planned_s, {}
         try:
             fetched, phases = self._fetch(plan)
             fetched_s = time.perf_counter()
             if plan.step is not None:
-                load_parts(self._state_at(plan), parts)
+                load_parts(self._state_at(plan, seen), parts)
                 self.store.discard_after(plan.step)  # saved after it: a future the run no longer has
         except (FileNotFoundError, KeyError, ValueError, RuntimeError, OSError) as exc:
             failure = exc
@@ -221,11 +221,12 @@ class Checkpointer:
         self._start_replication()
         return 0 if plan.step is None else plan.step + 1
 
-    def _plan(self, required: bool) -> RecoveryPlan:
-        """Every rank's report gathered, and the plan all compute alike (recover.plan_recovery)."""
+    def _plan(self, required: bool) -> tuple[RecoveryPlan, dict[Any, Any]]:
+        """Every rank's report gathered, and the plan all compute alike (recover.plan_recovery); with
+        the files this rank's report verified (``ShardStore.verified``: the load checks them no more)."""
+        seen: dict[Any, Any] = {}  # a replica linking this rank's own files is checked once
         try:  # this rank's stores: an error here still joins the gather (its peers must not wait)
             disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
-            seen: dict[Any, Any] = {}  # a replica linking this rank's own files is checked once
             report: dict[str, Any] = {"have": {str(r): self.store.verified(r, seen) for r in self.store.ranks()},
                                       "dcp": disk}  # fmt: skip
         except OSError as exc:
@@ -234,7 +235,7 @@ class Checkpointer:
         reports = [json.loads(bytes(t.tolist())) for t in self.transport.all_gather_v(mine)]
         _raise_failures([(r, rep["error"]) for r, rep in enumerate(reports) if "error" in rep], None)
         common_disk = sorted(set(reports[0]["dcp"]).intersection(*(r["dcp"] for r in reports[1:])))
-        return plan_recovery(reports, common_disk, required)
+        return plan_recovery(reports, common_disk, required), seen
 
     def _fetch(self, plan: RecoveryPlan) -> tuple[int, dict[str, float]]:
         """The shards peers send (plan.senders), kept in this host's store; returns the bytes received
@@ -253,10 +254,10 @@ class Checkpointer:
                   "unpack_s": time.perf_counter() - exchanged_s}  # fmt: skip
         return sum(data.numel() for _, data in arrived), phases
 
-    def _state_at(self, plan: RecoveryPlan) -> dict[str | int, Any]:
+    def _state_at(self, plan: RecoveryPlan, seen: dict[Any, Any]) -> dict[str | int, Any]:
         assert plan.step is not None
         if plan.source != "dcp":
-            return self.store.load(self.rank, plan.step)
+            return self.store.load(self.rank, plan.step, seen)
         assert self.config.dcp_dir is not None
         state = load_dcp_state(pathlib.Path(self.config.dcp_dir) / f"step{plan.step}", self._torch())
         if not any(v.step >= plan.step for v in self.store.versions(self.rank)):

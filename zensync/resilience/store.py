@@ -526,9 +526,10 @@ class ShardStore:
             pass
         return None
 
-    def load(self, rank: int, step: int | None = None) -> dict[str | int, Any]:
+    def load(self, rank: int, step: int | None = None, seen: _Seen | None = None) -> dict[str | int, Any]:
         """The newest complete shard of ``rank`` that verifies (or the one at ``step``), as a nested
-        dict of tensors (copied out of shared memory) and values.
+        dict of tensors (copied out of shared memory) and values. ``seen``: the files the caller's
+        ``verified`` checked, while nothing wrote them: their blocks are not hashed again.
 
         Raises:
             FileNotFoundError: If ``rank`` has no complete shard (at ``step``, when given) that verifies;
@@ -538,7 +539,7 @@ class ShardStore:
         skipped = []
         for info in reversed(candidates):
             try:
-                return self.read(info)
+                return self.read(info, seen)
             except CorruptShard as exc:
                 logger.error("zensync checkpoint: %s", exc)
                 skipped.append(str(exc))
@@ -546,13 +547,14 @@ class ShardStore:
         raise FileNotFoundError(f"no {wanted} checkpoint shard of rank {rank} under {self.root} verifies"
                                 + (f"; skipped: {skipped}" if skipped else ""))  # fmt: skip
 
-    def read(self, info: ShardInfo) -> dict[str | int, Any]:
-        """One shard, checked against its manifest (sizes, every block's hash, the table's hash).
+    def read(self, info: ShardInfo, seen: _Seen | None = None) -> dict[str | int, Any]:
+        """One shard, checked against its manifest (sizes, every block's hash, the table's hash; the
+        block hashes skipped for files in ``seen``, as ``verify``).
 
         Raises:
             CorruptShard: On any mismatch.
         """
-        with self._checked(info) as (manifest, entries, mapped):
+        with self._checked(info, seen) as (manifest, entries, mapped):
             flat: dict[str, Any] = dict(manifest.get("values", {}))
             for entry in entries:
                 out = torch.empty(entry.shape, dtype=_DTYPES[entry.dtype])

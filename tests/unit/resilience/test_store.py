@@ -333,3 +333,19 @@ def test_audited_rows_lie_in_the_tensor_and_move_with_the_step() -> None:
     assert all(r.size == 16 and r.min() >= 0 and r.max() < 50_000 for r in rows)
     assert len({tuple(r.tolist()) for r in rows}) == 20  # each save checks other rows
     assert all(0 <= row < 3 for step in range(10) for row in store_module._audited(3, 3, step).tolist())
+
+
+def test_a_load_after_the_reports_check_hashes_nothing_again(tmp_path, monkeypatch) -> None:
+    """Restore verifies every version for its report (``verified``), then loads one: with the files
+    the report checked (``seen``), the load hashes no block again; without, it does."""
+    store = ShardStore(tmp_path, keep=2)
+    for step in (1, 2):
+        store.save(0, step, {"w": torch.full((8, 16), float(step))})
+    checked = []
+    real = store_module._check_blocks
+    monkeypatch.setattr(store_module, "_check_blocks", lambda *a: checked.append(a[-1]) or real(*a))
+    seen: dict = {}
+    assert store.verified(0, seen) == [1, 2] and len(checked) == 2
+    assert torch.equal(store.load(0, 2, seen)["w"], torch.full((8, 16), 2.0)) and len(checked) == 2
+    store.load(0, 2)
+    assert len(checked) == 3
