@@ -51,9 +51,9 @@ from zensync.resilience.dirty import ChangeTracker
 from zensync.resilience.gate import IdleGate
 from zensync.resilience.memory import load_parts, state_of
 from zensync.resilience.placement import PLACEMENTS
-from zensync.resilience.recover import RecoveryPlan, plan_recovery
+from zensync.resilience.recover import RecoveryPlan, checks, plan_recovery, without
 from zensync.resilience.replicate import Replicator, exchange, pack, unpack
-from zensync.resilience.store import ShardStore, flatten, unflatten
+from zensync.resilience.store import CorruptShard, ShardStore, flatten, unflatten
 from zensync.sync.agreement import describe_failure, gather_messages_async
 from zensync.transport import TorchTransport, Transport, transport_for_group
 from zensync.transport.dcp import dcp_load_rank, dcp_save_rank, dcp_steps
@@ -201,7 +201,7 @@ class Checkpointer:
             require = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
         plan, seen = self._plan(require)  # its errors are raised on every rank alike
         planned_s = time.perf_counter()
-        failure, fetched, fetched_s, phases = None, 0, planned_s, {}
+        failure, fetched, fetched_s, phases = None, 0, planned_s, dict[str, float]()
         try:
             fetched, phases = self._fetch(plan)
             fetched_s = time.perf_counter()
@@ -222,20 +222,48 @@ class Checkpointer:
         return 0 if plan.step is None else plan.step + 1
 
     def _plan(self, required: bool) -> tuple[RecoveryPlan, dict[Any, Any]]:
-        """Every rank's report gathered, and the plan all compute alike (recover.plan_recovery); with
-        the files this rank's report verified (``ShardStore.verified``: the load checks them no more)."""
+        """Every rank's report gathered, and the plan all compute alike (recover.plan_recovery), once
+        every version it uses is intact: each rank checks the ones its host serves (``recover.checks``)
+        and all agree; a version found corrupt is struck and the plan computed again. Returns it with
+        the files this rank checked (the load hashes them no more)."""
         seen: dict[Any, Any] = {}  # a replica linking this rank's own files is checked once
         try:  # this rank's stores: an error here still joins the gather (its peers must not wait)
             disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
-            report: dict[str, Any] = {"have": {str(r): self.store.verified(r, seen) for r in self.store.ranks()},
-                                      "dcp": disk}  # fmt: skip
+            have = {str(r): [v.step for v in self.store.versions(r)] for r in self.store.ranks()}
+            report: dict[str, Any] = {"have": have, "dcp": disk}
         except OSError as exc:
             report = {"error": describe_failure(exc).decode(errors="replace")}
-        mine = torch.frombuffer(bytearray(json.dumps(report).encode()), dtype=torch.uint8)
-        reports = [json.loads(bytes(t.tolist())) for t in self.transport.all_gather_v(mine)]
+        reports = self._gather_json(report)
         _raise_failures([(r, rep["error"]) for r, rep in enumerate(reports) if "error" in rep], None)
         common_disk = sorted(set(reports[0]["dcp"]).intersection(*(r["dcp"] for r in reports[1:])))
-        return plan_recovery(reports, common_disk, required), seen
+        failed: set[tuple[int, int, int]] = set()  # (holder, rank, step) found corrupt
+        while True:  # each pass strikes at least one version: it ends
+            plan = plan_recovery(without(reports, failed), common_disk, required)
+            step = plan.step
+            if step is None or plan.source == "dcp":  # alike on every rank: memory is not read
+                return plan, seen
+            corrupt = [r for r in checks(plan, self.rank) if not self._intact(r, step, seen)]
+            found = {(holder, r, step) for holder, ranks in enumerate(self._gather_json(corrupt)) for r in ranks}
+            if not found:
+                return plan, seen
+            failed |= found
+
+    def _gather_json(self, value: Any) -> list[Any]:
+        """Every rank's JSON ``value``, in rank order."""
+        mine = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
+        return [json.loads(bytes(t.tolist())) for t in self.transport.all_gather_v(mine)]
+
+    def _intact(self, rank: int, step: int, seen: dict[Any, Any]) -> bool:
+        """``rank``'s version ``step`` in this host's store passes its checks (``ShardStore.verify``)."""
+        info = self.store.version(rank, step)
+        try:
+            if info is None:
+                raise CorruptShard(f"rank {rank}'s step {step} is gone from {self.store.root}")
+            self.store.verify(info, seen)
+        except (CorruptShard, OSError) as exc:
+            logger.error("zensync checkpoint: restore skips a version: %s", exc)
+            return False
+        return True
 
     def _fetch(self, plan: RecoveryPlan) -> tuple[int, dict[str, float]]:
         """The shards peers send (plan.senders), kept in this host's store; returns the bytes received

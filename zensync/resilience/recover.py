@@ -1,8 +1,11 @@
 """Where a restarted job's state comes from: the step every rank can restore, and who serves it.
 
-Every rank reports the verified versions its host's store holds, of its own shard and of the
+Every rank reports the complete versions its host's store holds, of its own shard and of the
 peers' shards it keeps replicas of (``Report``); every rank computes the same ``RecoveryPlan``
-from all reports (``plan_recovery``), so no rank decides apart:
+from all reports (``plan_recovery``), so no rank decides apart. Only the versions a plan uses are
+then checked against their checksums (``checks``: each rank's own, and the shards it sends); a
+version that fails is struck from the reports (``without``) and the plan computed again, on every
+rank alike (``Checkpointer.restore``):
 
 - the step restored is the newest step whose shard exists, verified, somewhere for *every* rank
   (memory: "local" when each rank has its own, "peers" when a rank's host was replaced and a peer
@@ -22,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-__all__ = ["RecoveryPlan", "plan_recovery"]
+__all__ = ["RecoveryPlan", "checks", "plan_recovery", "without"]
 
 Source = Literal["local", "peers", "dcp", "fresh"]
 
 Report = dict[str, Any]
-"""One rank's ``{"have": {"<rank>": [verified steps]}}``, as JSON."""
+"""One rank's ``{"have": {"<rank>": [steps]}}``, as JSON."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,3 +84,23 @@ def plan_recovery(reports: list[Report], dcp_steps: list[int], required: bool = 
         f"{'none' if missing else 'no step in common with the others'} in any host's memory, and no "
         f"torch.distributed.checkpoint on disk is given (dcp_dir) or complete"
     )
+
+
+def checks(plan: RecoveryPlan, rank: int) -> list[int]:
+    """The ranks whose version of ``plan.step`` this ``rank``'s host must find intact before the plan
+    holds: its own (unless a peer sends it) and the shards it sends; none for a disk or fresh plan."""
+    if plan.step is None or plan.source == "dcp":
+        return []
+    return ([] if rank in plan.senders else [rank]) + sorted(r for r, holder in plan.senders.items() if holder == rank)
+
+
+def without(reports: list[Report], failed: set[tuple[int, int, int]]) -> list[Report]:
+    """``reports`` less the versions found corrupt: (holder, rank, step) each."""
+    if not failed:
+        return reports
+    out = []
+    for holder, report in enumerate(reports):
+        have = {key: [s for s in steps if (holder, int(key), int(s)) not in failed]
+                for key, steps in report["have"].items()}  # fmt: skip
+        out.append({**report, "have": have})
+    return out

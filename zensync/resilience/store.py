@@ -638,6 +638,9 @@ class ShardStore:
     def put_full(self, manifest: bytes, sums: bytes | memoryview, data: bytes | memoryview) -> ShardInfo:
         """Store a shard ``raw`` gave (another host's), as complete only once it verifies.
 
+        A version of the same manifest already here is kept when it verifies, and replaced by the
+        copy received when it does not.
+
         Raises:
             CorruptShard: If the manifest is unreadable or the bytes do not match it (no complete
                 version is kept).
@@ -645,8 +648,11 @@ class ShardStore:
         header, rank, step, nbytes = _header(manifest)
         held = self.version(rank, step)
         if held is not None and self.raw_manifest(held) == manifest:
-            self.verify(held)  # the same version, already here (a host holding its own replica)
-            return held
+            try:
+                self.verify(held)  # the same version, already here (a host holding its own replica)
+                return held
+            except CorruptShard as exc:  # the copy received replaces it (written over, or fresh)
+                logger.error("zensync checkpoint: %s; replaced by the copy received", exc)
         entries = _entries(header, f"rank {rank}'s step {step} received")
         table = np.frombuffer(bytes(sums), dtype=np.uint64) if len(sums) % 8 == 0 else None
         if table is None or table.size != header["nsums"] or len(data) != nbytes:

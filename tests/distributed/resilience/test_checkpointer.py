@@ -263,11 +263,12 @@ def _unreadable_store(rank: int, world_size: int, root: str) -> str:
     ckpt = Checkpointer(CheckpointConfig(root=f"{root}/host{rank}", replicas=1), hook_state=state)
     if rank == 1:
 
-        def verified(*_: Any) -> list[int]:
+        ckpt.store.save(1, 0, {"w": torch.zeros(1)})  # a shard to report
+
+        def versions(*_: Any) -> list[Any]:
             raise PermissionError("the store is unreadable")
 
-        ckpt.store.verified = verified  # type: ignore[method-assign]
-        ckpt.store.save(1, 0, {"w": torch.zeros(1)})  # a shard to report
+        ckpt.store.versions = versions  # type: ignore[method-assign]
     try:
         ckpt.restore(model=model, optimizer=opt, zensync=state)
     except OSError as exc:
@@ -279,3 +280,53 @@ def _unreadable_store(rank: int, world_size: int, root: str) -> str:
 def test_a_rank_that_cannot_read_its_store_fails_every_rank_alike(tmp_path) -> None:
     said = {out for out in launch(_unreadable_store, WORLD, (str(tmp_path),), tmp_path)}
     assert len(said) == 1 and "rank(s) [1]" in (only := said.pop()) and "PermissionError" in only
+
+
+def _corrupt_newest(rank: int, world_size: int, root: str, where: str) -> dict[str, Any]:
+    """Steps 0-3 saved and replicated; then a byte of a stored copy of step 3 flipped (``where``:
+    rank 1's own on host 1, or that and its replica on host 0 as well); every rank restores."""
+    config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1)
+    model, ddp, opt, state = _setup()
+    ckpt = Checkpointer(config, hook_state=state)
+    ckpt.restore(model=model, optimizer=opt, zensync=state)
+    _train(ddp, opt, rank, range(CRASH_AFTER), ckpt, model, state)
+    assert ckpt.wait_replicated(REPLICATION_TIMEOUT_S)
+    ckpt.close()
+    state.close()
+    ckpt.transport.barrier()
+    corrupt = {1: [1], 0: [1] if where == "both" else []}.get(rank, [])
+    for owner in corrupt:  # on host 0, rank 1's replica links host 0's own files (dedup): corrupt those
+        info = ckpt.store.version(owner, CRASH_AFTER - 1)
+        assert info is not None
+        with open(info.path / "data.bin", "r+b") as f:
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 0x10]))
+    ckpt.transport.barrier()
+    model, ddp, opt, state = _setup()
+    ckpt = Checkpointer(config, hook_state=state)
+    start = ckpt.restore(require=True, model=model, optimizer=opt, zensync=state)
+    after = _train(ddp, opt, rank, range(start, STEPS), ckpt, model, state)
+    ckpt.close()
+    state.close()
+    return {"start": start, "recovery": ckpt.recovery, "after": after,
+            "params": [p.detach().clone() for p in model.parameters()], "want": _uninterrupted(rank)}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", ["own", "both"])
+def test_a_stored_copy_that_fails_its_checksums_is_never_loaded(tmp_path, where: str) -> None:
+    """Restore checks only the versions its plan uses: rank 1's own step 3, corrupt, is struck and
+    the plan made again, with step 3 from rank 1's replica on host 0; with that copy corrupt too,
+    every rank restores step 2. Either way the run goes on as the uninterrupted one."""
+    results = launch(_corrupt_newest, WORLD, (str(tmp_path), where), tmp_path)
+    step = CRASH_AFTER - 1 if where == "own" else CRASH_AFTER - 2
+    for rank, out in enumerate(results):
+        rec = out["recovery"]
+        assert out["start"] == step + 1 and rec["step"] == step
+        assert rec["source"] == ("peers" if where == "own" else "local")
+        assert (rec["fetched_bytes"] > 0) == (where == "own" and rank == 1)
+        want_losses, want_params = out["want"]
+        assert out["after"] == want_losses[step + 1 :]
+        for got, want in zip(out["params"], want_params, strict=True):
+            assert torch.equal(got, want)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zensync.resilience import RecoveryPlan, plan_recovery
+from zensync.resilience.recover import checks, without
 
 
 def _reports(*holdings: dict[int, list[int]]) -> list[dict]:
@@ -123,3 +124,21 @@ def test_replicas_of_ranks_outside_this_world_are_ignored() -> None:
     assert plan == RecoveryPlan("local", 3, {}, 0)
     with pytest.raises(FileNotFoundError, match=r"ranks \[1\]"):
         plan_recovery([{"have": {"0": [3], "-1": [3]}}, {"have": {}}], [])
+
+
+def test_each_host_checks_the_versions_it_serves() -> None:
+    """``checks``: a rank checks its own version of the plan's step unless a peer sends it, and the
+    shards it sends; nothing for a plan from disk or a fresh start."""
+    peers = RecoveryPlan("peers", 7, {2: 3, 0: 3}, 0)
+    assert [checks(peers, r) for r in range(4)] == [[], [1], [], [3, 0, 2]]
+    assert checks(RecoveryPlan("local", 4, {}, 0), 2) == [2]
+    assert checks(RecoveryPlan("dcp", 4), 0) == [] and checks(RecoveryPlan("fresh", None), 0) == []
+
+
+def test_a_corrupt_version_struck_from_the_reports_moves_the_plan() -> None:
+    """Rank 1's own step 4 found corrupt: its replica on host 0 serves it; that one corrupt too:
+    every rank goes back to step 3."""
+    reports = _reports({0: [3, 4], 1: [3, 4]}, {1: [3, 4], 0: [3, 4]})
+    assert plan_recovery(without(reports, {(1, 1, 4)}), []) == RecoveryPlan("peers", 4, {1: 0}, 0)
+    assert plan_recovery(without(reports, {(1, 1, 4), (0, 1, 4)}), []) == RecoveryPlan("local", 3, {}, 1)
+    assert without(reports, set()) is reports and reports[1]["have"]["1"] == [3, 4]  # the input is kept
