@@ -768,17 +768,24 @@ class ShardStore:
         target, recycled = self._claim(rank, step, header)
         self._pin(rank, step, +1)
         try:
-            dst = self._mapped(target, nbytes, nsums, create=not recycled)
-            dst.layout, dst.entries, dst.sums_hash = None, None, None  # until complete
-            stale = dst.sums != table  # blocks the overwritten version lacks and the delta does not carry
-            stale[ids] = False
-            if donor is not None:
-                copy_from(dst, donor, *_spans(entries, np.flatnonzero(stale & from_donor)))
-            if base is not None:
-                copy_from(dst, base, *_spans(entries, np.flatnonzero(stale & ~from_donor)))
-            if not (copy_hash_in(dst, starts, lengths, payload, sources) == sums).all():
-                raise CorruptShard(f"{where}: a block does not match its hash")
-            dst.sums[:] = table
+            if stored and not recycled:  # a whole version into new files: the kernel writes its pages
+                if not (_hashes_in(payload, starts, lengths) == sums).all():  # (no page faults to fill them)
+                    raise CorruptShard(f"{where}: a block does not match its hash")
+                _write_file(f"{target}/data.bin", payload)
+                _write_file(f"{target}/sums.bin", table)
+                dst = self._mapped(target, nbytes, nsums)
+            else:
+                dst = self._mapped(target, nbytes, nsums, create=not recycled)
+                dst.layout, dst.entries, dst.sums_hash = None, None, None  # until complete
+                stale = dst.sums != table  # blocks the overwritten version lacks and the delta does not carry
+                stale[ids] = False
+                if donor is not None:
+                    copy_from(dst, donor, *_spans(entries, np.flatnonzero(stale & from_donor)))
+                if base is not None:
+                    copy_from(dst, base, *_spans(entries, np.flatnonzero(stale & ~from_donor)))
+                if not (copy_hash_in(dst, starts, lengths, payload, sources) == sums).all():
+                    raise CorruptShard(f"{where}: a block does not match its hash")
+                dst.sums[:] = table
             dst.layout, dst.entries, dst.sums_hash = _layout(header), entries, header["sums_hash"]
             (target / "manifest.json.tmp").write_bytes(manifest)
             os.replace(target / "manifest.json.tmp", target / "manifest.json")
@@ -862,14 +869,21 @@ class ShardStore:
             self._maps.clear()
 
 
-def _write_file(path: str, data: bytes) -> None:
+def _write_file(path: str, data: bytes | np.ndarray) -> None:
+    """Write ``data`` (bytes, or a contiguous array's bytes) as the file ``path``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
+        view = memoryview(data).cast("B")
         while view:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+
+
+def _hashes_in(payload: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The hashes of blocks of a payload laid out as ``data.bin`` (``starts``: multiples of 8)."""
+    aligned = payload if payload.ctypes.data % 8 == 0 else payload.copy()
+    return hash_of(aligned[: aligned.size - aligned.size % 8].view(np.uint64), aligned, starts, lengths)
 
 
 def _audited(blocks: int, count: int, step: int) -> np.ndarray:
