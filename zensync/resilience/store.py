@@ -73,11 +73,12 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 2
 SPARES = 1
-_PATHS = 4096
-_LAYOUTS = 16
-"""Layouts ``ShardStore._layout_of`` remembers."""
 """Versions past ``keep`` held per rank as spares: the next save overwrites one in place (its pages
 mapped, only its stale blocks written) instead of writing a new file."""
+_PATHS = 4096
+"""Version paths ``ShardStore._dir`` remembers (then it starts again)."""
+_LAYOUTS = 16
+"""Layouts ``ShardStore._layout_of`` remembers (then it starts again)."""
 _Seen = dict[Any, list[Entry]]
 """Files a verification checked: (data inode, sums inode, table hash) -> the entries checked."""
 LINKED = "linked"
@@ -529,7 +530,7 @@ class ShardStore:
     def load(self, rank: int, step: int | None = None, seen: _Seen | None = None) -> dict[str | int, Any]:
         """The newest complete shard of ``rank`` that verifies (or the one at ``step``), as a nested
         dict of tensors (copied out of shared memory) and values. ``seen``: the files the caller's
-        ``verified`` checked, while nothing wrote them: their blocks are not hashed again.
+        ``verify`` or ``verified`` checked, while nothing wrote them: their blocks are not hashed again.
 
         Raises:
             FileNotFoundError: If ``rank`` has no complete shard (at ``step``, when given) that verifies;
