@@ -314,7 +314,7 @@ def _corrupt_newest(rank: int, world_size: int, root: str, where: str) -> dict[s
             "params": [p.detach().clone() for p in model.parameters()], "want": _uninterrupted(rank)}  # fmt: skip
 
 
-@pytest.mark.parametrize("where", ["own", "both"])
+@pytest.mark.parametrize("where", ["own", pytest.param("both", marks=pytest.mark.slow)])
 def test_a_stored_copy_that_fails_its_checksums_is_never_loaded(tmp_path, where: str) -> None:
     """Restore checks only the versions its plan uses: rank 1's own step 3, corrupt, is struck and
     the plan made again, with step 3 from rank 1's replica on host 0; with that copy corrupt too,
