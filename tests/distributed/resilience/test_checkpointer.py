@@ -262,7 +262,6 @@ def _unreadable_store(rank: int, world_size: int, root: str) -> str:
     model, _ddp, opt, state = _setup()
     ckpt = Checkpointer(CheckpointConfig(root=f"{root}/host{rank}", replicas=1), hook_state=state)
     if rank == 1:
-
         ckpt.store.save(1, 0, {"w": torch.zeros(1)})  # a shard to report
 
         def versions(*_: Any) -> list[Any]:
@@ -317,9 +316,11 @@ def _corrupt_newest(rank: int, world_size: int, root: str, where: str) -> dict[s
 @pytest.mark.parametrize("where", ["own", pytest.param("both", marks=pytest.mark.slow)])
 def test_a_stored_copy_that_fails_its_checksums_is_never_loaded(tmp_path, where: str) -> None:
     """Restore checks only the versions its plan uses: rank 1's own step 3, corrupt, is struck and
-    the plan made again, with step 3 from rank 1's replica on host 0; with that copy corrupt too,
-    every rank restores step 2. Either way the run goes on as the uninterrupted one."""
-    results = launch(_corrupt_newest, WORLD, (str(tmp_path), where), tmp_path)
+    the plan made again, with step 3 from rank 1's replica on host 0; with that copy corrupt too
+    (on host 0 it links host 0's own files: rank 0's step 3 is corrupt with it, and rank 0's replica
+    on host 1 links rank 1's corrupt files), every rank restores step 2. Either way the run goes on
+    as the uninterrupted one."""
+    results = launch(_corrupt_newest, 2, (str(tmp_path), where), tmp_path)  # hosts 0 and 1 hold each other's
     step = CRASH_AFTER - 1 if where == "own" else CRASH_AFTER - 2
     for rank, out in enumerate(results):
         rec = out["recovery"]
