@@ -874,7 +874,7 @@ def _write_file(path: str, data: bytes | np.ndarray) -> None:
     """Write ``data`` (bytes, or a contiguous array's bytes) as the file ``path``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data).cast("B")
+        view = (data.data if isinstance(data, np.ndarray) else memoryview(data)).cast("B")
         while view:
             view = view[os.write(fd, view) :]
     finally:
