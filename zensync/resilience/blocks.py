@@ -45,6 +45,7 @@ __all__ = [
     "entry_digests",
     "gather",
     "hash_bytes",
+    "hash_in",
     "hash_of",
     "num_blocks",
     "payload_places",
@@ -279,11 +280,20 @@ def copy_hash_in(dst: Mapped, starts: np.ndarray, lengths: np.ndarray, payload: 
                  sources: np.ndarray) -> np.ndarray:  # fmt: skip
     """Write blocks of ``payload`` (at ``sources``, multiples of 8) to ``starts`` of ``dst``'s data;
     returns their hashes (computed in the same pass). The caller checked the payload's size."""
-    aligned = payload if payload.ctypes.data % 8 == 0 else payload.copy()
     out = np.empty(starts.size, dtype=np.uint64)
-    src64 = aligned[: aligned.size - aligned.size % 8].view(np.uint64)
-    _k.copy_hash_blocks(src64, aligned, sources, dst.data64, dst.data8, starts, lengths, out)
+    _k.copy_hash_blocks(*_payload_words(payload), sources, dst.data64, dst.data8, starts, lengths, out)
     return out
+
+
+def hash_in(payload: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The hashes of blocks of ``payload`` (at ``starts``, multiples of 8), as ``copy_hash_in``'s."""
+    return hash_of(*_payload_words(payload), starts, lengths)
+
+
+def _payload_words(payload: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(words, bytes) views of a received payload (copied first when it starts off a word)."""
+    aligned = payload if payload.ctypes.data % 8 == 0 else payload.copy()
+    return aligned[: aligned.size - aligned.size % 8].view(np.uint64), aligned
 
 
 def gather(src: Mapped, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -53,7 +53,7 @@ from zensync.resilience.memory import load_parts, state_of
 from zensync.resilience.placement import PLACEMENTS
 from zensync.resilience.recover import RecoveryPlan, checks, plan_recovery, without
 from zensync.resilience.replicate import Replicator, exchange, pack, unpack
-from zensync.resilience.store import CorruptShard, ShardStore, flatten, unflatten
+from zensync.resilience.store import ShardStore, flatten, unflatten
 from zensync.sync.agreement import describe_failure, gather_messages_async
 from zensync.transport import TorchTransport, Transport, transport_for_group
 from zensync.transport.dcp import dcp_load_rank, dcp_save_rank, dcp_steps
@@ -242,7 +242,7 @@ class Checkpointer:
             step = plan.step
             if step is None or plan.source == "dcp":  # alike on every rank: memory is not read
                 return plan, seen
-            corrupt = [r for r in checks(plan, self.rank) if not self._intact(r, step, seen)]
+            corrupt = [r for r in checks(plan, self.rank) if not self.store.intact(r, step, seen)]
             found = {(holder, r, step) for holder, ranks in enumerate(self._gather_json(corrupt)) for r in ranks}
             if not found:
                 return plan, seen
@@ -252,18 +252,6 @@ class Checkpointer:
         """Every rank's JSON ``value``, in rank order."""
         mine = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
         return [json.loads(bytes(t.tolist())) for t in self.transport.all_gather_v(mine)]
-
-    def _intact(self, rank: int, step: int, seen: dict[Any, Any]) -> bool:
-        """``rank``'s version ``step`` in this host's store passes its checks (``ShardStore.verify``)."""
-        info = self.store.version(rank, step)
-        try:
-            if info is None:
-                raise CorruptShard(f"rank {rank}'s step {step} is gone from {self.store.root}")
-            self.store.verify(info, seen)
-        except (CorruptShard, OSError) as exc:
-            logger.error("zensync checkpoint: restore skips a version: %s", exc)
-            return False
-        return True
 
     def _fetch(self, plan: RecoveryPlan) -> tuple[int, dict[str, float]]:
         """The shards peers send (plan.senders), kept in this host's store; returns the bytes received

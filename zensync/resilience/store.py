@@ -62,6 +62,7 @@ from zensync.resilience.blocks import (
     entry_digests,
     gather,
     hash_bytes,
+    hash_in,
     hash_of,
     payload_places,
     write_blocks,
@@ -229,8 +230,6 @@ class ShardStore:
         self._maps: dict[int, Mapped] = {}
         """Writable maps of the versions this process writes, by data file inode (kept across saves:
         a recycled version's pages are mapped once, not faulted in again at every save)."""
-        self._writing: dict[tuple[int, int], dict[str, Any]] = {}
-        """Manifests of versions ``write`` began and ``finish`` has not completed."""
         self._paths: dict[tuple[int, int], pathlib.Path] = {}
         self._complete: dict[int, tuple[tuple[int, int, int], int]] = {}
         """``complete_step``'s last reads: rank -> (the file's inode, mtime and size; the step)."""
@@ -285,7 +284,6 @@ class ShardStore:
                     "entries": described, "values": values}  # fmt: skip
         target, recycled = self._claim(rank, step, manifest, forward=True)
         self._pin(rank, step, +1)
-        self._writing[rank, step] = manifest
         dst = self._mapped(target, nbytes, nsums, create=not recycled)
         dst.layout, dst.entries, dst.sums_hash = _layout(manifest), entries, None
         ref = self._reference(rank, since, manifest) if recycled and changed else None
@@ -366,11 +364,9 @@ class ShardStore:
                     f'{{"format": {FORMAT}, "rank": {info.rank}, "step": {info.step}, "nbytes": {info.nbytes}, '
                     f'"nsums": {manifest["nsums"]}, "entries": {entries_text}, "values": {values_text}, '
                     f'"sums_hash": "{manifest["sums_hash"]}"}}')  # fmt: skip
-            _write_file(f"{info.path}/manifest.json.tmp", text.encode())
-            os.replace(f"{info.path}/manifest.json.tmp", f"{info.path}/manifest.json")
+            _publish(f"{info.path}/manifest.json", text.encode())
         finally:
             self._pin(info.rank, info.step, -1)
-            self._writing.pop((info.rank, info.step), None)
         self._prune(info.rank)
         return info
 
@@ -471,11 +467,10 @@ class ShardStore:
         """Record that ``rank``'s version ``step`` has all its replicas (kept until a newer one has)."""
         base = f"{self.root}/rank{rank}"
         try:
-            _write_file(f"{base}/complete.tmp", b'{"step": %d}' % step)
+            _publish(f"{base}/complete", b'{"step": %d}' % step)
         except FileNotFoundError:  # the rank's first version here
             os.makedirs(base, exist_ok=True)
-            _write_file(f"{base}/complete.tmp", b'{"step": %d}' % step)
-        os.replace(f"{base}/complete.tmp", f"{base}/complete")
+            _publish(f"{base}/complete", b'{"step": %d}' % step)
 
     def complete_step(self, rank: int) -> int | None:
         """The step ``mark_complete`` last recorded for ``rank`` (None: none)."""
@@ -591,7 +586,10 @@ class ShardStore:
         except (OSError, ValueError) as exc:
             raise CorruptShard(f"{info.path}: {exc}") from None
         try:
-            key = (mapped.inode, os.stat(f"{info.path}/sums.bin").st_ino, manifest.get("sums_hash"))
+            try:
+                key = (mapped.inode, os.stat(f"{info.path}/sums.bin").st_ino, manifest.get("sums_hash"))
+            except OSError as exc:  # removed since it was mapped
+                raise CorruptShard(f"{info.path}: {exc}") from None
             if seen is None or seen.get(key) != entries:
                 _check_blocks(manifest, entries, mapped, str(info.path))
             if seen is not None:
@@ -721,8 +719,7 @@ class ShardStore:
             for name in ("data.bin", "sums.bin"):
                 os.link(source / name, target / name)
             (target / LINKED).touch()
-            (target / "manifest.json.tmp").write_bytes(manifest)
-            os.replace(target / "manifest.json.tmp", target / "manifest.json")
+            _publish(f"{target}/manifest.json", manifest)
         self._prune(rank)
         return ShardInfo(rank, step, target, nbytes)
 
@@ -770,7 +767,7 @@ class ShardStore:
         self._pin(rank, step, +1)
         try:
             if stored and not recycled:  # a whole version into new files: the kernel writes its pages
-                if not (_hashes_in(payload, starts, lengths) == sums).all():  # (no page faults to fill them)
+                if not (hash_in(payload, starts, lengths) == sums).all():  # (no page faults to fill them)
                     raise CorruptShard(f"{where}: a block does not match its hash")
                 _write_file(f"{target}/data.bin", payload)
                 _write_file(f"{target}/sums.bin", table)
@@ -788,8 +785,7 @@ class ShardStore:
                     raise CorruptShard(f"{where}: a block does not match its hash")
                 dst.sums[:] = table
             dst.layout, dst.entries, dst.sums_hash = _layout(header), entries, header["sums_hash"]
-            (target / "manifest.json.tmp").write_bytes(manifest)
-            os.replace(target / "manifest.json.tmp", target / "manifest.json")
+            _publish(f"{target}/manifest.json", manifest)
         finally:
             self._pin(rank, step, -1)
         self._prune(rank)
@@ -804,6 +800,14 @@ class ShardStore:
         files already checked by the caller's earlier calls (while nothing writes them): a version
         that links another's files (``_link``) is checked once."""
         return [info.step for info in self.versions(rank) if self._verifies(info, seen)]
+
+    def intact(self, rank: int, step: int, seen: _Seen | None = None) -> bool:
+        """Whether ``rank``'s complete version ``step`` is here and verifies (a failure is logged)."""
+        info = self.version(rank, step)
+        if info is None:
+            logger.error("zensync checkpoint: rank %d's step %d is gone from %s", rank, step, self.root)
+            return False
+        return self._verifies(info, seen)
 
     def _verifies(self, info: ShardInfo, seen: _Seen | None = None) -> bool:
         """Whether ``verify`` passes (a failure is logged)."""
@@ -881,10 +885,11 @@ def _write_file(path: str, data: bytes | np.ndarray) -> None:
         os.close(fd)
 
 
-def _hashes_in(payload: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The hashes of blocks of a payload laid out as ``data.bin`` (``starts``: multiples of 8)."""
-    aligned = payload if payload.ctypes.data % 8 == 0 else payload.copy()
-    return hash_of(aligned[: aligned.size - aligned.size % 8].view(np.uint64), aligned, starts, lengths)
+def _publish(path: str, data: bytes) -> None:
+    """Write ``path`` whole or not at all: ``path.tmp`` written, then renamed over it (readers see
+    the old file or the new one, never a part)."""
+    _write_file(f"{path}.tmp", data)
+    os.replace(f"{path}.tmp", path)
 
 
 def _audited(blocks: int, count: int, step: int) -> np.ndarray:
