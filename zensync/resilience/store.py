@@ -282,31 +282,34 @@ class ShardStore:
         entries, nbytes, nsums, described, entries_text = self._layout_of(tensors)
         manifest = {"format": FORMAT, "rank": rank, "step": step, "nbytes": nbytes, "nsums": nsums,
                     "entries": described, "values": values}  # fmt: skip
-        target, recycled = self._claim(rank, step, manifest, forward=True)
-        self._pin(rank, step, +1)
-        dst = self._mapped(target, nbytes, nsums, create=not recycled)
-        dst.layout, dst.entries, dst.sums_hash = _layout(manifest), entries, None
-        ref = self._reference(rank, since, manifest) if recycled and changed else None
-        pending = PendingShard(ShardInfo(rank, step, target, nbytes), manifest, (entries_text, values_text))
-        for entry, tensor in zip(entries, tensors.values(), strict=True):
-            rows = changed.get(entry.key) if changed is not None and ref is not None else None
-            if rows is None or entry.blocks == 1:
-                pending.written += int(write_blocks(dst, entry, tensor, None).size) * entry.block_bytes
-                continue
-            assert ref is not None
-            span = slice(entry.first, entry.first + entry.blocks)
-            audit = _audited(entry.blocks, min(audit_rows, entry.blocks), step)
-            listed = np.zeros(entry.blocks, dtype=bool)
-            listed[rows] = True
-            unlisted = audit[~listed[audit]]
-            wanted = (dst.sums[span] != ref.sums[span]) | listed  # also the rows changed between the two versions
-            wanted[audit] = True
-            write = np.flatnonzero(wanted)
-            write_blocks(dst, entry, tensor, write)
-            if (dst.sums[span][unlisted] != ref.sums[span][unlisted]).any():
-                pending.violations.append(entry.key)  # the listing missed a change: rewrite by hashes
-                write = write_blocks(dst, entry, tensor, None)
-            pending.written += int(write.size) * entry.block_bytes
+        target, recycled = self._claim(rank, step, manifest, forward=True)  # pinned until ``finish``
+        try:
+            dst = self._mapped(target, nbytes, nsums, create=not recycled)
+            dst.layout, dst.entries, dst.sums_hash = _layout(manifest), entries, None
+            ref = self._reference(rank, since, manifest) if recycled and changed else None
+            pending = PendingShard(ShardInfo(rank, step, target, nbytes), manifest, (entries_text, values_text))
+            for entry, tensor in zip(entries, tensors.values(), strict=True):
+                rows = changed.get(entry.key) if changed is not None and ref is not None else None
+                if rows is None or entry.blocks == 1:
+                    pending.written += int(write_blocks(dst, entry, tensor, None).size) * entry.block_bytes
+                    continue
+                assert ref is not None
+                span = slice(entry.first, entry.first + entry.blocks)
+                audit = _audited(entry.blocks, min(audit_rows, entry.blocks), step)
+                listed = np.zeros(entry.blocks, dtype=bool)
+                listed[rows] = True
+                unlisted = audit[~listed[audit]]
+                wanted = (dst.sums[span] != ref.sums[span]) | listed  # also the rows changed between the two versions
+                wanted[audit] = True
+                write = np.flatnonzero(wanted)
+                write_blocks(dst, entry, tensor, write)
+                if (dst.sums[span][unlisted] != ref.sums[span][unlisted]).any():
+                    pending.violations.append(entry.key)  # the listing missed a change: rewrite by hashes
+                    write = write_blocks(dst, entry, tensor, None)
+                pending.written += int(write.size) * entry.block_bytes
+        except BaseException:  # nothing to finish: the version is left to pruning
+            self._pin(rank, step, -1)
+            raise
         return pending
 
     def _layout_of(self, tensors: dict[str, torch.Tensor]) -> tuple[list[Entry], int, int, list[Any], str]:
@@ -375,7 +378,9 @@ class ShardStore:
         """The directory of ``rank``'s new version ``step``, and whether it holds an older version of
         the same layout (whose sums table describes its bytes): a spare (``_prune``), else a version
         the save will prune, renamed (its manifest removed first: never complete with old bytes),
-        else a new one.
+        else a new one. The version is pinned before the lock is let go (the caller releases it):
+        a prune on another thread would otherwise take the directory, which has no manifest yet,
+        for a cut-off write and remove it.
 
         Raises:
             ValueError: With ``forward``, when ``rank`` has a complete version at ``step`` or later
@@ -403,8 +408,10 @@ class ShardStore:
                 if found is not None and found.layout == layout:
                     os.unlink(f"{directory}/{described}")
                     os.rename(directory, target)
+                    self._pin(rank, step, +1)
                     return target, True
             target.mkdir(parents=True)
+            self._pin(rank, step, +1)
             return target, False
 
     def _mapped(self, directory: pathlib.Path, nbytes: int, nsums: int, create: bool = False) -> Mapped:
@@ -763,8 +770,7 @@ class ShardStore:
         sources, size = (starts, nbytes) if stored else payload_places(lengths)
         if size != payload.size:
             raise CorruptShard(f"{where}: {payload.size} bytes for {ids.size} blocks")
-        target, recycled = self._claim(rank, step, header)
-        self._pin(rank, step, +1)
+        target, recycled = self._claim(rank, step, header)  # pinned: released below
         try:
             if stored and not recycled:  # a whole version into new files: the kernel writes its pages
                 if not (hash_in(payload, starts, lengths) == sums).all():  # (no page faults to fill them)

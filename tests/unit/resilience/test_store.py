@@ -316,6 +316,50 @@ def test_pins_released_are_forgotten(tmp_path) -> None:
     assert [v.step for v in store.versions(0)] == [48, 49]
 
 
+@pytest.mark.parametrize("recycled", [False, True])
+def test_a_prune_on_another_thread_never_takes_the_version_being_written(tmp_path, monkeypatch, recycled) -> None:
+    """The replication thread completes (``finish``) and prunes a version while the training thread
+    writes the next one. A prune that comes right after ``_claim`` chose the next version's
+    directory (no manifest yet: it looks like a cut-off write) must leave it: the version is pinned
+    before the store's lock is let go. Before, it was pinned only after, and such a prune removed
+    the directory under the save (FileNotFoundError in the emulated bench)."""
+    store = ShardStore(tmp_path, keep=2)
+    for step in range(3 if recycled else 1):  # recycled: an older version of the layout to write over
+        store.save(0, step, {"w": torch.full((64, 16), float(step))})
+    claim = store._claim
+
+    def claim_then_prune(*args, **kwargs):
+        found = claim(*args, **kwargs)
+        store._prune(0)  # the other thread's prune, between the claim and the write
+        return found
+
+    monkeypatch.setattr(store, "_claim", claim_then_prune)
+    step = 3 if recycled else 1
+    pending = store.write(0, step, {"w": torch.full((64, 16), float(step))})
+    assert pending.info.path.name in os.listdir(tmp_path / "rank0")
+    store.finish(pending)
+    assert torch.equal(store.load(0)["w"], torch.full((64, 16), float(step)))
+    assert store._pins == {}
+
+
+def test_a_write_that_fails_releases_its_pin(tmp_path, monkeypatch) -> None:
+    """A write that raises after claiming its version leaves no pin behind (the version is pruned
+    as a cut-off write, not kept forever)."""
+    store = ShardStore(tmp_path, keep=2)
+    store.save(0, 1, {"w": torch.zeros(8)})
+
+    def failing(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_mapped", failing)
+    with pytest.raises(OSError, match="No space left"):
+        store.write(0, 2, {"w": torch.ones(8)})
+    assert store._pins == {}
+    monkeypatch.undo()
+    store.save(0, 3, {"w": torch.full((8,), 3.0)})
+    assert [v.step for v in store.versions(0)] == [1, 3] and "v0000000002" not in os.listdir(tmp_path / "rank0")
+
+
 def test_the_complete_step_follows_every_mark_whoever_writes_it(tmp_path) -> None:
     """``complete_step`` rereads the mark only when the file changed, and sees another store
     object's (another process's) marks and removals at once."""
