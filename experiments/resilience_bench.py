@@ -6,7 +6,9 @@ persistent storage. Every worker trains the seeded demo LM (DDP, zensync "auto",
 batches. Three phases:
 
 1. **overhead**: per round, the same steps without checkpoints and with ``Checkpointer`` saving every
-   step with --replicas peer replicas (Gemini's group placement), in alternating order. Reported:
+   step with --replicas peer replicas (Gemini's group placement), in alternating order (with
+   --floor, also with ``FloorCheckpoint``, the least work any per-step checkpoint of this job must
+   do: the physical limit of this machine, measured in the same rounds). Reported:
    step time (max over ranks per step, median over steps) of each, and from the checkpointer's
    per-step records the shard's bytes, the save's time, the replicated bytes, idle windows used, the
    longest delay a chunk imposed on a gradient sync, and the coverage lag (steps between the newest
@@ -24,6 +26,7 @@ batches. Three phases:
 
     python experiments/resilience_bench.py                    # 4 hosts at 1gbit, storage at 100mbit
     python experiments/resilience_bench.py --rounds 1 --steps 10
+    python experiments/resilience_bench.py --rounds 6 --steps 20 --kill-step 15 --floor   # and the floor
 
 Needs root (network namespaces). Writes experiments/results/resilience_<label>_<date>.{json,md}.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import pathlib
 import shutil
@@ -40,10 +44,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -56,8 +62,11 @@ import zensync
 from zensync.demo.config import DemoConfig
 from zensync.demo.model import DemoModel, batch, lm_config
 from zensync.resilience import CheckpointConfig, Checkpointer
+from zensync.resilience.blocks import hash_bytes
 from zensync.resilience.checkpointer import load_dcp_state
-from zensync.resilience.memory import load_parts
+from zensync.resilience.dirty import ChangeTracker
+from zensync.resilience.memory import load_parts, state_of
+from zensync.resilience.store import flatten
 from zensync.testbed import EmulatedCluster
 from zensync.transport.dcp import METADATA, dcp_rank_files, dcp_steps
 from zensync.workloads import lm
@@ -97,14 +106,85 @@ def _ckpt_config(args: argparse.Namespace, **kw: Any) -> CheckpointConfig:
                             max_lag_steps=args.max_lag, dedup=args.dedup, **kw)  # fmt: skip
 
 
-def _train(args: argparse.Namespace, corpus: torch.Tensor, checkpoint: bool) -> dict[str, Any]:
+class FloorCheckpoint:
+    """The least work any every-step checkpoint of this job must do, as ``Checkpointer.save`` is called:
+    the state taken (the parts' state dicts, flattened, the values encoded as JSON), the rows the
+    optimizer step changed (``ChangeTracker``, as the real one knows them) copied into this process's
+    memory and hashed, and one all-gather per step of a round's agreement size (``ROUND_BYTES``:
+    the digests and manifests of a data parallel round) on a thread and a group of its own. It keeps
+    no version, no file, no manifest and no replica, and verifies nothing: it cannot restore. Its
+    overhead is the floor, on this machine, under any implementation of the issue's checkpoints."""
+
+    ROUND_BYTES = 7 << 10
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=120))
+        self.tracker = ChangeTracker()
+        self.copies: dict[str, np.ndarray] = {}
+        self._steps: list[int | None] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._rounds, daemon=True)
+        self._thread.start()
+
+    def save(self, step: int, **parts: Any) -> dict[str, Any]:
+        started_s = time.perf_counter()
+        tensors, values = flatten({name: state_of(part) for name, part in parts.items()}, check=False)
+        json.dumps(values, allow_nan=True)
+        self.tracker.attach(parts)
+        changed = self.tracker.changes(tensors)
+        written = 0
+        for key, tensor in tensors.items():
+            src = tensor.detach().numpy()
+            rows = changed.get(key)
+            if key not in self.copies or rows is None or src.ndim < 2:
+                dst = self.copies.setdefault(key, np.empty_like(src))
+                dst[...] = src
+                hash_bytes(dst.reshape(-1).view(np.uint8))
+                written += src.nbytes
+            else:
+                taken = src[rows]
+                self.copies[key][rows] = taken
+                hash_bytes(taken.reshape(-1).view(np.uint8))
+                written += taken.nbytes
+        self.tracker.saved()
+        with self._cond:
+            self._steps.append(step)
+            self._cond.notify()
+        return {"step": step, "bytes": sum(c.nbytes for c in self.copies.values()), "written_bytes": written,
+                "save_s": time.perf_counter() - started_s}  # fmt: skip
+
+    def _rounds(self) -> None:
+        row = torch.zeros(self.ROUND_BYTES // 8, dtype=torch.int64)
+        table = torch.zeros(row.numel() * dist.get_world_size(), dtype=torch.int64)
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._steps))
+                step = self._steps.pop(0)
+            if step is None:
+                return
+            row[0] = step
+            dist.all_gather_into_tensor(table, row, group=self.group)
+
+    def close(self) -> None:
+        with self._cond:
+            self._steps.append(None)
+            self._cond.notify()
+        self._thread.join()
+
+
+def _train(args: argparse.Namespace, corpus: torch.Tensor, mode: str) -> dict[str, Any]:
+    """--warmup + --steps barrier-fenced steps: without checkpoints ("off"), with ``Checkpointer``
+    ("on"), or with ``FloorCheckpoint`` ("floor")."""
     config = DemoConfig()
     model, ddp, state, opt = _setup(config)
-    ckpt = Checkpointer(_ckpt_config(args), hook_state=state) if checkpoint else None
-    if ckpt is not None:
+    ckpt: Checkpointer | FloorCheckpoint | None = None
+    if mode == "on":
+        ckpt = Checkpointer(_ckpt_config(args), hook_state=state)
         shutil.rmtree(ckpt.store.root, ignore_errors=True)
         ckpt.store.root.mkdir(parents=True)
         ckpt.restore(model=model, optimizer=opt, zensync=state)
+    elif mode == "floor":
+        ckpt = FloorCheckpoint()
     times, cpus, records = [], [], []
     for step in range(args.warmup + args.steps):
         dist.barrier()
@@ -122,14 +202,14 @@ def _train(args: argparse.Namespace, corpus: torch.Tensor, checkpoint: bool) -> 
 
 
 def _overhead(args: argparse.Namespace, corpus: torch.Tensor) -> dict[str, Any]:
-    out: dict[str, Any] = {"off": {"step_s": [], "cpu_s": []}, "on": {"step_s": [], "cpu_s": [], "records": []}}
-    for round_ in range(args.rounds):
-        for mode in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
-            run = _train(args, corpus, mode == "on")
-            out[mode]["step_s"] += run["step_s"]
-            out[mode]["cpu_s"] += run["cpu_s"]
-            if mode == "on":
-                out[mode]["records"] += run["records"]
+    modes = ["off", "on", "floor"] if args.floor else ["off", "on"]
+    out: dict[str, Any] = {mode: {"step_s": [], "cpu_s": [], "records": []} for mode in modes}
+    for round_ in range(args.rounds):  # each mode first, then last, in turn
+        k = round_ % len(modes)
+        for mode in modes[k:] + modes[:k] if args.floor else (modes if k == 0 else modes[::-1]):
+            run = _train(args, corpus, mode)
+            for key in ("step_s", "cpu_s", "records"):
+                out[mode][key] += run[key]
     return out
 
 
@@ -223,8 +303,12 @@ def _summary(
     # each round's own overhead (its two runs back to back): the machine's drift between rounds, which
     # moves a run's steps by more than the checkpoints do, falls out of each ratio
     on_steps, off_steps = slowest("on"), slowest("off")
-    per_round = [statistics.median(on_steps[k : k + args.steps]) / statistics.median(off_steps[k : k + args.steps]) - 1
-                 for k in range(0, len(on_steps), args.steps)]  # fmt: skip
+
+    def each_round(steps: list[float]) -> list[float]:
+        return [statistics.median(steps[k : k + args.steps]) / statistics.median(off_steps[k : k + args.steps]) - 1
+                for k in range(0, len(steps), args.steps)]  # fmt: skip
+
+    per_round = each_round(on_steps)
 
     # the CPU every rank's process used per step (all its threads), summed over ranks: against the
     # machine's cores x the step's wall time, how busy the CPUs were
@@ -234,6 +318,14 @@ def _summary(
         )
 
     cpu_off, cpu_on = cpu("off"), cpu("on")
+    floor: dict[str, Any] = {}
+    if "floor" in overhead[0]:  # the least any checkpoint must do, in the same rounds (FloorCheckpoint)
+        floor_steps = slowest("floor")
+        floor = {"step_s_floor": statistics.median(floor_steps), "cpu_s_floor": cpu("floor"),
+                 "overhead_floor": statistics.median(floor_steps) / off - 1.0,
+                 "overhead_floor_rounds": each_round(floor_steps),
+                 "save_s_floor": statistics.median(rec["save_s"] for r in overhead
+                                                   for rec in r["floor"]["records"])}  # fmt: skip
     records = [rec for r in overhead for rec in r["on"]["records"]]
     runs = [
         r["on"]["records"][i : i + args.steps] for r in overhead for i in range(0, len(r["on"]["records"]), args.steps)
@@ -273,7 +365,7 @@ def _summary(
         "recovery_speedup": (victim["storage"]["seconds"] / victim["recovery"]["seconds"]
                              if victim["recovery"]["source"] == "peers" else None),
         "lost_beyond_in_flight": args.kill_step - 1 - victim["recovery"]["step"],
-        "max_param_diff": max(r["max_param_diff"] for r in recovery),
+        "max_param_diff": max(r["max_param_diff"] for r in recovery), **floor,
     }  # fmt: skip
 
 
@@ -303,6 +395,12 @@ def _markdown(meta: dict[str, Any], s: dict[str, Any]) -> str:
         f"| CPU per step, all {WORKERS} ranks' processes (ms, median): without / with checkpoints | "
         f"{1e3 * s['cpu_s_off']:.1f} / {1e3 * s['cpu_s_on']:.1f} (the machine's {s['cpus']} cores give "
         f"{1e3 * s['cpus'] * s['step_s_off']:.0f} per step without) |",
+        *([f"| **floor** (`FloorCheckpoint`: the least any per-step checkpoint must do), same rounds: step (s), "
+           f"overhead, each round's median / min / max | {s['step_s_floor']:.4f}, {100 * s['overhead_floor']:+.1f} %, "
+           f"{100 * statistics.median(s['overhead_floor_rounds']):+.1f} / {100 * min(s['overhead_floor_rounds']):+.1f}"
+           f" / {100 * max(s['overhead_floor_rounds']):+.1f} % |",
+           f"| floor: CPU per step, all ranks (ms, median); its save (ms, median) | {1e3 * s['cpu_s_floor']:.1f}; "
+           f"{1e3 * s['save_s_floor']:.2f} |"] if "step_s_floor" in s else []),
         f"| the same, steady state ({s['steady_steps']} steps after the first version had its replicas) | "
         + (f"{s['step_s_on_steady']:.4f} s, {100 * s['overhead_steady']:+.1f} % |" if s["steady_steps"] else "none |"),
         f"| shard per rank (MB) | {s['shard_bytes'] / 1e6:.2f} |",
@@ -351,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-lag", type=int, default=None, help="CheckpointConfig.max_lag_steps (default: no bound)")
     p.add_argument("--dedup", action=argparse.BooleanOptionalAction, default=True, help="CheckpointConfig.dedup")
     p.add_argument("--kill-step", type=int, default=30)
+    p.add_argument("--floor", action="store_true", help="also run FloorCheckpoint in each round (the physical limit)")
     p.add_argument(
         "--dcp-every", type=int, default=10, help="disk checkpoints in the failure phase (the storage host's)"
     )
@@ -400,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
             "rate": args.rate, "storage_rate": args.storage_rate, "steps": args.steps, "warmup": args.warmup,
             "rounds": args.rounds, "replicas": args.replicas, "chunk_kib": args.chunk_kib,
             "replicate_every": args.replicate_every, "max_lag": args.max_lag, "kill_step": args.kill_step,
-            "dedup": args.dedup,
+            "dedup": args.dedup, "floor": args.floor,
             "seed": config.seed, **versions()}  # fmt: skip
     write(args.results_dir, f"resilience_{label}_{date}", meta, summary, _markdown(meta, summary))
     return 0
