@@ -30,6 +30,12 @@ Usage on each rank (under ``zensync launch``, which runs the host's checkpoint a
 
 The engine's own state (residuals, seeds, corrections, the step) is part of the state when the hook
 state is passed as a part, so a restored run goes on as the uninterrupted one would.
+
+FSDP2 (``fully_shard``): the model's and the optimizer's DTensors are stored as each rank's shard
+with its layout and restored as DTensors on the same mesh (``memory.state_of``); pass
+``register_fsdp``'s state as ``hook_state`` for its sync windows. Its own state (for DCP: it
+gathers PowerSGD's bases as a ``torch.save`` blob) is not a part the store takes; lossless FSDP
+strategies resume bit for bit without it (tests/distributed/resilience/test_fsdp_memory.py).
 """
 
 from __future__ import annotations
@@ -150,8 +156,8 @@ class Checkpointer:
 
     Args:
         config: The job's ``CheckpointConfig`` (the same on every rank).
-        hook_state: zensync's hook state: its sync windows gate replication (None: replication
-            runs whenever a version is saved).
+        hook_state: zensync's hook state (``register``'s or ``register_fsdp``'s): its sync windows
+            gate replication (None: replication runs whenever a version is saved).
         transport: The ranks checkpointing together; None: the default process group. The
             checkpointer talks on a group of its own over the same ranks (``duplicate``), and its
             replication thread on another.

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 
 from zensync import kernels
 from zensync.resilience.blocks import num_blocks
@@ -59,8 +60,20 @@ def row_rule(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> str | N
     return None
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2's parameters, their gradients and optimizer states: the
+    checkpoint stores shards, ``memory.state_of``), or the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _place(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    """A tensor's memory (its views alike share its version counter)."""
+    return t.data_ptr(), tuple(t.shape)
+
+
 def _rows(grad: torch.Tensor) -> np.ndarray:
-    """The non-zero rows of a gradient (a sparse one's indices)."""
+    """The non-zero rows of a gradient (a sparse one's indices; a DTensor's: of its shard)."""
+    grad = _local(grad)
     if grad.is_sparse:
         return np.unique(grad.coalesce().indices()[0].cpu().numpy())
     return kernels.nonzero_items(grad.detach().reshape(grad.shape[0], -1)).cpu().numpy()
@@ -76,9 +89,10 @@ class ChangeTracker:
         self._rule: dict[int, str] = {}
         self._since: dict[int, np.ndarray] = {}
         self._ever: dict[int, np.ndarray] = {}
-        # per tensor (by id): its version counter after the last step, and at the last save
-        self._after_step: dict[int, int] = {}
-        self._at_save: dict[int, int] = {}
+        # per tensor (by its memory: a DTensor's shard is a new view at each ``to_local``): its version
+        # counter after the last step, and at the last save
+        self._after_step: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._at_save: dict[tuple[int, tuple[int, ...]], int] = {}
         self._steps = 0
         self._disabled: set[str] = set()
 
@@ -94,7 +108,7 @@ class ChangeTracker:
         for group in optimizer.param_groups:
             rule = row_rule(optimizer, group)
             for p in group["params"]:
-                if rule is None or p.grad is None or num_blocks(tuple(p.shape), p.element_size()) == 1:
+                if rule is None or p.grad is None or num_blocks(tuple(_local(p).shape), p.element_size()) == 1:
                     self._rule.pop(id(p), None)
                     continue
                 rows = _rows(p.grad)
@@ -111,15 +125,16 @@ class ChangeTracker:
         self._steps += 1
         for p, tensor in self._tracked(optimizer):
             if id(p) in self._rule:
-                self._after_step[id(tensor)] = tensor._version
+                self._after_step[_place(tensor)] = tensor._version
 
     def _tracked(self, optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(parameter, tensor) for each parameter and each of its state tensors of its shape."""
+        """(parameter, tensor) for each parameter and each of its state tensors of its shape (the
+        tensor a DTensor's shard: what the checkpoint stores)."""
         out = []
         for group in optimizer.param_groups:
             for p in group["params"]:
-                out.append((p, p))
-                out += [(p, t) for t in optimizer.state.get(p, {}).values()
+                out.append((p, _local(p)))
+                out += [(p, _local(t)) for t in optimizer.state.get(p, {}).values()
                         if isinstance(t, torch.Tensor) and t.shape == p.shape]  # fmt: skip
         return out
 
@@ -129,15 +144,15 @@ class ChangeTracker:
         owners: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
         for optimizer in self._optimizers:
             for p, tensor in self._tracked(optimizer):
-                owners[tensor.data_ptr(), tuple(tensor.shape)] = (p, tensor)
+                owners[_place(tensor)] = (p, tensor)
         out = {}
         for key, flat in tensors.items():
-            found = owners.get((flat.data_ptr(), tuple(flat.shape)))
+            found = owners.get(_place(flat))
             if key in self._disabled or found is None:
                 continue
             p, tensor = found
             rule = self._rule.get(id(p))
-            expected = self._after_step.get(id(tensor)) if self._steps else self._at_save.get(id(tensor))
+            expected = (self._after_step if self._steps else self._at_save).get(_place(tensor))
             if expected is None or tensor._version != expected or (self._steps and rule is None):
                 continue  # changed outside a tracked step (or never seen): hash it
             empty = np.zeros(0, np.int64)
@@ -148,7 +163,7 @@ class ChangeTracker:
         """A save took the state: rows are counted from here."""
         self._since.clear()
         self._steps = 0
-        self._at_save = {id(t): t._version for o in self._optimizers for _, t in self._tracked(o)}
+        self._at_save = {_place(t): t._version for o in self._optimizers for _, t in self._tracked(o)}
 
     def disable(self, key: str) -> None:
         """Stop listing ``key``'s rows (its listing missed a change: the store's audit)."""

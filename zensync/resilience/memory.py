@@ -3,8 +3,10 @@
 ``MemoryCheckpoint`` saves named parts (a model, an optimizer, zensync's hook state: anything with
 ``state_dict()`` / ``load_state_dict()``, or a plain dict of tensors and JSON values) as one
 ``ShardStore`` shard per step, and restores the newest complete shard that verifies into the same
-parts. The engine's state travels with the model's, so a run restored from memory goes on as the
-uninterrupted one would (tests/distributed/resilience/test_memory.py checks it on DDP with zensync's hook).
+parts. DTensors (an FSDP2 model's) are kept as this rank's shard and come back on the same mesh
+(``state_of``, ``load_parts``). The engine's state travels with the model's, so a run restored
+from memory goes on as the uninterrupted one would (tests/distributed/resilience/test_memory.py
+checks it on DDP with zensync's hook).
 
 Example::
 
@@ -19,6 +21,10 @@ from __future__ import annotations
 
 import os
 from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from zensync.resilience.store import ShardInfo, ShardStore
 
@@ -68,25 +74,122 @@ class MemoryCheckpoint:
 
 
 def state_of(part: Any) -> Any:
-    """A part's state: its ``state_dict()``, or the part itself (a dict)."""
-    return part.state_dict() if hasattr(part, "state_dict") else part
+    """A part's state: its ``state_dict()``, or the part itself (a dict). A DTensor in it (FSDP2's
+    sharded parameters, their optimizer states, zensync's FSDP residuals) becomes this rank's local
+    shard, and its layout (placements, global shape and stride, mesh shape) a JSON value under
+    ``DTENSORS``: the store keeps plain tensors, and ``load_parts`` makes them DTensors again."""
+    state = part.state_dict() if hasattr(part, "state_dict") else part
+    if not isinstance(state, dict):
+        return state
+    layouts: list[Any] = []
+    local = _localized(state, [], layouts)
+    if not layouts:
+        return state
+    if DTENSORS in state:
+        raise ValueError(f"a part's state has a key {DTENSORS!r}: the checkpoint keeps its DTensors' layouts under it")
+    return {**local, DTENSORS: layouts}
+
+
+DTENSORS = "__dtensors__"
+"""Where a part's saved state lists its DTensors: [path (its keys), layout] each (``state_of``)."""
+
+
+def _localized(state: dict[Any, Any], path: list[Any], layouts: list[Any]) -> dict[Any, Any]:
+    """``state`` with each DTensor replaced by its local shard (a new dict where one is replaced)."""
+    out = state
+    for key, value in state.items():
+        found: Any = value
+        if isinstance(value, dict) and value:
+            found = _localized(value, [*path, key], layouts)
+        elif isinstance(value, DTensor):
+            layouts.append([[*path, key], _layout(value)])
+            found = value.to_local().detach()
+        if found is not value:
+            out = dict(out) if out is state else out
+            out[key] = found
+    return out
+
+
+def _layout(t: DTensor) -> dict[str, Any]:
+    placements = []
+    for p in t.placements:
+        if isinstance(p, Shard):
+            placements.append(["shard", p.dim])
+        elif isinstance(p, Replicate):
+            placements.append(["replicate"])
+        else:  # a partial sum is not a state: it has no value of its own to restore
+            raise ValueError(f"a DTensor of placements {t.placements} is not stored (only Shard and Replicate)")
+    return {"placements": placements, "shape": list(t.shape), "stride": list(t.stride()),
+            "mesh": list(t.device_mesh.shape), "dims": list(t.device_mesh.mesh_dim_names or ())}  # fmt: skip
+
+
+def _meshes(parts: dict[str, Any]) -> list[DeviceMesh]:
+    """The device meshes of the DTensors the parts hold now (a model's parameters, an optimizer's)."""
+    found: list[DeviceMesh] = []
+    for part in parts.values():
+        if isinstance(part, torch.nn.Module):
+            tensors = [*part.parameters(), *part.buffers()]
+        elif isinstance(part, torch.optim.Optimizer):
+            tensors = [p for group in part.param_groups for p in group["params"]]
+        else:
+            continue
+        for t in tensors:
+            if isinstance(t, DTensor) and all(t.device_mesh is not m for m in found):
+                found.append(t.device_mesh)
+    return found
+
+
+def _globalized(name: str, saved: dict[Any, Any], meshes: list[DeviceMesh]) -> dict[Any, Any]:
+    """A part's saved state with its local shards made DTensors again, on the mesh of the parts' own
+    DTensors with the saved mesh shape (``state_of``).
+
+    Raises:
+        ValueError: When no DTensor of the parts has a mesh of that shape and those dimension names
+            (restore on the layout it was saved on; torch.distributed.checkpoint reshards).
+    """
+    state = {k: v for k, v in saved.items() if k != DTENSORS}
+    for path, layout in saved[DTENSORS]:
+        where = f"part {name!r}: {'/'.join(map(str, path))}"
+        wanted = [layout["mesh"], layout["dims"]]
+        mesh = next((m for m in meshes if [list(m.shape), list(m.mesh_dim_names or ())] == wanted), None)
+        if mesh is None:
+            raise ValueError(
+                f"{where} was saved as a DTensor on a mesh of shape {layout['mesh']} (dims {layout['dims']}), and no "
+                f"DTensor of the parts lies on one now ({[list(m.shape) for m in meshes]}): in-memory checkpoints "
+                f"restore on the layout they were saved on"
+            )
+        node = state
+        for key in path[:-1]:
+            node[key] = node = dict(node[key])
+        placements = [Shard(p[1]) if p[0] == "shard" else Replicate() for p in layout["placements"]]
+        shape, stride = torch.Size(layout["shape"]), tuple(layout["stride"])
+        local = node[path[-1]]
+        node[path[-1]] = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+    return state
 
 
 def load_parts(state: dict[str | int, Any], parts: dict[str, Any]) -> None:
     """Load each part's state from a saved ``state`` (``load_state_dict``, or a dict updated in place).
+    Saved DTensors (``state_of``) come back as DTensors on the parts' own mesh.
 
     Raises:
         KeyError: If a part was not in the checkpoint (named otherwise when it was saved).
-        ValueError: If a part cannot take its state (not a dict and no ``load_state_dict``).
+        ValueError: If a part cannot take its state (not a dict and no ``load_state_dict``), or its
+            DTensors were saved on a mesh the parts do not have (``_globalized``).
     """
     missing = sorted(set(parts) - set(state))
     if missing:
         raise KeyError(f"parts {missing} are not in the checkpoint (it has {sorted(map(str, state))})")
+    meshes: list[DeviceMesh] | None = None
     for name, part in parts.items():
+        saved = state[name]
+        if isinstance(saved, dict) and DTENSORS in saved:
+            meshes = _meshes(parts) if meshes is None else meshes
+            saved = _globalized(name, saved, meshes)
         if hasattr(part, "load_state_dict"):
-            part.load_state_dict(state[name])
+            part.load_state_dict(saved)
         elif isinstance(part, dict):
             part.clear()
-            part.update(state[name])
+            part.update(saved)
         else:
             raise ValueError(f"part {name!r} is a {type(part).__name__}: give it load_state_dict or pass a dict")
