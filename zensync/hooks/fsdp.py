@@ -279,6 +279,20 @@ class FSDPSyncState:
 
         load(self, state)
 
+    def local_state_dict(self) -> dict[str, Any]:
+        """This rank's state as it is (residuals, Qs, seed, step: plain tensors and JSON values), for a
+        checkpoint restored by the same rank of the same world (zensync's in-memory checkpoints take
+        it: ``resilience.memory.state_of``). No collective; the live state is not changed."""
+        from zensync.hooks.fsdp_checkpoint import local
+
+        return local(self)
+
+    def load_local_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``local_state_dict`` (same world, same rank), between steps."""
+        from zensync.hooks.fsdp_checkpoint import load_local
+
+        load_local(self, state)
+
     @property
     def next_step(self) -> int:
         """The number the next backward's step takes."""

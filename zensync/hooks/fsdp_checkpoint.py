@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zensync.compress import Compressor
+from zensync.compress.error_feedback import ErrorFeedback
 from zensync.compress.powersgd import PowerSGDCompressor
 from zensync.hooks.fsdp_replica import matrix_shape
 from zensync.transport.fsdp import gather_objects, local_shard, sharded_like
@@ -51,9 +52,11 @@ if TYPE_CHECKING:
     from zensync.hooks.fsdp import Binding, FSDPSyncState
     from zensync.transport.fsdp import Segment
 
-__all__ = ["STATE_VERSION", "load", "save"]
+__all__ = ["LOCAL_VERSION", "STATE_VERSION", "load", "load_local", "local", "save"]
 
 STATE_VERSION = 1
+LOCAL_VERSION = 1
+"""Of ``local``'s state (this rank's, for the same world)."""
 KEYS = ("version", "step", "strategy", "decisions", "residuals", "powersgd", "zen_seed")
 
 
@@ -86,15 +89,7 @@ def load(state: FSDPSyncState, sd: dict[str, Any]) -> None:
             f"zensync.register_fsdp state: keys {missing} missing or version {sd.get('version')!r} is not "
             f"{STATE_VERSION}: not a state dict of FSDPSyncState.state_dict()"
         )
-    saved, current = json.loads(sd["decisions"]), json.loads(_decisions(state))
-    if saved != current:
-        differ = sorted(n for n in saved.keys() | current.keys() if saved.get(n) != current.get(n))
-        raise ValueError(
-            f"zensync.register_fsdp state: the checkpoint (strategy {sd['strategy']!r}) syncs parameters "
-            f"{differ} otherwise than this registration (strategy {state.strategy.text!r}): "
-            f"{ {n: saved.get(n) for n in differ} } against { {n: current.get(n) for n in differ} }; register "
-            f"with the checkpoint's strategy and options"
-        )
+    _check_decisions(state, sd)
     binding = state.binding
     expected = set(_residual_specs(state))
     if set(sd["residuals"]) != expected:
@@ -119,6 +114,77 @@ def load(state: FSDPSyncState, sd: dict[str, Any]) -> None:
         seed = int(sd["zen_seed"])
         state.replicas.seed = None if seed < 0 else seed
     _restore_warm_starts(state, warm)
+
+
+def local(state: FSDPSyncState) -> dict[str, Any]:
+    """This rank's state as it is, for a checkpoint restored on the same world and mesh (zensync's
+    in-memory ones): its own residuals, what it owes (``_owed``) and its PowerSGD Qs, as plain
+    tensors by name, with the step, Zen's seed and the decisions. No collective, and the live state
+    is not changed (``save`` moves the residuals to their owners; this keeps them where they are)."""
+    residuals, qs = {}, {}
+    for name, spec in _residual_specs(state).items():
+        residual = _memory_of(state, spec).residual(name)
+        if residual is not None:
+            residuals[name] = residual
+        compressor = _compressor_for(state, spec)
+        if isinstance(compressor, PowerSGDCompressor):
+            kept = compressor.warm_starts()
+            qs.update({key: kept[key].detach().clone() for key, _ in _warm_start_keys(state, name) if key in kept})
+    transport = state.binding.transport
+    seed = state.replicas.seed if state.replicas is not None else None
+    owed = {name: t.clone() for name in _residual_specs(state) if (t := state.owed(name)) is not None}
+    return {"version": LOCAL_VERSION, "world": transport.world_size, "rank": transport.rank, "step": state.next_step,
+            "strategy": state.strategy.text, "decisions": _decisions(state), "residuals": residuals, "owed": owed,
+            "powersgd": qs, "zen_seed": -1 if seed is None else seed}  # fmt: skip
+
+
+def load_local(state: FSDPSyncState, sd: dict[str, Any]) -> None:
+    """Restore what ``local`` saved, on the same world and rank: all of it, or (ValueError) nothing."""
+    transport = state.binding.transport
+    if sd.get("version") != LOCAL_VERSION or not {"residuals", "owed", "powersgd"} <= sd.keys():
+        raise ValueError(f"zensync.register_fsdp state: version {sd.get('version')!r} is not {LOCAL_VERSION}: not a "
+                         f"state of FSDPSyncState.local_state_dict()")  # fmt: skip
+    if [sd["world"], sd["rank"]] != [transport.world_size, transport.rank]:
+        raise ValueError(
+            f"zensync.register_fsdp state: saved by rank {sd['rank']} of {sd['world']}, loaded by rank "
+            f"{transport.rank} of {transport.world_size}: a local state is restored by the rank that saved it "
+            f"(torch.distributed.checkpoint's state_dict() reshards)"
+        )
+    _check_decisions(state, sd)
+    specs = _residual_specs(state)
+    unknown = sorted((sd["residuals"].keys() | sd["owed"].keys()) - specs.keys())
+    if unknown:
+        raise ValueError(f"zensync.register_fsdp state: residuals for {unknown}, which this registration does not keep")
+    _drop_residuals(state)
+    for name, residual in sd["residuals"].items():
+        _memory_of(state, specs[name]).replace(name, residual.clone())
+    state.restart(int(sd["step"]), {name: t.clone() for name, t in sd["owed"].items()})
+    if state.replicas is not None:
+        seed = int(sd["zen_seed"])
+        state.replicas.seed = None if seed < 0 else seed
+    for name, spec in specs.items():
+        compressor = _compressor_for(state, spec)
+        if isinstance(compressor, PowerSGDCompressor):
+            shape = torch.Size(matrix_shape(state.binding.segments[name]))
+            for key, _ in _warm_start_keys(state, name):
+                if key in sd["powersgd"]:
+                    compressor.restore_warm_start(key, shape, sd["powersgd"][key].clone())
+
+
+def _check_decisions(state: FSDPSyncState, sd: dict[str, Any]) -> None:
+    saved, current = json.loads(sd["decisions"]), json.loads(_decisions(state))
+    if saved != current:
+        differ = sorted(n for n in saved.keys() | current.keys() if saved.get(n) != current.get(n))
+        raise ValueError(
+            f"zensync.register_fsdp state: the checkpoint (strategy {sd['strategy']!r}) syncs parameters "
+            f"{differ} otherwise than this registration (strategy {state.strategy.text!r}): "
+            f"{ {n: saved.get(n) for n in differ} } against { {n: current.get(n) for n in differ} }; register "
+            f"with the checkpoint's strategy and options"
+        )
+
+
+def _memory_of(state: FSDPSyncState, spec: str) -> ErrorFeedback:
+    return state.memory if state.replicas is None else state.replicas.sync_for(spec).worker_memory
 
 
 def _decisions(state: FSDPSyncState) -> str:
@@ -180,8 +246,7 @@ def _raw(residual: torch.Tensor | None, shape: tuple[int, ...], binding: Binding
 
 def _drop_residuals(state: FSDPSyncState) -> None:
     for name, spec in _residual_specs(state).items():
-        memory = state.memory if state.replicas is None else state.replicas.sync_for(spec).worker_memory
-        memory.replace(name, None)
+        _memory_of(state, spec).replace(name, None)
 
 
 def _param_shaped(chunk: torch.Tensor, param: torch.Tensor, segment: Segment) -> torch.Tensor:

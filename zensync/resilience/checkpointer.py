@@ -32,10 +32,10 @@ The engine's own state (residuals, seeds, corrections, the step) is part of the 
 state is passed as a part, so a restored run goes on as the uninterrupted one would.
 
 FSDP2 (``fully_shard``): the model's and the optimizer's DTensors are stored as each rank's shard
-with its layout and restored as DTensors on the same mesh (``memory.state_of``); pass
-``register_fsdp``'s state as ``hook_state`` for its sync windows. Its own state (for DCP: it
-gathers PowerSGD's bases as a ``torch.save`` blob) is not a part the store takes; lossless FSDP
-strategies resume bit for bit without it (tests/distributed/resilience/test_fsdp_memory.py).
+with its layout and restored as DTensors on the same mesh (``memory.state_of``). ``register_fsdp``'s
+state is ``hook_state`` (its sync windows) and a part: the checkpoint keeps its ``local_state_dict``
+(each rank's own residuals and PowerSGD bases, no collective), so a restored FSDP run goes on bit for
+bit too (tests/distributed/resilience/test_fsdp_memory.py: auto, qsgd, PowerSGD).
 """
 
 from __future__ import annotations

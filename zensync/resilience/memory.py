@@ -74,11 +74,13 @@ class MemoryCheckpoint:
 
 
 def state_of(part: Any) -> Any:
-    """A part's state: its ``state_dict()``, or the part itself (a dict). A DTensor in it (FSDP2's
+    """A part's state: its ``local_state_dict()`` (this rank's own state, restored on the same world:
+    ``register_fsdp``'s), else its ``state_dict()``, else the part itself (a dict). A DTensor in it (FSDP2's
     sharded parameters, their optimizer states, zensync's FSDP residuals) becomes this rank's local
     shard, and its layout (placements, global shape and stride, mesh shape) a JSON value under
     ``DTENSORS``: the store keeps plain tensors, and ``load_parts`` makes them DTensors again."""
-    state = part.state_dict() if hasattr(part, "state_dict") else part
+    local = getattr(part, "local_state_dict", None)  # a rank's own state, for the same world (register_fsdp's)
+    state = local() if local is not None else part.state_dict() if hasattr(part, "state_dict") else part
     if not isinstance(state, dict):
         return state
     layouts: list[Any] = []
@@ -186,7 +188,9 @@ def load_parts(state: dict[str | int, Any], parts: dict[str, Any]) -> None:
         if isinstance(saved, dict) and DTENSORS in saved:
             meshes = _meshes(parts) if meshes is None else meshes
             saved = _globalized(name, saved, meshes)
-        if hasattr(part, "load_state_dict"):
+        if hasattr(part, "load_local_state_dict"):
+            part.load_local_state_dict(saved)
+        elif hasattr(part, "load_state_dict"):
             part.load_state_dict(saved)
         elif isinstance(part, dict):
             part.clear()

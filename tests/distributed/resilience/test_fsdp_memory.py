@@ -2,14 +2,15 @@
 that stand for 2 hosts: Adam, a checkpoint every step replicated to the other host.
 
 - The model's and the optimizer's DTensors are stored as each rank's local shard with their layout
-  (``memory.state_of``) and come back as DTensors on the restarted run's mesh: restarted from its
-  own memory, or with host 1 replaced (its store wiped) from its peer's, the run goes on as the
-  uninterrupted one, bit for bit (losses and parameters).
+  (``memory.state_of``) and come back as DTensors on the restarted run's mesh; zensync's FSDP state
+  is kept as each rank's own (``local_state_dict``: error-feedback residuals, PowerSGD's bases).
+  Restarted from its own memory, or with host 1 replaced (its store wiped) from its peer's, the run
+  goes on as the uninterrupted one, bit for bit (losses and parameters), lossless or compressed.
 - The shards are not alike across ranks: replicas travel (no dedup), and a save writes only the rows
   the step changed (``ChangeTracker`` on the shards).
 - zensync's FSDP state tells the checkpointer its sync windows (``add_sync_listener``): one a step.
 - A state saved on one mesh does not load on a mesh of another shape: the same ValueError, naming
-  the tensor, on every rank.
+  the tensor, on every rank; zensync's local state loads only on the rank that saved it.
 """
 
 from __future__ import annotations
@@ -60,13 +61,13 @@ def _sharded(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=0.01)
 
 
-def _setup() -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+def _setup(strategy: str = "auto") -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     model, opt = _sharded(init_device_mesh("cpu", (WORLD,)))
-    return model, opt, zensync.register_fsdp(model, strategy="auto")
+    return model, opt, zensync.register_fsdp(model, strategy=strategy)
 
 
-def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range,
-           ckpt: Checkpointer | None) -> list[float]:  # fmt: skip
+def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: Checkpointer | None,
+           state: Any = None) -> list[float]:  # fmt: skip
     losses = []
     for step in steps:
         opt.zero_grad()
@@ -76,7 +77,7 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range
         opt.step()
         losses.append(float(loss.detach()))
         if ckpt is not None:
-            ckpt.save(step, model=model, optimizer=opt)
+            ckpt.save(step, model=model, optimizer=opt, zensync=state)
             assert ckpt.wait_replicated(REPLICATION_TIMEOUT_S)  # each version replicated before the next
     return losses
 
@@ -89,15 +90,15 @@ def _config(root: str, rank: int) -> CheckpointConfig:
     return CheckpointConfig(root=f"{root}/host{rank}", replicas=1, ranks_per_host=1)
 
 
-def _run(rank: int, world_size: int, root: str, replaced: bool) -> dict[str, Any]:
-    model, opt, _ = _setup()
+def _run(rank: int, world_size: int, root: str, replaced: bool, strategy: str) -> dict[str, Any]:
+    model, opt, state = _setup(strategy)
     uninterrupted = _train(model, opt, rank, range(STEPS), None)
     final = _params(model)
-    # the run that stops after CRASH_AFTER steps, checkpointing every step...
-    model, opt, state = _setup()
+    # the run that stops after CRASH_AFTER steps, checkpointing every step (zensync's state too)...
+    model, opt, state = _setup(strategy)
     ckpt = Checkpointer(_config(root, rank), hook_state=state)
-    assert ckpt.restore(model=model, optimizer=opt) == 0
-    before = _train(model, opt, rank, range(CRASH_AFTER), ckpt)
+    assert ckpt.restore(model=model, optimizer=opt, zensync=state) == 0
+    before = _train(model, opt, rank, range(CRASH_AFTER), ckpt, state)
     records, windows = list(ckpt.history), (ckpt.gate.syncs, ckpt.gate.windows)
     ckpt.close()
     ckpt.transport.barrier()
@@ -105,12 +106,12 @@ def _run(rank: int, world_size: int, root: str, replaced: bool) -> dict[str, Any
         shutil.rmtree(f"{root}/host1")
     ckpt.transport.barrier()
     # ... and its restart: everything built anew, restored from memory
-    model, opt, state = _setup()
+    model, opt, state = _setup(strategy)
     ckpt = Checkpointer(_config(root, rank), hook_state=state)
-    start = ckpt.restore(require=True, model=model, optimizer=opt)
+    start = ckpt.restore(require=True, model=model, optimizer=opt, zensync=state)
     states = [t for s in opt.state.values() for t in s.values() if t.dim() > 0]
     restored_as_dtensors = bool(states) and all(isinstance(t, DTensor) for t in states)
-    after = _train(model, opt, rank, range(start, STEPS), ckpt)
+    after = _train(model, opt, rank, range(start, STEPS), ckpt, state)
     ckpt.close()
     return {"uninterrupted": uninterrupted, "resumed": before + after, "final": final, "restored": _params(model),
             "start": start, "source": ckpt.recovery and ckpt.recovery["source"], "records": records,
@@ -118,10 +119,18 @@ def _run(rank: int, world_size: int, root: str, replaced: bool) -> dict[str, Any
 
 
 @pytest.mark.parametrize(
-    "replaced", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["restarted", "host_replaced"]
+    ("strategy", "replaced"),
+    [
+        pytest.param("auto", False, id="auto-restarted"),
+        pytest.param("auto", True, id="auto-host_replaced", marks=pytest.mark.slow),
+        pytest.param("qsgd:127", False, id="qsgd-restarted"),
+        pytest.param("powersgd:2", True, id="powersgd-host_replaced", marks=pytest.mark.slow),
+    ],
 )
-def test_an_fsdp2_run_goes_on_from_memory_as_the_uninterrupted_run(tmp_path, replaced: bool) -> None:
-    results = launch(_run, WORLD, [str(tmp_path / "shm"), replaced], tmp_path)
+def test_an_fsdp2_run_goes_on_from_memory_as_the_uninterrupted_run(tmp_path, strategy: str, replaced: bool) -> None:
+    """Lossless (auto: rows and dense paths), and compressed with error feedback (qsgd) and warm-start
+    bases (PowerSGD), whose state the checkpoint keeps as each rank's own (``local_state_dict``)."""
+    results = launch(_run, WORLD, [str(tmp_path / "shm"), replaced, strategy], tmp_path)
     for rank, r in enumerate(results):
         assert r["start"] == CRASH_AFTER and r["source"] == ("peers" if replaced else "local"), rank
         assert r["dtensors"], rank  # the optimizer's states came back sharded, on the mesh
@@ -148,6 +157,10 @@ def _another_mesh(rank: int, world_size: int, root: str) -> str:
         load_parts(saved, {"model": model, "optimizer": opt})
     with pytest.raises(ValueError, match="has a key '__dtensors__'"):  # the key that lists a part's DTensors
         state_of({"__dtensors__": [], "w": next(model.parameters())})
+    # zensync's local state is the saving rank's own: another rank's is refused, naming both
+    other = {**state.local_state_dict(), "rank": 1 - rank}
+    with pytest.raises(ValueError, match=f"saved by rank {1 - rank} of 2, loaded by rank {rank} of 2"):
+        state.load_local_state_dict(other)
     return str(raised.value)
 
 
