@@ -1,5 +1,6 @@
 """``Checkpointer`` with an FSDP2 model (``fully_shard``, zensync's ``register_fsdp``) on 2 gloo ranks
-that stand for 2 hosts: Adam, a checkpoint every step replicated to the other host.
+that stand for 2 hosts (HSDP: 4 ranks, 2 replicas of 2 shards, in the slow tier): Adam, a checkpoint
+every step replicated to another host.
 
 - The model's and the optimizer's DTensors are stored as each rank's local shard with their layout
   (``memory.state_of``) and come back as DTensors on the restarted run's mesh; zensync's FSDP state
@@ -61,9 +62,14 @@ def _sharded(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=0.01)
 
 
-def _setup(strategy: str = "auto") -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    model, opt = _sharded(init_device_mesh("cpu", (WORLD,)))
-    return model, opt, zensync.register_fsdp(model, strategy=strategy)
+def _setup(strategy: str = "auto", world: int = WORLD) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """FSDP over ``world`` ranks (2), or HSDP (4): 2 replicas of 2 shards, zensync syncing the replicas."""
+    if world == WORLD:
+        model, opt = _sharded(init_device_mesh("cpu", (WORLD,)))
+        return model, opt, zensync.register_fsdp(model, strategy=strategy)
+    hsdp = init_device_mesh("cpu", (world // WORLD, WORLD), mesh_dim_names=("replicate", "shard"))
+    model, opt = _sharded(hsdp["shard"])
+    return model, opt, zensync.register_fsdp(model, strategy=strategy, mesh=hsdp)
 
 
 def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: Checkpointer | None,
@@ -91,11 +97,11 @@ def _config(root: str, rank: int) -> CheckpointConfig:
 
 
 def _run(rank: int, world_size: int, root: str, replaced: bool, strategy: str) -> dict[str, Any]:
-    model, opt, state = _setup(strategy)
+    model, opt, state = _setup(strategy, world_size)
     uninterrupted = _train(model, opt, rank, range(STEPS), None)
     final = _params(model)
     # the run that stops after CRASH_AFTER steps, checkpointing every step (zensync's state too)...
-    model, opt, state = _setup(strategy)
+    model, opt, state = _setup(strategy, world_size)
     ckpt = Checkpointer(_config(root, rank), hook_state=state)
     assert ckpt.restore(model=model, optimizer=opt, zensync=state) == 0
     before = _train(model, opt, rank, range(CRASH_AFTER), ckpt, state)
@@ -106,7 +112,7 @@ def _run(rank: int, world_size: int, root: str, replaced: bool, strategy: str) -
         shutil.rmtree(f"{root}/host1")
     ckpt.transport.barrier()
     # ... and its restart: everything built anew, restored from memory
-    model, opt, state = _setup(strategy)
+    model, opt, state = _setup(strategy, world_size)
     ckpt = Checkpointer(_config(root, rank), hook_state=state)
     start = ckpt.restore(require=True, model=model, optimizer=opt, zensync=state)
     states = [t for s in opt.state.values() for t in s.values() if t.dim() > 0]
@@ -119,18 +125,21 @@ def _run(rank: int, world_size: int, root: str, replaced: bool, strategy: str) -
 
 
 @pytest.mark.parametrize(
-    ("strategy", "replaced"),
+    ("strategy", "replaced", "world"),
     [
-        pytest.param("auto", False, id="auto-restarted"),
-        pytest.param("auto", True, id="auto-host_replaced", marks=pytest.mark.slow),
-        pytest.param("qsgd:127", False, id="qsgd-restarted"),
-        pytest.param("powersgd:2", True, id="powersgd-host_replaced", marks=pytest.mark.slow),
+        pytest.param("auto", False, WORLD, id="auto-restarted"),
+        pytest.param("auto", True, WORLD, id="auto-host_replaced", marks=pytest.mark.slow),
+        pytest.param("qsgd:127", False, WORLD, id="qsgd-restarted"),
+        pytest.param("powersgd:2", True, WORLD, id="powersgd-host_replaced", marks=pytest.mark.slow),
+        pytest.param("powersgd:2", True, 4, id="hsdp-powersgd-host_replaced", marks=pytest.mark.slow),
     ],
 )
-def test_an_fsdp2_run_goes_on_from_memory_as_the_uninterrupted_run(tmp_path, strategy: str, replaced: bool) -> None:
+def test_an_fsdp2_run_goes_on_from_memory_as_the_uninterrupted_run(tmp_path, strategy: str, replaced: bool,
+                                                                   world: int) -> None:  # fmt: skip
     """Lossless (auto: rows and dense paths), and compressed with error feedback (qsgd) and warm-start
-    bases (PowerSGD), whose state the checkpoint keeps as each rank's own (``local_state_dict``)."""
-    results = launch(_run, WORLD, [str(tmp_path / "shm"), replaced, strategy], tmp_path)
+    bases (PowerSGD), whose state the checkpoint keeps as each rank's own (``local_state_dict``); FSDP
+    on 2 ranks, HSDP on 4 (PowerSGD over the replicas)."""
+    results = launch(_run, world, [str(tmp_path / "shm"), replaced, strategy], tmp_path)
     for rank, r in enumerate(results):
         assert r["start"] == CRASH_AFTER and r["source"] == ("peers" if replaced else "local"), rank
         assert r["dtensors"], rank  # the optimizer's states came back sharded, on the mesh
