@@ -193,6 +193,7 @@ class Checkpointer:
         Args:
             require: A checkpoint must exist (nothing anywhere is an error, not a fresh start); None:
                 required when torchrun restarted the workers (``$TORCHELASTIC_RESTART_COUNT`` > 0).
+                Required on any rank is required on all.
             parts: What to load: the parts ``save`` was given, by the same names.
 
         Raises:
@@ -236,11 +237,15 @@ class Checkpointer:
         try:  # this rank's stores: an error here still joins the gather (its peers must not wait)
             disk = dcp_steps(self.config.dcp_dir) if self.config.dcp_dir else []
             have = {str(r): [v.step for v in self.store.versions(r)] for r in self.store.ranks()}
-            report: dict[str, Any] = {"have": have, "dcp": disk}
+            report: dict[str, Any] = {"have": have, "dcp": disk, "required": required}
         except OSError as exc:
             report = {"error": describe_failure(exc).decode(errors="replace")}
         reports = self._gather_json(report)
         _raise_failures([(r, rep["error"]) for r, rep in enumerate(reports) if "error" in rep], None)
+        # one rank's requirement is every rank's: torchrun counts a restart only on the host whose
+        # worker failed (a healthy host restarted for the new membership says 0), and ranks that
+        # planned otherwise would part, some raising and some training
+        required = any(rep["required"] for rep in reports)
         common_disk = sorted(set(reports[0]["dcp"]).intersection(*(r["dcp"] for r in reports[1:])))
         failed: set[tuple[int, int, int]] = set()  # (holder, rank, step) found corrupt
         while True:  # each pass strikes at least one version: it ends

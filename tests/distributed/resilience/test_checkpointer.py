@@ -173,7 +173,8 @@ def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path
         assert [r["complete_step"] for r in records] == [None, *range(CRASH_AFTER - 1)]
 
 
-def _every_host_gone(rank: int, world_size: int, root: str, with_disk: bool) -> dict[str, Any]:
+def _every_host_gone(rank: int, world_size: int, root: str, with_disk: bool, requiring: int = WORLD) -> dict[str, Any]:
+    """Train, save, lose every host's memory, restart: ranks below ``requiring`` require a checkpoint."""
     config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1, dcp_dir=f"{root}/disk" if with_disk else None,
                               dcp_every=2 if with_disk else 0)  # fmt: skip
     model, ddp, opt, state = _setup()
@@ -186,7 +187,7 @@ def _every_host_gone(rank: int, world_size: int, root: str, with_disk: bool) -> 
     model, ddp, opt, state = _setup()
     ckpt = Checkpointer(config, hook_state=state)
     try:  # a restart: a checkpoint is required (nothing anywhere is not a fresh start)
-        start = ckpt.restore(require=True, model=model, optimizer=opt, zensync=state)
+        start = ckpt.restore(require=rank < requiring, model=model, optimizer=opt, zensync=state)
     except FileNotFoundError as exc:
         return {"error": str(exc)}
     after = _train(ddp, opt, rank, range(start, STEPS), ckpt, model, state)
@@ -207,8 +208,12 @@ def test_with_every_host_gone_the_disk_checkpoint_is_restored(tmp_path) -> None:
             assert torch.equal(got, want)
 
 
-def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_path) -> None:
-    results = launch(_every_host_gone, WORLD, (str(tmp_path), False), tmp_path)
+@pytest.mark.parametrize("requiring", [WORLD, 1], ids=["every_rank", "rank0"])
+def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_path, requiring: int) -> None:
+    """Also when only some ranks require a checkpoint: under torchrun, the host whose worker failed
+    counts a restart (``TORCHELASTIC_RESTART_COUNT`` 1, so ``require`` defaults to True) and a healthy
+    host restarted for the new membership does not (0). The ranks agree: one requires, all do."""
+    results = launch(_every_host_gone, WORLD, (str(tmp_path), False, requiring), tmp_path)
     errors = {out["error"] for out in results}
     assert len(errors) == 1 and "ranks [0, 1, 2, 3]" in errors.pop()
 

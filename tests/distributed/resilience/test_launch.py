@@ -90,8 +90,11 @@ def test_a_worker_killed_on_one_of_two_hosts_resumes_every_host_from_memory(tmp_
     with EmulatedCluster(2, rate="1gbit") as cluster:
         want = _launch_on_hosts(cluster, tmp_path, "uninterrupted", -1, 0)
         got = _launch_on_hosts(cluster, tmp_path, "killed", kill_step, kill_rank)
+    # torchrun counts a restart on the host whose worker failed; the other host's agent restarts its
+    # worker for the new membership, counted (its worker failed first) or not (it saw the new round first)
+    assert got[kill_rank]["restart"] == 1 and got[1 - kill_rank]["restart"] in (0, 1)
     for rank in range(2):
-        assert want[rank]["restart"] == 0 and got[rank]["restart"] == 1
+        assert want[rank]["restart"] == 0
         assert want[rank]["replicated"] and got[rank]["replicated"]  # each host's shard had its peer copy
         recovery = got[rank]["recovery"]
         assert recovery["source"] == "local"
