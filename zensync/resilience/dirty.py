@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor
 
 from zensync import kernels
 from zensync.resilience.blocks import num_blocks
+from zensync.transport.dtensor import local_of
 
 __all__ = ["ChangeTracker", "row_rule"]
 
@@ -60,12 +60,6 @@ def row_rule(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> str | N
     return None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor (FSDP2's parameters, their gradients and optimizer states: the
-    checkpoint stores shards, ``memory.state_of``), or the tensor itself."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def _place(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
     """A tensor's memory (its views alike share its version counter)."""
     return t.data_ptr(), tuple(t.shape)
@@ -73,7 +67,7 @@ def _place(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
 
 def _rows(grad: torch.Tensor) -> np.ndarray:
     """The non-zero rows of a gradient (a sparse one's indices; a DTensor's: of its shard)."""
-    grad = _local(grad)
+    grad = local_of(grad)
     if grad.is_sparse:
         return np.unique(grad.coalesce().indices()[0].cpu().numpy())
     return kernels.nonzero_items(grad.detach().reshape(grad.shape[0], -1)).cpu().numpy()
@@ -108,7 +102,7 @@ class ChangeTracker:
         for group in optimizer.param_groups:
             rule = row_rule(optimizer, group)
             for p in group["params"]:
-                if rule is None or p.grad is None or num_blocks(tuple(_local(p).shape), p.element_size()) == 1:
+                if rule is None or p.grad is None or num_blocks(tuple(local_of(p).shape), p.element_size()) == 1:
                     self._rule.pop(id(p), None)
                     continue
                 rows = _rows(p.grad)
@@ -133,8 +127,8 @@ class ChangeTracker:
         out = []
         for group in optimizer.param_groups:
             for p in group["params"]:
-                out.append((p, _local(p)))
-                out += [(p, _local(t)) for t in optimizer.state.get(p, {}).values()
+                out.append((p, local_of(p)))
+                out += [(p, local_of(t)) for t in optimizer.state.get(p, {}).values()
                         if isinstance(t, torch.Tensor) and t.shape == p.shape]  # fmt: skip
         return out
 

@@ -23,10 +23,9 @@ import os
 from typing import Any
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from zensync.resilience.store import ShardInfo, ShardStore
+from zensync.transport.dtensor import from_layout, is_dtensor, layout_of, local_of, meshes_of
 
 __all__ = ["MemoryCheckpoint", "load_parts", "state_of"]
 
@@ -75,21 +74,21 @@ class MemoryCheckpoint:
 
 def state_of(part: Any) -> Any:
     """A part's state: its ``local_state_dict()`` (this rank's own state, restored on the same world:
-    ``register_fsdp``'s), else its ``state_dict()``, else the part itself (a dict). A DTensor in it (FSDP2's
-    sharded parameters, their optimizer states, zensync's FSDP residuals) becomes this rank's local
-    shard, and its layout (placements, global shape and stride, mesh shape) a JSON value under
-    ``DTENSORS``: the store keeps plain tensors, and ``load_parts`` makes them DTensors again."""
-    local = getattr(part, "local_state_dict", None)  # a rank's own state, for the same world (register_fsdp's)
-    state = local() if local is not None else part.state_dict() if hasattr(part, "state_dict") else part
+    ``register_fsdp``'s), else its ``state_dict()``, else the part itself (a dict). A DTensor in it
+    (FSDP2's sharded parameters, their optimizer states) becomes this rank's local shard, and its
+    layout (``transport.dtensor.layout_of``) a JSON value under ``DTENSORS``: the store keeps plain
+    tensors, and ``load_parts`` makes them DTensors again."""
+    own = getattr(part, "local_state_dict", None)
+    state = own() if own is not None else part.state_dict() if hasattr(part, "state_dict") else part
     if not isinstance(state, dict):
         return state
     layouts: list[Any] = []
-    local = _localized(state, [], layouts)
+    localized = _localized(state, [], layouts)
     if not layouts:
         return state
     if DTENSORS in state:
         raise ValueError(f"a part's state has a key {DTENSORS!r}: the checkpoint keeps its DTensors' layouts under it")
-    return {**local, DTENSORS: layouts}
+    return {**localized, DTENSORS: layouts}
 
 
 DTENSORS = "__dtensors__"
@@ -103,47 +102,29 @@ def _localized(state: dict[Any, Any], path: list[Any], layouts: list[Any]) -> di
         found: Any = value
         if isinstance(value, dict) and value:
             found = _localized(value, [*path, key], layouts)
-        elif isinstance(value, DTensor):
-            layouts.append([[*path, key], _layout(value)])
-            found = value.to_local().detach()
+        elif is_dtensor(value):
+            layouts.append([[*path, key], layout_of(value)])
+            found = local_of(value).detach()
         if found is not value:
             out = dict(out) if out is state else out
             out[key] = found
     return out
 
 
-def _layout(t: DTensor) -> dict[str, Any]:
-    placements = []
-    for p in t.placements:
-        if isinstance(p, Shard):
-            placements.append(["shard", p.dim])
-        elif isinstance(p, Replicate):
-            placements.append(["replicate"])
-        else:  # a partial sum is not a state: it has no value of its own to restore
-            raise ValueError(f"a DTensor of placements {t.placements} is not stored (only Shard and Replicate)")
-    return {"placements": placements, "shape": list(t.shape), "stride": list(t.stride()),
-            "mesh": list(t.device_mesh.shape), "dims": list(t.device_mesh.mesh_dim_names or ())}  # fmt: skip
-
-
-def _meshes(parts: dict[str, Any]) -> list[DeviceMesh]:
+def _meshes(parts: dict[str, Any]) -> list[Any]:
     """The device meshes of the DTensors the parts hold now (a model's parameters, an optimizer's)."""
-    found: list[DeviceMesh] = []
+    tensors: list[torch.Tensor] = []
     for part in parts.values():
         if isinstance(part, torch.nn.Module):
-            tensors = [*part.parameters(), *part.buffers()]
+            tensors += [*part.parameters(), *part.buffers()]
         elif isinstance(part, torch.optim.Optimizer):
-            tensors = [p for group in part.param_groups for p in group["params"]]
-        else:
-            continue
-        for t in tensors:
-            if isinstance(t, DTensor) and all(t.device_mesh is not m for m in found):
-                found.append(t.device_mesh)
-    return found
+            tensors += [p for group in part.param_groups for p in group["params"]]
+    return meshes_of(tensors)
 
 
-def _globalized(name: str, saved: dict[Any, Any], meshes: list[DeviceMesh]) -> dict[Any, Any]:
-    """A part's saved state with its local shards made DTensors again, on the mesh of the parts' own
-    DTensors with the saved mesh shape (``state_of``).
+def _globalized(name: str, saved: dict[Any, Any], meshes: list[Any]) -> dict[Any, Any]:
+    """A part's saved state with its local shards made DTensors again, on the parts' own mesh of the
+    saved shape (``state_of``).
 
     Raises:
         ValueError: When no DTensor of the parts has a mesh of that shape and those dimension names
@@ -151,22 +132,10 @@ def _globalized(name: str, saved: dict[Any, Any], meshes: list[DeviceMesh]) -> d
     """
     state = {k: v for k, v in saved.items() if k != DTENSORS}
     for path, layout in saved[DTENSORS]:
-        where = f"part {name!r}: {'/'.join(map(str, path))}"
-        wanted = [layout["mesh"], layout["dims"]]
-        mesh = next((m for m in meshes if [list(m.shape), list(m.mesh_dim_names or ())] == wanted), None)
-        if mesh is None:
-            raise ValueError(
-                f"{where} was saved as a DTensor on a mesh of shape {layout['mesh']} (dims {layout['dims']}), and no "
-                f"DTensor of the parts lies on one now ({[list(m.shape) for m in meshes]}): in-memory checkpoints "
-                f"restore on the layout they were saved on"
-            )
         node = state
         for key in path[:-1]:
             node[key] = node = dict(node[key])
-        placements = [Shard(p[1]) if p[0] == "shard" else Replicate() for p in layout["placements"]]
-        shape, stride = torch.Size(layout["shape"]), tuple(layout["stride"])
-        local = node[path[-1]]
-        node[path[-1]] = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+        node[path[-1]] = from_layout(node[path[-1]], layout, meshes, f"part {name!r}: {'/'.join(map(str, path))}")
     return state
 
 
@@ -182,7 +151,7 @@ def load_parts(state: dict[str | int, Any], parts: dict[str, Any]) -> None:
     missing = sorted(set(parts) - set(state))
     if missing:
         raise KeyError(f"parts {missing} are not in the checkpoint (it has {sorted(map(str, state))})")
-    meshes: list[DeviceMesh] | None = None
+    meshes: list[Any] | None = None
     for name, part in parts.items():
         saved = state[name]
         if isinstance(saved, dict) and DTENSORS in saved:
