@@ -173,8 +173,7 @@ def test_a_replaced_host_restores_from_its_peer_and_goes_on_bit_for_bit(tmp_path
         assert [r["complete_step"] for r in records] == [None, *range(CRASH_AFTER - 1)]
 
 
-def _every_host_gone(rank: int, world_size: int, root: str, with_disk: bool, requiring: int = WORLD) -> dict[str, Any]:
-    """Train, save, lose every host's memory, restart: ranks below ``requiring`` require a checkpoint."""
+def _every_host_gone(rank: int, world_size: int, root: str, with_disk: bool) -> dict[str, Any]:
     config = CheckpointConfig(root=f"{root}/host{rank}", replicas=1, dcp_dir=f"{root}/disk" if with_disk else None,
                               dcp_every=2 if with_disk else 0)  # fmt: skip
     model, ddp, opt, state = _setup()
@@ -187,7 +186,7 @@ def _every_host_gone(rank: int, world_size: int, root: str, with_disk: bool, req
     model, ddp, opt, state = _setup()
     ckpt = Checkpointer(config, hook_state=state)
     try:  # a restart: a checkpoint is required (nothing anywhere is not a fresh start)
-        start = ckpt.restore(require=rank < requiring, model=model, optimizer=opt, zensync=state)
+        start = ckpt.restore(require=True, model=model, optimizer=opt, zensync=state)
     except FileNotFoundError as exc:
         return {"error": str(exc)}
     after = _train(ddp, opt, rank, range(start, STEPS), ckpt, model, state)
@@ -208,14 +207,29 @@ def test_with_every_host_gone_the_disk_checkpoint_is_restored(tmp_path) -> None:
             assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("requiring", [WORLD, 1], ids=["every_rank", "rank0"])
-def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_path, requiring: int) -> None:
-    """Also when only some ranks require a checkpoint: under torchrun, the host whose worker failed
-    counts a restart (``TORCHELASTIC_RESTART_COUNT`` 1, so ``require`` defaults to True) and a healthy
-    host restarted for the new membership does not (0). The ranks agree: one requires, all do."""
-    results = launch(_every_host_gone, WORLD, (str(tmp_path), False, requiring), tmp_path)
+def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_path) -> None:
+    results = launch(_every_host_gone, WORLD, (str(tmp_path), False), tmp_path)
     errors = {out["error"] for out in results}
     assert len(errors) == 1 and "ranks [0, 1, 2, 3]" in errors.pop()
+
+
+def _required_on_rank0(rank: int, world_size: int, root: str) -> str:
+    model, _, opt, state = _setup()
+    ckpt = Checkpointer(CheckpointConfig(root=f"{root}/host{rank}", replicas=1), hook_state=state)
+    try:
+        ckpt.restore(require=rank == 0, model=model, optimizer=opt, zensync=state)
+    except FileNotFoundError as exc:
+        return str(exc)
+    return "restored"
+
+
+def test_a_checkpoint_required_on_one_rank_is_required_on_every_rank(tmp_path) -> None:
+    """Under torchrun the host whose worker failed counts a restart (``TORCHELASTIC_RESTART_COUNT`` 1:
+    ``require`` defaults to True) and a healthy host restarted for the new membership does not (0).
+    With nothing anywhere, every rank raises the same FileNotFoundError: before, rank 0 raised and
+    rank 1 started afresh, into a collective rank 0 never joined (a hang until the timeout)."""
+    said = launch(_required_on_rank0, 2, (str(tmp_path),), tmp_path)
+    assert said[0] == said[1] and "no step's checkpoint is held for every rank" in said[0]
 
 
 def _unwaited(rank: int, world_size: int, root: str, max_lag: int | None = None, dedup: bool = True) -> dict[str, Any]:
