@@ -207,6 +207,7 @@ def test_with_every_host_gone_the_disk_checkpoint_is_restored(tmp_path) -> None:
             assert torch.equal(got, want)
 
 
+@pytest.mark.slow  # the README's run checks the same error on empty stores (the requirement test below)
 def test_with_every_host_gone_and_no_disk_every_rank_raises_the_same_error(tmp_path) -> None:
     results = launch(_every_host_gone, WORLD, (str(tmp_path), False), tmp_path)
     errors = {out["error"] for out in results}

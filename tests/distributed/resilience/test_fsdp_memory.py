@@ -129,7 +129,7 @@ def _run(rank: int, world_size: int, root: str, replaced: bool, strategy: str) -
     [
         pytest.param("auto", False, WORLD, id="auto-restarted"),
         pytest.param("auto", True, WORLD, id="auto-host_replaced", marks=pytest.mark.slow),
-        pytest.param("qsgd:127", False, WORLD, id="qsgd-restarted"),
+        pytest.param("qsgd:127", False, WORLD, id="qsgd-restarted", marks=pytest.mark.slow),
         pytest.param("powersgd:2", True, WORLD, id="powersgd-host_replaced", marks=pytest.mark.slow),
         pytest.param("powersgd:2", True, 4, id="hsdp-powersgd-host_replaced", marks=pytest.mark.slow),
     ],
