@@ -131,6 +131,7 @@ def test_the_ddp_hook_over_mpi_equals_the_hook_over_gloo(ranks: int, tmp_path: P
             assert torch.equal(a, b), strategy
 
 
+@pytest.mark.slow  # the README's run keeps test_bad_input_raises_the_same_error_on_every_rank
 def test_mixed_tables_that_differ_between_ranks_fail_registration_on_every_rank(tmp_path: Path) -> None:
     errors = [result["error"] for result in _results("tables_differ", 2, tmp_path)]
     assert errors[0] == errors[1] and "ranks [1] differ from rank 0 in their hook options" in errors[0], errors
