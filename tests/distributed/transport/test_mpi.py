@@ -153,6 +153,7 @@ def test_a_rank_that_raises_aborts_the_job(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 60
 
 
+@pytest.mark.slow  # a stalled job waits out its timeout; the README's run keeps a rank that raises
 def test_a_stalled_collective_aborts_the_job_after_its_timeout(tmp_path: Path) -> None:
     start = time.perf_counter()
     done = _mpiexec("stall", 2, tmp_path, deadline_s=60)
@@ -177,6 +178,7 @@ def test_the_hook_refuses_an_unknown_transport() -> None:
         zensync.HookConfig(transport="nccl")
 
 
+@pytest.mark.slow  # the README's run keeps the mixed dispatch over a given table
 def test_zensync_tune_writes_a_table_the_mixed_dispatch_loads(tmp_path: Path) -> None:
     """``mpiexec -n 2 python -m mpi4py -m zensync tune``: rank 0 writes a 2-rank table that names only
     gloo and mpi and gives every measured size a backend, and prints what it measured."""
