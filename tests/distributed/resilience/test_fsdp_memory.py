@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 import zensync
 from tests.distributed._launch import launch
+from tests.distributed.resilience.test_memory import _steps
 from zensync.resilience import CheckpointConfig, Checkpointer
 from zensync.resilience.memory import load_parts, state_of
 
@@ -74,18 +75,10 @@ def _setup(strategy: str = "auto", world: int = WORLD) -> tuple[nn.Module, torch
 
 def _train(model: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: Checkpointer | None,
            state: Any = None) -> list[float]:  # fmt: skip
-    losses = []
-    for step in steps:
-        opt.zero_grad()
-        ids, target = _batch(rank, step)
-        loss = nn.functional.cross_entropy(model(ids), target)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-        if ckpt is not None:
-            ckpt.save(step, model=model, optimizer=opt, zensync=state)
-            assert ckpt.wait_replicated(REPLICATION_TIMEOUT_S)  # each version replicated before the next
-    return losses
+    def replicated(step: int) -> None:  # each version replicated before the next
+        assert ckpt is not None and ckpt.wait_replicated(REPLICATION_TIMEOUT_S)
+
+    return _steps(model, opt, rank, steps, ckpt, model, state, replicated, batch=_batch)
 
 
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -37,13 +37,14 @@ def _setup(strategy: str) -> tuple[nn.Module, Any, torch.optim.Optimizer, Any]:
 
 
 def _steps(ddp: Any, opt: torch.optim.Optimizer, rank: int, steps: range, ckpt: Any, model: nn.Module,
-           state: Any, after_save: Callable[[int], None] = lambda step: None) -> list[float]:  # fmt: skip
-    """Train ``steps``; after each, ``ckpt.save`` (a MemoryCheckpoint or a Checkpointer; None: no
-    checkpoints), then ``after_save(step)``."""
+           state: Any, after_save: Callable[[int], None] = lambda step: None,
+           batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]] = _batch) -> list[float]:  # fmt: skip
+    """Train ``steps`` on ``batch(rank, step)``; after each, ``ckpt.save`` (a MemoryCheckpoint or a
+    Checkpointer; None: no checkpoints), then ``after_save(step)``."""
     losses = []
     for step in steps:
         opt.zero_grad()
-        ids, target = _batch(rank, step)
+        ids, target = batch(rank, step)
         loss = nn.functional.cross_entropy(ddp(ids), target)
         loss.backward()
         opt.step()
