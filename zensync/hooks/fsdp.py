@@ -51,7 +51,7 @@ from zensync.compress.error_feedback import ErrorFeedback
 from zensync.hooks.config import HookConfig, check_options
 from zensync.hooks.fsdp_replica import ReplicaSync, matrix_shape
 from zensync.hooks.hints import EMBEDDING_MODULES
-from zensync.hooks.state import SyncListener
+from zensync.hooks.state import SyncListener, SyncListeners
 from zensync.hooks.strategy import Strategy, resolve_strategy
 from zensync.sync import SCHEMES, SyncOptions
 from zensync.sync.registration import agree
@@ -203,7 +203,7 @@ class FSDPSyncState:
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history_size)
         self._open: dict[str, Any] = {}
         self._end_queued = False
-        self._sync_listeners: list[SyncListener] = []
+        self._sync_listeners = SyncListeners()
         path, rank = config.jsonl_path, binding.transport.rank
         self._jsonl = path.format(rank=rank) if path and "{rank}" in path else path if rank == 0 else None
 
@@ -243,8 +243,7 @@ class FSDPSyncState:
         if call.module in self._open:  # the module's second call: a new step began (its backward's end unseen)
             self._close_step()
         if not self._open:
-            for listener in self._sync_listeners:
-                listener.sync_begins()
+            self._sync_listeners.begins()
             if not self._end_queued:
                 self._queue_end_of_backward()
         plans = [self.plan_for(s) for s in call.segments]
@@ -417,14 +416,13 @@ class FSDPSyncState:
                 f.write(json.dumps(record) + "\n")
         self._open = {}
         self.step += 1
-        for listener in self._sync_listeners:
-            listener.sync_ends()
+        self._sync_listeners.ends()
 
     def add_sync_listener(self, listener: SyncListener) -> None:
         """Tell ``listener`` when each step's reduce-scatters begin (the first) and end (the backward's
         end): the network's idle windows lie between (``zensync.resilience`` sends there), as
         ``ZenSyncState.add_sync_listener`` tells for DDP."""
-        self._sync_listeners.append(listener)
+        self._sync_listeners.add(listener)
 
     def last_step(self) -> dict[str, Any] | None:
         """The records of the step in progress or just finished (None before the first reduce-scatter)."""

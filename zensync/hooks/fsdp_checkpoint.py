@@ -121,8 +121,8 @@ def local(state: FSDPSyncState) -> dict[str, Any]:
     in-memory ones): its own residuals, what it owes (``_owed``) and its PowerSGD Qs, as plain
     tensors by name, with the step, Zen's seed and the decisions. No collective, and the live state
     is not changed (``save`` moves the residuals to their owners; this keeps them where they are)."""
-    residuals, qs = {}, {}
-    for name, spec in _residual_specs(state).items():
+    residuals, qs, specs = {}, {}, _residual_specs(state)
+    for name, spec in specs.items():
         residual = _memory_of(state, spec).residual(name)
         if residual is not None:
             residuals[name] = residual
@@ -132,7 +132,7 @@ def local(state: FSDPSyncState) -> dict[str, Any]:
             qs.update({key: kept[key].detach().clone() for key, _ in _warm_start_keys(state, name) if key in kept})
     transport = state.binding.transport
     seed = state.replicas.seed if state.replicas is not None else None
-    owed = {name: t.clone() for name in _residual_specs(state) if (t := state.owed(name)) is not None}
+    owed = {name: t.clone() for name in specs if (t := state.owed(name)) is not None}
     return {"version": LOCAL_VERSION, "world": transport.world_size, "rank": transport.rank, "step": state.next_step,
             "strategy": state.strategy.text, "decisions": _decisions(state), "residuals": residuals, "owed": owed,
             "powersgd": qs, "zen_seed": -1 if seed is None else seed}  # fmt: skip

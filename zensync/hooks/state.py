@@ -47,7 +47,7 @@ from zensync.sync.agreement import compare_with_rank0_async
 from zensync.sync.registration import agree, checked_parameters
 from zensync.transport import Handle, MPITransport, Task, Transport, TuningTable, resolve
 
-__all__ = ["STRATEGIES", "HookConfig", "SyncListener", "ZenSyncState"]
+__all__ = ["STRATEGIES", "HookConfig", "SyncListener", "SyncListeners", "ZenSyncState"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,27 @@ class SyncListener(Protocol):
     def sync_begins(self) -> None: ...
 
     def sync_ends(self) -> None: ...
+
+
+class SyncListeners:
+    """The listeners a hook state tells as each step's gradient collectives begin and end (DDP's
+    ``ZenSyncState``, FSDP's ``FSDPSyncState``)."""
+
+    __slots__ = ("_listeners",)
+
+    def __init__(self) -> None:
+        self._listeners: list[SyncListener] = []
+
+    def add(self, listener: SyncListener) -> None:
+        self._listeners.append(listener)
+
+    def begins(self) -> None:
+        for listener in self._listeners:
+            listener.sync_begins()
+
+    def ends(self) -> None:
+        for listener in self._listeners:
+            listener.sync_ends()
 
 
 class ZenSyncState:
@@ -240,7 +261,7 @@ class ZenSyncState:
         """The parameter names of each bucket of the last finished step, in the order they synced."""
         self._replay: list[list[str]] | None = None
         """A loaded checkpoint's bucket layout, for the first step after it (``replay_groups``)."""
-        self._sync_listeners: list[SyncListener] = []
+        self._sync_listeners = SyncListeners()
         """Told when each step's collectives begin and end (``add_sync_listener``)."""
         self.forward_end_hook: Any = None
         """The DDP module's forward hook that marks the forward's end for ``warmup``."""
@@ -464,8 +485,7 @@ class ZenSyncState:
         its exception on every rank (``Transport.hold``).
         """
         self.step_open = True
-        for listener in self._sync_listeners:
-            listener.sync_begins()
+        self._sync_listeners.begins()
         self._note_step_times(self._clock())
         if self._check is None and self.check_due:
             self._issue_check(make_check)
@@ -574,8 +594,7 @@ class ZenSyncState:
             self.log.finish(failure)
         self.step_open = False
         self.bucket_layout, self._layout = self._layout, []
-        for listener in self._sync_listeners:
-            listener.sync_ends()
+        self._sync_listeners.ends()
         return failure
 
     def note_bucket(self, names: list[str]) -> None:
@@ -605,7 +624,7 @@ class ZenSyncState:
         """Tell ``listener`` when each step's gradient collectives begin (the first bucket, on the
         backward's thread) and end (the last bucket's wait): the network's idle windows lie between,
         during the optimizer step and the next forward (``zensync.resilience`` sends there)."""
-        self._sync_listeners.append(listener)
+        self._sync_listeners.add(listener)
 
     async def check_agreement(self) -> None:
         """Compare the ranks' engine state in one small all-gather (the first job of a step that compares).
